@@ -1,0 +1,99 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def vgpud(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vgpud", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_seed_003_numbers_exactly() -> None:
+    out = vgpud("simulate", str(EXAMPLES / "seed-003.yaml"), "--output", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    got = [(s["name"], s["summary"]["placed"], s["summary"]["pending"]) for s in doc["scenarios"]]
+    assert got == [("seed-003-memory-10000", 6, 4), ("seed-003-memory-5000-cores-30", 6, 4),
+                   ("seed-003-memory-scaling-3", 10, 0)]
+    assert doc["summary"] == {"placed": 22, "pending": 8, "rejected": 0}
+    for pod in doc["pods"]:
+        assert set(pod) >= {"name", "node", "status", "devices", "reason"}
+        if pod["status"] == "placed":
+            assert pod["node"] == "cosmo-ai01" and pod["reason"] is None
+            assert [set(d) for d in pod["devices"]] == [{"uuid", "memory", "cores"}]
+        else:
+            assert pod["node"] is None and pod["devices"] == [] and pod["reason"]
+
+
+def test_default_command_runs_the_bundled_scenario() -> None:
+    out = vgpud("simulate")
+    assert out.returncode == 0, out.stderr
+    assert "6 placed, 4 pending" in out.stdout and "10 placed, 0 pending" in out.stdout
+
+
+def test_every_bundled_example_runs() -> None:
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert len(files) >= 2
+    for f in files:
+        out = vgpud("simulate", str(f), "-o", "json")
+        assert out.returncode == 0, (f, out.stderr)
+        doc = json.loads(out.stdout)
+        assert doc["summary"]["placed"] > 0
+
+
+def test_mixed_cluster_exercises_every_policy() -> None:
+    out = vgpud("simulate", str(EXAMPLES / "mixed-cluster.yaml"), "-o", "json")
+    doc = json.loads(out.stdout)
+    pods = {p["name"]: p for p in doc["pods"]}
+    assert doc["summary"]["rejected"] >= 1  # the malformed request is refused with a reason
+    for p in doc["pods"]:
+        if p["status"] != "placed":
+            assert p["reason"]
+    # uuid include pins the pod; type include picks the A100 node
+    assert pods["pinned"]["devices"][0]["uuid"] == "GPU-a100-node-1-3"
+    assert all(p["node"] == "a100-node-1" for n, p in pods.items()
+               if n.startswith("a100-only") and p["status"] == "placed")
+    # nvlink pods land on linked GPUs
+    gpus = {g["uuid"]: g for g in doc["gpus"]}
+    for n, p in pods.items():
+        if n.startswith("nvlink-pair") and p["status"] == "placed":
+            assert p["node"] == "h100-node" and len(p["devices"]) == 2
+    # pods with a duration left, and pending pods were placed after they did
+    assert any(p["left"] is not None for p in doc["pods"])
+    assert all(g["memory_used"] <= g["memory"] for g in gpus.values())
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    ("nodes: []", "nodes"),
+    ("nodes: [{name: a, gpus: [{model: x, memory: -1}]}]", "memory"),
+    ("nodes: [{name: a}]\nconfig: {deviceSplitCount: 0}", "deviceSplitCount"),
+    ("nodes: [{name: a}]\nconfig: {colour: red}", "unknown key"),
+    ("{{{", "not valid YAML"),
+    ("[1, 2]", "expected a mapping"),
+    ("nodes: [{name: a}, {name: a}]", "share a name"),
+])
+def test_bad_scenarios_get_a_clear_error(tmp_path: Path, content: str, fragment: str) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(content)
+    out = vgpud("simulate", str(f))
+    assert out.returncode == 2
+    assert fragment in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_file() -> None:
+    out = vgpud("simulate", "/nonexistent.yaml")
+    assert out.returncode == 2 and "cannot read scenario" in out.stderr
+
+
+def test_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "alloc.png"
+    out = vgpud("simulate", str(EXAMPLES / "seed-003.yaml"), "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

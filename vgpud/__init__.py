@@ -1,0 +1,1 @@
+"""vgpud: GPU sharing for Kubernetes."""

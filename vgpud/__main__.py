@@ -1,0 +1,3 @@
+from vgpud.cli import app
+
+app()

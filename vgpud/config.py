@@ -1,0 +1,204 @@
+"""The daemon settings: one frozen model, loaded from a YAML/JSON file, the
+environment and command-line flags (in that order of precedence, last wins), and
+validated once. Errors name the key and say what was wrong.
+
+Keys are camelCase as in HAMi's chart (``deviceSplitCount``, ``defaultMem`` …).
+Environment overrides use ``VGPUD_`` plus the key in upper snake case
+(``VGPUD_DEVICE_SPLIT_COUNT=4``) and apply to top-level scalar keys only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from vgpud.core.model import ComputePolicy, Defaults, Policy
+from vgpud.core.requests import PRESETS
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class ConfigError(ValueError):
+    """The settings are invalid; ``str()`` is a message for a person."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class NodeConfig(_Model):
+    """Per-node overrides (matched by node name)."""
+
+    name: str = Field(min_length=1)
+    deviceSplitCount: int | None = Field(default=None, ge=1, le=1024)
+    deviceMemoryScaling: float | None = Field(default=None, gt=0, le=100)
+    deviceCoreScaling: float | None = Field(default=None, gt=0, le=100)
+
+
+class FeatureGates(_Model):
+    CorePlugin: bool = False
+    MemoryPlugin: bool = False
+
+
+class PluginSettings(_Model):
+    visibleDevices: Literal["env", "cdi", "device-specs"] = "env"
+    featureGates: FeatureGates = FeatureGates()
+    shimHostDir: str = "/usr/local/vgpud"
+    metricsListen: str = "0.0.0.0:9394"
+
+
+class Settings(_Model):
+    deviceSplitCount: int = Field(default=10, ge=1, le=1024)
+    deviceMemoryScaling: float = Field(default=1.0, gt=0, le=100)
+    deviceCoreScaling: float = Field(default=1.0, gt=0, le=100)
+    defaultMem: int = Field(default=0, ge=0, le=1 << 24)
+    defaultCores: int = Field(default=0, ge=0, le=100)
+    defaultGPUNum: int = Field(default=1, ge=1, le=64)
+    resourcePreset: str = "vgpu-manager"
+    compatPresets: tuple[str, ...] = ()
+    nodeSchedulerPolicy: Policy = Policy.BINPACK
+    deviceSchedulerPolicy: Policy = Policy.BINPACK
+    computePolicy: ComputePolicy = ComputePolicy.FIXED
+    schedulerName: str = Field(default="vgpu-scheduler", min_length=1)
+    assumeTTLSeconds: float = Field(default=120.0, gt=0, le=86400)
+    kubeQPS: float = Field(default=500.0, gt=0)
+    kubeBurst: int = Field(default=1000, ge=1)
+    logLevel: Literal["debug", "info", "warning", "error"] = "info"
+    logFormat: Literal["console", "json"] = "console"
+    nodeConfigs: tuple[NodeConfig, ...] = ()
+    plugin: PluginSettings = PluginSettings()
+
+    @field_validator("resourcePreset")
+    @classmethod
+    def _known_preset(cls, v: str) -> str:
+        if v not in PRESETS:
+            raise ValueError(f"unknown preset {v!r}; choose one of {', '.join(sorted(PRESETS))}")
+        return v
+
+    @field_validator("compatPresets")
+    @classmethod
+    def _known_presets(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for name in v:
+            cls._known_preset(name)
+        return v
+
+    @field_validator("deviceMemoryScaling", "deviceCoreScaling")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("nodeConfigs")
+    @classmethod
+    def _unique_nodes(cls, v: tuple[NodeConfig, ...]) -> tuple[NodeConfig, ...]:
+        names = [n.name for n in v]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"node {sorted(dup)[0]!r} is configured twice")
+        return v
+
+    def defaults(self) -> Defaults:
+        """The core's view of these settings."""
+        return Defaults(
+            split=self.deviceSplitCount,
+            memory_scaling=self.deviceMemoryScaling,
+            core_scaling=self.deviceCoreScaling,
+            default_mem=self.defaultMem,
+            default_cores=self.defaultCores,
+            default_gpu_num=self.defaultGPUNum,
+            node_policy=self.nodeSchedulerPolicy,
+            device_policy=self.deviceSchedulerPolicy,
+            compute_policy=self.computePolicy,
+            preset=self.resourcePreset,
+            compat_presets=self.compatPresets,
+            assume_ttl=self.assumeTTLSeconds,
+        )
+
+    def for_node(self, name: str) -> tuple[int, float, float]:
+        """(split count, memory scaling, core scaling) for one node, overrides applied."""
+        split, mem, core = self.deviceSplitCount, self.deviceMemoryScaling, self.deviceCoreScaling
+        for n in self.nodeConfigs:
+            if n.name == name:
+                split = n.deviceSplitCount or split
+                mem = n.deviceMemoryScaling or mem
+                core = n.deviceCoreScaling or core
+        return split, mem, core
+
+
+def _snake_upper(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", key).upper()
+
+
+ENV_KEYS = {f"VGPUD_{_snake_upper(k)}": k for k, f in Settings.model_fields.items()
+            if k not in ("nodeConfigs", "plugin", "compatPresets")}
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a YAML or JSON settings file into a mapping (not yet validated)."""
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {p} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        doc = json.loads(data) if p.suffix == ".json" else yaml.safe_load(data)
+    except (ValueError, yaml.YAMLError) as e:
+        kind = "JSON" if p.suffix == ".json" else "YAML"
+        raise ConfigError(f"config file {p} is not valid {kind}: {e}") from e
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"config file {p}: expected a mapping of settings, "
+                          f"got {type(doc).__name__}")
+    return doc
+
+
+def parse_settings(doc: Mapping[str, Any], *, source: str = "config") -> Settings:
+    """Validate a mapping of settings; raise :class:`ConfigError` naming each bad key."""
+    try:
+        return Settings.model_validate(dict(doc))
+    except ValidationError as e:
+        raise ConfigError(_explain(e, source)) from None
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """File, then ``VGPUD_*`` environment, then flags; validated once."""
+    doc: dict[str, Any] = read_config_file(path) if path is not None else {}
+    source = str(path) if path is not None else "settings"
+    for var, key in ENV_KEYS.items():
+        if env is not None and var in env:
+            doc[key] = env[var]
+            source = f"{source} (with {var})"
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            doc[key] = value
+    return parse_settings(doc, source=source)
+
+
+def _explain(e: ValidationError, source: str) -> str:
+    lines = [f"invalid {source}:"]
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check its spelling; keys are camelCase, e.g. deviceSplitCount)"
+        got = err.get("input")
+        shown = "" if err["type"] in ("extra_forbidden", "missing") else f" (got {got!r})"
+        lines.append(f"  {loc}: {msg}{shown}")
+    return "\n".join(lines)

@@ -1,0 +1,287 @@
+"""The cluster snapshot: every node's GPUs and what is held against each of them.
+
+Per-GPU numbers live in flat numpy arrays (one *slot* per GPU, a node's slots
+contiguous) so that filtering 5,000 nodes is a handful of vector operations rather
+than a Python loop. State is incremental: a node update touches that node's slots, a
+placement adds or subtracts its charge from the GPUs it names; nothing is recomputed
+from all pods (HAMi's filter rebuilds every node's usage from every pod each time).
+
+The ledger (:mod:`vgpud.core.ledger`) decides *what* is held; this module only keeps
+the numbers. A charge may name a GPU the node no longer reports (inventory changed):
+it is kept per node by uuid and lands on the slot again if the GPU comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from vgpud.core.model import Gpu, GpuUsage, Node, NodeInventory
+
+I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
+B = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU of one node, with its capacity and what is free on it."""
+
+    gpu: Gpu
+    slot: int
+    cap_memory: int
+    cap_cores: int
+    free_memory: int
+    free_cores: int
+    free_split: int
+    used_vgpus: int
+    exclusive: bool
+
+
+class Cluster:
+    """Nodes, their GPUs' capacities, and per-GPU usage totals."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.node_names: list[str] = []
+        self.node_index: dict[str, int] = {}
+        self.nodes: list[Node | None] = []
+        self.node_labels: list[Mapping[str, str]] = []
+        self._node_start: list[int] = []
+        self._node_count: list[int] = []
+        self._usage: dict[str, dict[str, GpuUsage]] = {}  # node -> uuid -> total held
+        self._uuid_slot: list[dict[str, int]] = []
+        self._free_nodes: list[int] = []
+        self.type_names: list[str] = []
+        self._type_ids: dict[str, int] = {}
+        self.generation = 0
+        self._n = 0  # slots in use (including dead ones)
+        self._alloc(capacity)
+
+    # -- storage ---------------------------------------------------------------------------------
+
+    def _alloc(self, cap: int) -> None:
+        def grow(name: str, dtype: type, fill: int | bool = 0) -> None:
+            new: npt.NDArray[np.generic] = np.full(cap, fill, dtype=dtype)
+            old = getattr(self, name, None)
+            if old is not None:
+                new[: len(old)] = old
+            setattr(self, name, new)
+
+        grow("node_of", np.int32, -1)
+        grow("alive", np.bool_, False)
+        grow("healthy", np.bool_, False)
+        grow("mig", np.bool_, False)
+        grow("type_id", np.int32, 0)
+        grow("numa", np.int32, 0)
+        grow("cap_mem", np.int64)
+        grow("cap_cores", np.int64)
+        grow("cap_split", np.int64)
+        grow("used_mem", np.int64)
+        grow("used_cores", np.int64)
+        grow("used_split", np.int64)
+        grow("excl", np.int64)
+        self._cap = cap
+
+    # numpy attributes, declared for the type checker
+    node_of: I32
+    alive: B
+    healthy: B
+    mig: B
+    type_id: I32
+    numa: I32
+    cap_mem: I64
+    cap_cores: I64
+    cap_split: I64
+    used_mem: I64
+    used_cores: I64
+    used_split: I64
+    excl: I64
+
+    @property
+    def slots(self) -> int:
+        return self._n
+
+    def _type(self, model: str) -> int:
+        tid = self._type_ids.get(model)
+        if tid is None:
+            tid = self._type_ids[model] = len(self.type_names)
+            self.type_names.append(model)
+        return tid
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def set_node(self, node: Node) -> None:
+        """Add a node or replace its inventory; usage held on it is kept."""
+        idx = self.node_index.get(node.name)
+        if idx is None:
+            if self._free_nodes:
+                idx = self._free_nodes.pop()
+                self.node_names[idx] = node.name
+                self.nodes[idx] = node
+                self.node_labels[idx] = dict(node.labels)
+            else:
+                idx = len(self.node_names)
+                self.node_names.append(node.name)
+                self.nodes.append(node)
+                self.node_labels.append(dict(node.labels))
+                self._node_start.append(0)
+                self._node_count.append(0)
+                self._uuid_slot.append({})
+            self.node_index[node.name] = idx
+        else:
+            self.nodes[idx] = node
+            self.node_labels[idx] = dict(node.labels)
+        self._place_slots(idx, node.inventory)
+        self.generation += 1
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node; usage held on it is dropped with it."""
+        idx = self.node_index.pop(name, None)
+        if idx is None:
+            return
+        self._kill_slots(idx)
+        self.nodes[idx] = None
+        self._uuid_slot[idx] = {}
+        self._free_nodes.append(idx)
+        self.generation += 1
+
+    def _kill_slots(self, idx: int) -> None:
+        s, n = self._node_start[idx], self._node_count[idx]
+        self.alive[s : s + n] = False
+        self.node_of[s : s + n] = -1
+        self._node_count[idx] = 0
+
+    def _place_slots(self, idx: int, inv: NodeInventory) -> None:
+        n = len(inv.devices)
+        if n != self._node_count[idx]:
+            self._kill_slots(idx)
+            if self._n + n > self._cap:
+                self._compact(extra=n)
+            self._node_start[idx] = self._n
+            self._node_count[idx] = n
+            self._n += n
+        s = self._node_start[idx]
+        slot_of: dict[str, int] = {}
+        usage = self._usage.get(self.node_names[idx], {})
+        for i, g in enumerate(inv.devices):
+            k = s + i
+            slot_of[g.uuid] = k
+            self.node_of[k] = idx
+            self.alive[k] = True
+            self.healthy[k] = g.healthy
+            self.mig[k] = g.mig
+            self.type_id[k] = self._type(g.model)
+            self.numa[k] = g.numa
+            self.cap_mem[k] = int(g.memory * inv.memory_scaling)
+            self.cap_cores[k] = round(100 * inv.core_scaling)
+            self.cap_split[k] = g.split
+            u = usage.get(g.uuid, _ZERO)
+            self.used_mem[k] = u.memory
+            self.used_cores[k] = u.cores
+            self.used_split[k] = u.vgpus
+            self.excl[k] = u.exclusive
+        self._uuid_slot[idx] = slot_of
+
+    def _compact(self, extra: int) -> None:
+        live = [i for i, node in enumerate(self.nodes) if node is not None]
+        need = sum(self._node_count[i] for i in live) + extra
+        cap = max(64, self._cap)
+        while cap < need * 2:
+            cap *= 2
+        order = np.concatenate(
+            [np.arange(self._node_start[i], self._node_start[i] + self._node_count[i])
+             for i in live] or [np.zeros(0, dtype=np.int64)]
+        ).astype(np.int64)
+        arrays = ("node_of", "alive", "healthy", "mig", "type_id", "numa", "cap_mem",
+                  "cap_cores", "cap_split", "used_mem", "used_cores", "used_split", "excl")
+        kept = {name: getattr(self, name)[order] for name in arrays}
+        for name in arrays:
+            delattr(self, name)
+        self._alloc(cap)
+        for name, values in kept.items():
+            getattr(self, name)[: len(values)] = values
+        pos = 0
+        for i in live:
+            self._node_start[i] = pos
+            node = self.nodes[i]
+            assert node is not None
+            self._uuid_slot[i] = {g.uuid: pos + off for off, g in enumerate(node.inventory.devices)}
+            pos += self._node_count[i]
+        self._n = pos
+
+    # -- usage -----------------------------------------------------------------------------------
+
+    def add_usage(self, node: str, charges: Mapping[str, GpuUsage], sign: int) -> None:
+        """Add (sign=+1) or remove (sign=-1) a placement's per-GPU charge.
+
+        Usage is kept by node name, so it survives the node leaving and coming back.
+        """
+        usage = self._usage.setdefault(node, {})
+        idx = self.node_index.get(node)
+        slots = self._uuid_slot[idx] if idx is not None else {}
+        for uuid, c in charges.items():
+            old = usage.get(uuid, _ZERO)
+            new = GpuUsage(old.vgpus + sign * c.vgpus, old.memory + sign * c.memory,
+                           old.cores + sign * c.cores, old.exclusive + sign * c.exclusive)
+            if new == _ZERO:
+                usage.pop(uuid, None)
+            else:
+                usage[uuid] = new
+            k = slots.get(uuid)
+            if k is not None:
+                self.used_split[k] = new.vgpus
+                self.used_mem[k] = new.memory
+                self.used_cores[k] = new.cores
+                self.excl[k] = new.exclusive
+        if not usage:
+            del self._usage[node]
+
+    def usage(self, node: str, uuid: str) -> GpuUsage:
+        return self._usage.get(node, {}).get(uuid, _ZERO)
+
+    def capacity(self, node: str, uuid: str) -> tuple[int, int, int] | None:
+        """(memory MiB, cores, split) of one GPU, or None if the node lacks it."""
+        idx = self.node_index.get(node)
+        k = None if idx is None else self._uuid_slot[idx].get(uuid)
+        if k is None:
+            return None
+        return int(self.cap_mem[k]), int(self.cap_cores[k]), int(self.cap_split[k])
+
+    def has_node(self, node: str) -> bool:
+        return node in self.node_index
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def node_slots(self, idx: int) -> range:
+        s = self._node_start[idx]
+        return range(s, s + self._node_count[idx])
+
+    def gpus(self, node: str) -> list[GpuView]:
+        """The node's GPUs with their free capacity, in index order."""
+        idx = self.node_index[node]
+        n = self.nodes[idx]
+        assert n is not None
+        out = []
+        for k, g in zip(self.node_slots(idx), n.inventory.devices, strict=True):
+            out.append(GpuView(
+                gpu=g, slot=k,
+                cap_memory=int(self.cap_mem[k]), cap_cores=int(self.cap_cores[k]),
+                free_memory=int(self.cap_mem[k] - self.used_mem[k]),
+                free_cores=int(self.cap_cores[k] - self.used_cores[k]),
+                free_split=int(self.cap_split[k] - self.used_split[k]),
+                used_vgpus=int(self.used_split[k]),
+                exclusive=bool(self.excl[k] > 0),
+            ))
+        return out
+
+    def node_count(self) -> int:
+        return len(self.node_index)
+
+    def live_node_indices(self) -> Iterable[int]:
+        return self.node_index.values()
+
+
+_ZERO = GpuUsage()

@@ -1,0 +1,247 @@
+"""Which nodes and GPUs can hold a pod, and why the others cannot.
+
+Two forms of the same predicates:
+
+* :func:`filter_nodes` evaluates them for every GPU of every candidate node at once
+  (numpy), counts per node the GPUs that pass, and names for each rejected node the
+  first predicate that left it short. For a pod with one GPU container and no NVLink
+  constraint this count *is* the answer; otherwise it is a necessary condition and
+  the exact answer comes from :func:`vgpud.core.choose.place` on the survivors.
+* :func:`gpu_reason` checks one GPU for one container (used while choosing devices).
+
+Predicates come in two kinds. *Static* ones (health, MIG, type and uuid filters,
+capacity) fail whatever else runs on the node: the reason is unresolvable. *Dynamic*
+ones (free split slots, free memory, free cores, idle GPU) would pass if other pods
+left: the reason is resolvable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from vgpud.core.cluster import Cluster, GpuView
+from vgpud.core.model import ContainerRequest, PodRequest, Reason, TopologyMode
+
+NUMA_BUCKETS = 9  # NUMA ids -1..7 are told apart; larger ids share the last bucket
+
+
+def needed_memory(c: ContainerRequest, cap_memory: int) -> int:
+    """MiB one vGPU of this container takes on a GPU of this capacity."""
+    if c.memory is not None:
+        return c.memory
+    pct = c.memory_percent if c.memory_percent is not None else 100
+    return cap_memory * pct // 100
+
+
+def type_matches(model: str, patterns: Sequence[str]) -> bool:
+    """HAMi's rule: a pattern matches a model whose name contains it (case-insensitive)."""
+    m = model.lower()
+    return any(p.lower() in m for p in patterns)
+
+
+def gpu_static_ok(pod: PodRequest, model: str, uuid: str) -> bool:
+    if pod.include_types and not type_matches(model, pod.include_types):
+        return False
+    if pod.exclude_types and type_matches(model, pod.exclude_types):
+        return False
+    if pod.include_uuids and uuid not in pod.include_uuids:
+        return False
+    return not (pod.exclude_uuids and uuid in pod.exclude_uuids)
+
+
+def gpu_reason(pod: PodRequest, c: ContainerRequest, g: GpuView, *, free_memory: int,
+               free_cores: int, free_split: int, used_vgpus: int, exclusive: bool) -> str | None:
+    """Why GPU ``g`` (with the given free amounts) cannot take one vGPU of ``c``; None if it can."""
+    gpu = g.gpu
+    if not gpu.healthy:
+        return "unhealthy"
+    if gpu.mig:
+        return "in MIG mode"
+    if not gpu_static_ok(pod, gpu.model, gpu.uuid):
+        return "excluded by the pod's GPU type/uuid filters"
+    need = needed_memory(c, g.cap_memory)
+    if need > g.cap_memory or c.cores > g.cap_cores:
+        return "too small"
+    if free_split < 1:
+        return "split count used up"
+    if exclusive:
+        return "held whole by another container"
+    if c.exclusive and used_vgpus > 0:
+        return "not idle (a whole-GPU request needs an idle GPU)"
+    if need > free_memory:
+        return f"{free_memory} MiB free, needs {need}"
+    if c.cores > free_cores:
+        return f"{free_cores}% cores free, needs {c.cores}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """Per candidate node: feasible (by the vector predicates) or a reason."""
+
+    feasible: npt.NDArray[np.int64]  # node indices
+    failed: dict[int, Reason]
+    exact: bool  # True when ``feasible`` needs no per-node confirmation
+
+
+_Stage = tuple[str, str, bool]  # code, message template, resolvable
+
+
+def _stage_reason(stage: _Stage, have: int, need: int, c: ContainerRequest,
+                  cache: dict[tuple[str, int, int, str], Reason]) -> Reason:
+    code, template, resolvable = stage
+    key = (code, have, need, c.name)
+    r = cache.get(key)
+    if r is None:
+        mem = f"{c.memory} MiB" if c.memory is not None else f"{c.memory_percent}% of memory"
+        msg = template.format(have=have, need=need, mem=mem, cores=c.cores, name=c.name)
+        r = cache[key] = Reason(code, msg, resolvable)
+    return r
+
+
+_STAGES: tuple[_Stage, ...] = (
+    ("no-gpus", "container {name} needs {need} GPU(s); the node has {have}", False),
+    ("unhealthy", "container {name} needs {need} healthy GPU(s); the node has {have}", False),
+    ("mig", "container {name} needs {need} GPU(s) not in MIG mode; the node has {have}", False),
+    ("gpu-filter", "container {name} needs {need} GPU(s) matching the pod's GPU type/uuid "
+     "filters; the node has {have}", False),
+    ("too-small", "container {name} needs {need} GPU(s) with room for {mem} and {cores}% "
+     "cores; the node has {have} that large", False),
+    ("split", "container {name} needs {need} GPU(s) with a free vGPU slot; the node has {have} "
+     "(split count used up)", True),
+    ("exclusive", "container {name} needs {need} GPU(s) not held whole by another container; "
+     "the node has {have}", True),
+    ("idle", "container {name} needs {need} idle GPU(s) for a whole-GPU request; the node has "
+     "{have}", True),
+    ("memory", "container {name} needs {need} GPU(s) with {mem} free; the node has {have}", True),
+    ("cores", "container {name} needs {need} GPU(s) with {cores}% cores free; the node has "
+     "{have}", True),
+)
+_NUMA = ("numa", "container {name} needs {need} GPU(s) on one NUMA node; none has that many "
+         "free", True)
+_NUMA_STATIC = ("numa", "container {name} needs {need} GPU(s) on one NUMA node; none has "
+                "that many", False)
+
+
+def _lut(cluster: Cluster, pod: PodRequest) -> npt.NDArray[np.bool_] | None:
+    if not (pod.include_types or pod.exclude_types):
+        return None
+    lut = np.ones(len(cluster.type_names), dtype=np.bool_)
+    for tid, model in enumerate(cluster.type_names):
+        if pod.include_types and not type_matches(model, pod.include_types):
+            lut[tid] = False
+        if pod.exclude_types and type_matches(model, pod.exclude_types):
+            lut[tid] = False
+    return lut
+
+
+def _uuid_mask(cluster: Cluster, pod: PodRequest, n: int) -> npt.NDArray[np.bool_] | None:
+    if not (pod.include_uuids or pod.exclude_uuids):
+        return None
+    mask = np.zeros(n, dtype=np.bool_) if pod.include_uuids else np.ones(n, dtype=np.bool_)
+    for idx in cluster.live_node_indices():
+        node = cluster.nodes[idx]
+        if node is None:
+            continue
+        for k, g in zip(cluster.node_slots(idx), node.inventory.devices, strict=True):
+            if pod.include_uuids and g.uuid in pod.include_uuids:
+                mask[k] = True
+            if pod.exclude_uuids and g.uuid in pod.exclude_uuids:
+                mask[k] = False
+    return mask
+
+
+def filter_nodes(cluster: Cluster, pod: PodRequest,
+                 candidates: npt.NDArray[np.int64] | None = None) -> FilterResult:
+    """Evaluate every GPU predicate for every container of ``pod`` on every candidate."""
+    n = cluster.slots
+    n_nodes = len(cluster.node_names)
+    if candidates is None:
+        candidates = np.fromiter(cluster.live_node_indices(), dtype=np.int64)
+    cand_mask = np.zeros(n_nodes, dtype=np.bool_)
+    cand_mask[candidates] = True
+    node_of = cluster.node_of[:n]
+    alive = cluster.alive[:n] & cand_mask[np.maximum(node_of, 0)]
+    slot_node = np.where(alive, node_of, n_nodes)  # dead slots counted past the end
+    cap_mem = cluster.cap_mem[:n]
+    cap_cores = cluster.cap_cores[:n]
+    free_mem = cap_mem - cluster.used_mem[:n]
+    free_cores = cap_cores - cluster.used_cores[:n]
+    free_split = cluster.cap_split[:n] - cluster.used_split[:n]
+    static = [alive, cluster.healthy[:n], ~cluster.mig[:n]]
+    lut = _lut(cluster, pod)
+    filt = np.ones(n, dtype=np.bool_) if lut is None else lut[cluster.type_id[:n]]
+    um = _uuid_mask(cluster, pod, n)
+    if um is not None:
+        filt = filt & um
+    static.append(filt)
+
+    ok_nodes = cand_mask.copy()
+    failed: dict[int, Reason] = {}
+    cache: dict[tuple[str, int, int, str], Reason] = {}
+    # Containers that run at the same time must each fit; init containers too.
+    shapes: dict[tuple[int, int | None, int | None, int], ContainerRequest] = {}
+    for c in pod.containers:
+        shapes.setdefault((c.number, c.memory, c.memory_percent, c.cores), c)
+    for c in shapes.values():
+        if c.memory is not None:
+            need_mem: npt.NDArray[np.int64] | int = c.memory
+        else:
+            need_mem = cap_mem * (c.memory_percent or 100) // 100
+        masks = [
+            *static,
+            (cap_mem >= need_mem) & (cap_cores >= c.cores) & (cluster.cap_split[:n] >= 1),
+            free_split >= 1,
+            cluster.excl[:n] == 0,
+            (cluster.used_split[:n] == 0) if c.exclusive else None,
+            free_mem >= need_mem,
+            free_cores >= c.cores,
+        ]
+        running = np.ones(n, dtype=np.bool_)
+        stage_counts = []
+        for m in masks:
+            if m is not None:
+                running = running & m
+            stage_counts.append(running)
+        final = running
+        counts = np.bincount(slot_node[final], minlength=n_nodes + 1)[:n_nodes]
+        if pod.topology is TopologyMode.NUMA and c.number > 1:
+            counts = _numa_counts(cluster, slot_node, final, n_nodes)
+        short = ok_nodes & (counts < c.number)
+        if not short.any():
+            continue
+        short_idx = np.flatnonzero(short)
+        ok_nodes &= ~short
+        # Name the first predicate that left each short node with too few GPUs.
+        have_by_stage = [np.bincount(slot_node[m], minlength=n_nodes + 1)[:n_nodes]
+                         for m in stage_counts]
+        if pod.topology is TopologyMode.NUMA and c.number > 1:
+            static_numa = _numa_counts(cluster, slot_node, stage_counts[4], n_nodes)
+        for i in short_idx.tolist():
+            reason = None
+            for stage, have in zip(_STAGES, have_by_stage, strict=True):
+                h = int(have[i])
+                if h < c.number:
+                    reason = _stage_reason(stage, h, c.number, c, cache)
+                    break
+            if reason is None:  # enough GPUs overall, but not on one NUMA node
+                stage = _NUMA_STATIC if int(static_numa[i]) < c.number else _NUMA
+                reason = _stage_reason(stage, 0, c.number, c, cache)
+            failed.setdefault(i, reason)
+    feasible = np.flatnonzero(ok_nodes).astype(np.int64)
+    exact = (len(pod.containers) == 1 and pod.topology is not TopologyMode.LINK)
+    return FilterResult(feasible=feasible, failed=failed, exact=exact)
+
+
+def _numa_counts(cluster: Cluster, slot_node: npt.NDArray[np.int64] | npt.NDArray[np.int32],
+                 mask: npt.NDArray[np.bool_], n_nodes: int) -> npt.NDArray[np.int64]:
+    n = cluster.slots
+    bucket = np.clip(cluster.numa[:n] + 1, 0, NUMA_BUCKETS - 1)
+    key = slot_node.astype(np.int64) * NUMA_BUCKETS + bucket
+    per = np.bincount(key[mask], minlength=(n_nodes + 1) * NUMA_BUCKETS)
+    out: npt.NDArray[np.int64] = per.reshape(n_nodes + 1, NUMA_BUCKETS).max(axis=1)[:n_nodes]
+    return out

@@ -1,0 +1,173 @@
+"""The allocation ledger: which pod holds what on which GPU.
+
+The state machine of one pod's entry (after kube-scheduler's cache)::
+
+    (none) --assume--> ASSUMED --confirm--> CONFIRMED
+              ^            |                    |
+              |     forget / expire          forget
+              +------------+--------------------+
+
+* ``assume`` is the scheduler's bind: it checks capacity and holds the placement
+  for ``ttl`` seconds. It is idempotent for the same placement.
+* ``confirm`` is the informer seeing the pod's ``vgpud.io/assignment``: the entry
+  becomes permanent. Reality wins: an assignment that was never assumed here (a
+  restart, another replica) is recorded even if it exceeds capacity (the node then
+  admits nothing more until it drains); a changed one replaces the old charge.
+* ``forget`` is a failed bind or a pod that ended; ``expire`` drops assumptions that
+  were never confirmed (HAMi#2923: stale reservations block nodes forever).
+
+Invariants (while only ``assume`` adds): per GPU, held memory ≤ memory × scaling,
+cores ≤ 100 × core scaling, vGPUs ≤ split, and an exclusive holder is alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from dataclasses import dataclass, replace
+
+from vgpud.core.choose import charge
+from vgpud.core.cluster import Cluster
+from vgpud.core.model import GpuUsage, Placement, Reason
+
+
+class State(enum.Enum):
+    ASSUMED = "assumed"
+    CONFIRMED = "confirmed"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    uid: str
+    key: str  # namespace/name, for messages
+    placement: Placement
+    charge: dict[str, GpuUsage]
+    state: State
+    deadline: float | None
+
+
+def _same(a: Placement, b: Placement) -> bool:
+    return replace(a, time="") == replace(b, time="")
+
+
+class Ledger:
+    """Entries by pod uid, applied to a :class:`Cluster`'s usage totals."""
+
+    def __init__(self, cluster: Cluster, ttl: float = 120.0) -> None:
+        self.cluster = cluster
+        self.ttl = ttl
+        self._entries: dict[str, Entry] = {}
+        self._deadlines: list[tuple[float, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._entries
+
+    def get(self, uid: str) -> Entry | None:
+        return self._entries.get(uid)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def room(self, placement: Placement, held: dict[str, GpuUsage] | None = None) -> Reason | None:
+        """Why ``placement`` would break an invariant now; None when it fits."""
+        held = held if held is not None else charge(placement)
+        for uuid, c in held.items():
+            cap = self.cluster.capacity(placement.node, uuid)
+            if cap is None:
+                return Reason("unknown-gpu", f"node {placement.node} has no GPU {uuid}", False)
+            mem, cores, split = cap
+            u = self.cluster.usage(placement.node, uuid)
+            if u.vgpus + c.vgpus > split:
+                return Reason("split", f"GPU {uuid}: split count {split} used up", True)
+            if u.memory + c.memory > mem:
+                return Reason("memory", f"GPU {uuid}: {mem - u.memory} MiB free, needs "
+                              f"{c.memory}", True)
+            if u.cores + c.cores > cores:
+                return Reason("cores", f"GPU {uuid}: {cores - u.cores}% cores free, needs "
+                              f"{c.cores}", True)
+            if u.exclusive or (c.exclusive and u.vgpus):
+                return Reason("exclusive", f"GPU {uuid} is not idle", True)
+        return None
+
+    def assume(self, uid: str, key: str, placement: Placement, now: float) -> Reason | None:
+        """Hold ``placement`` for ``uid`` until confirmed or ``ttl`` passes."""
+        old = self._entries.get(uid)
+        if old is not None:
+            if _same(old.placement, placement):
+                return None
+            return Reason("already-placed", f"pod {key} already holds GPUs on "
+                          f"{old.placement.node}", False)
+        held = charge(placement)
+        why = self.room(placement, held)
+        if why is not None:
+            return why
+        deadline = now + self.ttl
+        self._add(Entry(uid, key, placement, held, State.ASSUMED, deadline))
+        heapq.heappush(self._deadlines, (deadline, uid))
+        return None
+
+    def confirm(self, uid: str, key: str, placement: Placement) -> None:
+        """The API says ``uid`` holds ``placement``: make it permanent."""
+        old = self._entries.get(uid)
+        if old is not None:
+            if _same(old.placement, placement):
+                if old.state is State.ASSUMED:
+                    self._entries[uid] = replace(old, state=State.CONFIRMED, deadline=None,
+                                                 placement=placement)
+                return
+            self._drop(old)
+        self._add(Entry(uid, key, placement, charge(placement), State.CONFIRMED, None))
+
+    def forget(self, uid: str) -> bool:
+        """Release whatever ``uid`` holds; True if it held something."""
+        old = self._entries.get(uid)
+        if old is None:
+            return False
+        self._drop(old)
+        return True
+
+    def expire(self, now: float) -> list[Entry]:
+        """Drop assumptions past their deadline; return them."""
+        gone = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, uid = heapq.heappop(self._deadlines)
+            e = self._entries.get(uid)
+            if e is not None and e.state is State.ASSUMED and e.deadline == deadline:
+                self._drop(e)
+                gone.append(e)
+        return gone
+
+    def violations(self) -> list[str]:
+        """Every broken invariant, recomputed from the entries (for tests and /debug)."""
+        totals: dict[tuple[str, str], GpuUsage] = {}
+        for e in self._entries.values():
+            for uuid, c in e.charge.items():
+                k = (e.placement.node, uuid)
+                t = totals.get(k, GpuUsage())
+                totals[k] = GpuUsage(t.vgpus + c.vgpus, t.memory + c.memory, t.cores + c.cores,
+                                     t.exclusive + c.exclusive)
+        out = []
+        for (node, uuid), t in totals.items():
+            if self.cluster.usage(node, uuid) != t:
+                out.append(f"{node}/{uuid}: cluster holds {self.cluster.usage(node, uuid)}, "
+                           f"entries add up to {t}")
+            cap = self.cluster.capacity(node, uuid)
+            if cap is None:
+                continue
+            mem, cores, split = cap
+            if t.memory > mem or t.cores > cores or t.vgpus > split:
+                out.append(f"{node}/{uuid}: {t} exceeds capacity {cap}")
+            if t.exclusive and t.vgpus > 1:
+                out.append(f"{node}/{uuid}: an exclusive holder is not alone ({t.vgpus} vGPUs)")
+        return out
+
+    def _add(self, e: Entry) -> None:
+        self._entries[e.uid] = e
+        self.cluster.add_usage(e.placement.node, e.charge, +1)
+
+    def _drop(self, e: Entry) -> None:
+        del self._entries[e.uid]
+        self.cluster.add_usage(e.placement.node, e.charge, -1)

@@ -1,0 +1,318 @@
+"""From a Pod manifest (a dict as the API returns it) to a :class:`PodRequest`.
+
+Per container, limits are read before requests. Resource names come from the
+configured preset and, when compatibility is on, from other systems' presets
+(HAMi, Volcano, TKE). The user-facing pod annotations of DESIGN.md are read with
+HAMi's aliases. Anything malformed raises :class:`RequestError` naming the
+container, the resource and what was wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from vgpud.core.model import (
+    ComputePolicy,
+    ContainerRequest,
+    Defaults,
+    PodRequest,
+    Policy,
+    TopologyMode,
+)
+
+MAX_MEMORY_MIB = 1 << 24  # 16 TiB: more than any GPU will have for a long time
+MAX_VGPUS = 64
+
+
+class RequestError(ValueError):
+    """A pod's GPU request is invalid; ``str()`` says which container and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """Resource names of one GPU-sharing system."""
+
+    name: str
+    number: str
+    memory: str | None
+    cores: str | None
+    memory_percent: str | None = None
+    priority: str | None = None  # a resource carrying the priority (HAMi)
+    tke: bool = False  # TKE's units: vcuda-core 100 = one GPU, vcuda-memory × 256 MiB
+
+
+PRESETS: dict[str, Preset] = {
+    "vgpu-manager": Preset("vgpu-manager", "nvidia.com/vgpu-number", "nvidia.com/vgpu-memory",
+                           "nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory-percentage"),
+    "hami": Preset("hami", "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores",
+                   "nvidia.com/gpumem-percentage", priority="nvidia.com/priority"),
+    "volcano": Preset("volcano", "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory",
+                      "volcano.sh/vgpu-cores"),
+    "tke": Preset("tke", "tencent.com/vcuda-core", "tencent.com/vcuda-memory", None, tke=True),
+}
+TKE_MEMORY_UNIT = 256  # MiB
+
+# (canonical annotation, aliases)
+ANNOTATIONS: dict[str, tuple[str, ...]] = {
+    "nvidia.com/node-scheduler-policy": ("hami.io/node-scheduler-policy",),
+    "nvidia.com/device-scheduler-policy": ("hami.io/gpu-scheduler-policy",),
+    "nvidia.com/include-gpu-type": ("nvidia.com/use-gputype",),
+    "nvidia.com/exclude-gpu-type": ("nvidia.com/nouse-gputype",),
+    "nvidia.com/include-gpu-uuid": ("nvidia.com/use-gpuuuid",),
+    "nvidia.com/exclude-gpu-uuid": ("nvidia.com/nouse-gpuuuid",),
+    "nvidia.com/vgpu-compute-policy": (),
+    "nvidia.com/device-topology-mode": (),
+    "nvidia.com/vgpu-priority": (),
+}
+
+_QUANTITY = re.compile(
+    r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?$")
+_SUFFIX = {"": Fraction(1), "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
+           "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15),
+           "E": Fraction(10**18), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
+           "Gi": Fraction(2**30), "Ti": Fraction(2**40), "Pi": Fraction(2**50),
+           "Ei": Fraction(2**60)}
+
+
+def parse_quantity(value: object, what: str) -> int:
+    """A Kubernetes quantity that must be a non-negative whole number."""
+    if isinstance(value, bool):
+        raise RequestError(f"{what}: expected a whole number, got {value!r}")
+    if isinstance(value, int):
+        n = Fraction(value)
+    elif isinstance(value, str):
+        m = _QUANTITY.match(value.strip())
+        if not m or len(value) > 64:
+            raise RequestError(f"{what}: {value!r} is not a quantity")
+        sign, digits, exp, suffix = m.groups()
+        n = Fraction(digits) * (Fraction(10) ** int(exp[1:]) if exp else _SUFFIX[suffix or ""])
+        if sign == "-":
+            n = -n
+    else:
+        raise RequestError(f"{what}: expected a whole number, got {type(value).__name__}")
+    if n < 0:
+        raise RequestError(f"{what}: {value!r} is negative")
+    if n.denominator != 1:
+        raise RequestError(f"{what}: {value!r} is not a whole number")
+    return int(n)
+
+
+def _resources(container: Mapping[str, Any], cname: str) -> dict[str, object]:
+    res = container.get("resources")
+    res = {} if res is None else res
+    if not isinstance(res, Mapping):
+        raise RequestError(f"container {cname!r}: resources must be an object")
+    merged: dict[str, object] = {}
+    for part in ("requests", "limits"):  # limits win: read last
+        values = res.get(part)
+        values = {} if values is None else values
+        if not isinstance(values, Mapping):
+            raise RequestError(f"container {cname!r}: resources.{part} must be an object")
+        merged.update(values)
+    return merged
+
+
+def _presets(defaults: Defaults) -> list[Preset]:
+    names = [defaults.preset, *[p for p in defaults.compat_presets if p != defaults.preset]]
+    return [PRESETS[n] for n in names]
+
+
+def _container(
+    container: Mapping[str, Any], presets: list[Preset], defaults: Defaults, *,
+    init: bool, sidecar: bool,
+) -> ContainerRequest | None:
+    cname = container.get("name")
+    if not isinstance(cname, str) or not cname:
+        raise RequestError("a container has no name")
+    res = _resources(container, cname)
+    preset = next((p for p in presets if any(
+        n is not None and n in res for n in (p.number, p.memory, p.cores, p.memory_percent))), None)
+    if preset is None:
+        return None
+
+    def get(name: str | None) -> int | None:
+        if name is None or name not in res:
+            return None
+        return parse_quantity(res[name], f"container {cname!r}: {name}")
+
+    if preset.tke:
+        return _tke_container(cname, get(preset.number), get(preset.memory), init, sidecar)
+    number = get(preset.number)
+    memory = get(preset.memory) or None
+    percent = get(preset.memory_percent)
+    cores = get(preset.cores)
+    asked_share = memory is not None or percent is not None or cores is not None
+    if number is None:
+        number = defaults.default_gpu_num
+    if number == 0:
+        if asked_share:
+            raise RequestError(f"container {cname!r}: asks for GPU memory or cores "
+                               f"but 0 vGPUs ({preset.number}: 0)")
+        return None
+    if number > MAX_VGPUS:
+        raise RequestError(f"container {cname!r}: {preset.number}: {number} vGPUs is more than "
+                           f"{MAX_VGPUS}")
+    if memory is not None and percent is not None:
+        raise RequestError(f"container {cname!r}: give either {preset.memory} or "
+                           f"{preset.memory_percent}, not both")
+    if memory is not None and memory > MAX_MEMORY_MIB:
+        raise RequestError(f"container {cname!r}: {preset.memory}: {memory} MiB is absurd "
+                           f"(more than {MAX_MEMORY_MIB} MiB)")
+    if percent is not None and not 1 <= percent <= 100:
+        raise RequestError(f"container {cname!r}: {preset.memory_percent}: {percent} must be "
+                           "between 1 and 100")
+    if cores is not None and cores > 100:
+        raise RequestError(f"container {cname!r}: {preset.cores}: {cores} is more than 100 "
+                           "(cores are a percentage of one GPU)")
+    if memory is None and percent is None:
+        if defaults.default_mem > 0:
+            memory = defaults.default_mem
+        else:
+            percent = 100
+    return ContainerRequest(
+        name=cname, number=number, memory=memory, memory_percent=percent,
+        cores=defaults.default_cores if cores is None else cores, init=init, sidecar=sidecar)
+
+
+def _tke_container(cname: str, core: int | None, mem: int | None, init: bool,
+                   sidecar: bool) -> ContainerRequest | None:
+    if not core:
+        if mem:
+            raise RequestError(f"container {cname!r}: tencent.com/vcuda-memory needs "
+                               "tencent.com/vcuda-core")
+        return None
+    if core > 100 and core % 100:
+        raise RequestError(f"container {cname!r}: tencent.com/vcuda-core: {core} must be below "
+                           "100 (a share of one GPU) or a multiple of 100 (whole GPUs)")
+    number, cores = (1, core) if core < 100 else (core // 100, 100)
+    if number > MAX_VGPUS:
+        raise RequestError(f"container {cname!r}: tencent.com/vcuda-core: {number} GPUs is more "
+                           f"than {MAX_VGPUS}")
+    if mem is None:
+        return ContainerRequest(name=cname, number=number, memory_percent=100, cores=cores,
+                                init=init, sidecar=sidecar)
+    total = mem * TKE_MEMORY_UNIT
+    if total > MAX_MEMORY_MIB * number:
+        raise RequestError(f"container {cname!r}: tencent.com/vcuda-memory: {mem} is absurd")
+    return ContainerRequest(name=cname, number=number, memory=-(-total // number), cores=cores,
+                            init=init, sidecar=sidecar)
+
+
+def _annotation(annotations: Mapping[str, Any], key: str) -> str | None:
+    found = [(k, annotations[k]) for k in (key, *ANNOTATIONS[key]) if k in annotations]
+    values = {str(v).strip() for _, v in found}
+    if len(values) > 1:
+        raise RequestError(f"annotations {', '.join(k for k, _ in found)} disagree")
+    for k, v in found:
+        if not isinstance(v, str):
+            raise RequestError(f"annotation {k}: must be a string")
+        return v.strip()
+    return None
+
+
+def _enum(annotations: Mapping[str, Any], key: str, kind: type[Any], default: Any) -> Any:
+    value = _annotation(annotations, key)
+    if value is None or value == "":
+        return default
+    try:
+        return kind(value.lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in kind)
+        raise RequestError(f"annotation {key}: unknown value {value!r}; choose one of "
+                           f"{choices}") from None
+
+
+def _list(annotations: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = _annotation(annotations, key)
+    if not value:
+        return ()
+    items = tuple(dict.fromkeys(x.strip() for x in value.split(",") if x.strip()))
+    if len(items) > 256:
+        raise RequestError(f"annotation {key}: more than 256 entries")
+    return items
+
+
+def parse_pod(pod: Mapping[str, Any], defaults: Defaults) -> PodRequest:
+    """Parse a pod manifest; a pod that asks for no GPU yields no containers."""
+    if not isinstance(pod, Mapping):
+        raise RequestError("the pod is not an object")
+    meta = pod.get("metadata")
+    meta = {} if meta is None else meta
+    spec = pod.get("spec")
+    spec = {} if spec is None else spec
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        raise RequestError("the pod's metadata and spec must be objects")
+    annotations = meta.get("annotations")
+    annotations = {} if annotations is None else annotations
+    if not isinstance(annotations, Mapping):
+        raise RequestError("metadata.annotations must be an object")
+    presets = _presets(defaults)
+    containers: list[ContainerRequest] = []
+    for kind, init in (("initContainers", True), ("containers", False)):
+        items = spec.get(kind)
+        items = [] if items is None else items
+        if not isinstance(items, list):
+            raise RequestError(f"spec.{kind} must be a list")
+        for c in items:
+            if not isinstance(c, Mapping):
+                raise RequestError(f"spec.{kind} holds something that is not a container")
+            sidecar = init and c.get("restartPolicy") == "Always"
+            req = _container(c, presets, defaults, init=init, sidecar=sidecar)
+            if req is not None:
+                containers.append(req)
+    names = [c.name for c in containers]
+    if len(set(names)) != len(names):
+        raise RequestError("two containers share a name")
+    include_types = _list(annotations, "nvidia.com/include-gpu-type")
+    exclude_types = _list(annotations, "nvidia.com/exclude-gpu-type")
+    include_uuids = _list(annotations, "nvidia.com/include-gpu-uuid")
+    exclude_uuids = _list(annotations, "nvidia.com/exclude-gpu-uuid")
+    for inc, exc, what in ((include_types, exclude_types, "type"),
+                           (include_uuids, exclude_uuids, "uuid")):
+        both = sorted({x.lower() for x in inc} & {x.lower() for x in exc})
+        if both:
+            raise RequestError(f"GPU {what} {both[0]!r} is both included and excluded")
+    priority = 0
+    prio_text = _annotation(annotations, "nvidia.com/vgpu-priority")
+    if prio_text:
+        try:
+            priority = int(prio_text)
+        except ValueError:
+            raise RequestError(f"annotation nvidia.com/vgpu-priority: {prio_text!r} is not an "
+                               "integer") from None
+        if not -1000 <= priority <= 1000:
+            raise RequestError("annotation nvidia.com/vgpu-priority: must be within ±1000")
+    else:
+        for preset in presets:
+            if preset.priority is None:
+                continue
+            for kind in ("initContainers", "containers"):
+                for c in spec.get(kind) or []:
+                    res = _resources(c, str(c.get("name")))
+                    if preset.priority in res:
+                        # HAMi: 0 is high, 1 is low; ours: higher wins.
+                        p = parse_quantity(res[preset.priority], preset.priority)
+                        priority = max(priority, 1 if p == 0 else 0)
+    return PodRequest(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or meta.get("generateName") or ""),
+        uid=str(meta.get("uid") or ""),
+        containers=tuple(containers),
+        node_policy=_enum(annotations, "nvidia.com/node-scheduler-policy", Policy,
+                          defaults.node_policy),
+        device_policy=_enum(annotations, "nvidia.com/device-scheduler-policy", Policy,
+                            defaults.device_policy),
+        include_types=include_types,
+        exclude_types=exclude_types,
+        include_uuids=include_uuids,
+        exclude_uuids=exclude_uuids,
+        topology=_enum(annotations, "nvidia.com/device-topology-mode", TopologyMode,
+                       TopologyMode.NONE),
+        compute_policy=_enum(annotations, "nvidia.com/vgpu-compute-policy", ComputePolicy,
+                             defaults.compute_policy),
+        priority=priority,
+    )

@@ -1,0 +1,249 @@
+"""``vgpud simulate``: the scheduler's core over a scenario, with no cluster.
+
+Pods arrive in order (at their ``at`` time) and go through the same cycle the
+extender runs — filter → score → choose devices → assume — on the same
+:class:`~vgpud.core.allocate.Allocator`. Pods with a ``duration`` leave when it
+ends; pending pods are retried, first come first served, whenever a pod leaves.
+Time is virtual: a scenario of a day runs in milliseconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpud.core.allocate import Allocator
+from vgpud.core.model import PodRequest, Reason
+from vgpud.core.requests import RequestError, parse_pod
+from vgpud.scenario import Scenario, build_nodes, settings_of
+
+
+@dataclass
+class PodResult:
+    name: str
+    namespace: str
+    status: str  # placed | pending | rejected
+    node: str | None = None
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    containers: list[dict[str, Any]] = field(default_factory=list)
+    reason: str | None = None
+    arrived: float = 0.0
+    started: float | None = None
+    left: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "namespace": self.namespace, "status": self.status,
+            "node": self.node, "devices": self.devices, "containers": self.containers,
+            "reason": self.reason, "arrived": self.arrived, "started": self.started,
+            "left": self.left,
+        }
+
+
+@dataclass
+class GpuResult:
+    node: str
+    uuid: str
+    index: int
+    model: str
+    memory: int  # capacity MiB (physical × scaling)
+    memory_used: int
+    cores: int
+    cores_used: int
+    split: int
+    vgpus_used: int
+    holders: list[tuple[str, int]]  # (pod, MiB)
+
+
+@dataclass
+class SimResult:
+    name: str
+    pods: list[PodResult]
+    gpus: list[GpuResult]
+
+    @property
+    def summary(self) -> dict[str, int]:
+        out = {"placed": 0, "pending": 0, "rejected": 0}
+        for p in self.pods:
+            out[p.status] += 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "summary": self.summary,
+                "pods": [p.to_json() for p in self.pods],
+                "gpus": [g.__dict__ for g in self.gpus]}
+
+
+def _expand(s: Scenario) -> Iterator[tuple[float, float | None, dict[str, Any], str]]:
+    for w_index, w in enumerate(s.workload):
+        raw_meta = w.pod.get("metadata")
+        meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
+        base = str(meta.get("name") or meta.get("generateName") or f"pod-{w_index}").rstrip("-")
+        for i in range(w.replicas):
+            name = base if w.replicas == 1 else f"{base}-{i}"
+            pod = dict(w.pod)
+            pod["metadata"] = {**meta, "name": name, "uid": f"{s.name}/{w_index}/{i}",
+                               "namespace": meta.get("namespace", "default")}
+            yield w.at, w.duration, pod, name
+
+
+def run(s: Scenario) -> SimResult:
+    """Run one scenario to its end."""
+    settings = settings_of(s)
+    defaults = settings.defaults()
+    now = 0.0
+    alloc = Allocator(defaults, clock=lambda: now)
+    for node in build_nodes(s, settings):
+        alloc.set_node(node)
+
+    results: list[PodResult] = []
+    # events: (time, order, kind, payload); departures (kind 0) before arrivals (kind 1)
+    events: list[tuple[float, int, int, int]] = []
+    pods: list[tuple[PodRequest | None, float | None]] = []
+    for order, (at, duration, manifest, name) in enumerate(_expand(s)):
+        res = PodResult(name=name, namespace=manifest["metadata"]["namespace"], status="pending",
+                        arrived=at)
+        try:
+            req: PodRequest | None = parse_pod(manifest, defaults)
+        except RequestError as e:
+            req = None
+            res.status, res.reason = "rejected", f"invalid request: {e}"
+        if req is not None and not req.wants_gpu:
+            res.status, res.reason = "rejected", "the pod asks for no vGPU"
+            req = None
+        results.append(res)
+        pods.append((req, duration))
+        heapq.heappush(events, (at, 1, order, order))
+    waiting: list[int] = []
+
+    def try_place(i: int) -> bool:
+        req, duration = pods[i]
+        assert req is not None
+        decision = alloc.schedule(req)
+        res = results[i]
+        if decision.placement is None:
+            assert isinstance(decision.reason, Reason)
+            res.reason = decision.reason.message
+            return False
+        alloc.confirm(req.uid, req.key, decision.placement)
+        res.status, res.node, res.reason, res.started = "placed", decision.placement.node, None, now
+        res.containers = [
+            {"name": c.name, "init": c.init,
+             "devices": [{"uuid": d.uuid, "memory": d.memory, "cores": d.cores}
+                         for d in c.devices]}
+            for c in decision.placement.containers]
+        res.devices = [d for c in res.containers for d in c["devices"]]
+        if duration is not None:
+            heapq.heappush(events, (now + duration, 0, i, i))
+        return True
+
+    while events:
+        now, kind, _, i = heapq.heappop(events)
+        if kind == 0:  # departure
+            req, _ = pods[i]
+            assert req is not None
+            alloc.forget(req.uid)
+            results[i].left = now
+            still = []
+            for j in waiting:
+                if not try_place(j):
+                    still.append(j)
+            waiting = still
+        elif pods[i][0] is not None and not try_place(i):
+            waiting.append(i)
+    return SimResult(s.name, results, _gpus(alloc, results))
+
+
+def _gpus(alloc: Allocator, results: list[PodResult]) -> list[GpuResult]:
+    holders: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for r in results:
+        if r.status == "placed" and r.left is None and r.node is not None:
+            for d in r.devices:
+                holders.setdefault((r.node, d["uuid"]), []).append((r.name, d["memory"]))
+    out = []
+    c = alloc.cluster
+    for name in sorted(c.node_index):
+        for v in c.gpus(name):
+            u = c.usage(name, v.gpu.uuid)
+            out.append(GpuResult(name, v.gpu.uuid, v.gpu.index, v.gpu.model, v.cap_memory,
+                                 u.memory, v.cap_cores, u.cores, v.gpu.split, u.vgpus,
+                                 holders.get((name, v.gpu.uuid), [])))
+    return out
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+def render_json(results: list[SimResult]) -> str:
+    if len(results) == 1:
+        return json.dumps(results[0].to_json(), indent=2)
+    total = {"placed": 0, "pending": 0, "rejected": 0}
+    pods = []
+    for r in results:
+        for k, v in r.summary.items():
+            total[k] += v
+        pods += [{**p.to_json(), "scenario": r.name} for p in r.pods]
+    return json.dumps({"summary": total, "pods": pods,
+                       "scenarios": [r.to_json() for r in results]}, indent=2)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def render_text(results: list[SimResult], *, max_pods: int = 200) -> str:
+    out = []
+    for r in results:
+        s = r.summary
+        out.append(f"== {r.name}: {s['placed']} placed, {s['pending']} pending"
+                   + (f", {s['rejected']} rejected" if s["rejected"] else ""))
+        rows = [["POD", "STATUS", "NODE", "GPUS (MiB, cores %)", "REASON"]]
+        for p in r.pods[:max_pods]:
+            devs = " ".join(f"{d['uuid']}:{d['memory']}/{d['cores']}%" for d in p.devices)
+            status = p.status if p.left is None else f"left@{p.left:g}s"
+            rows.append([p.name, status, p.node or "-", devs or "-", p.reason or ""])
+        out.append(_table(rows))
+        if len(r.pods) > max_pods:
+            out.append(f"… and {len(r.pods) - max_pods} more pods (use --output json)")
+        out.append("")
+        rows = [["NODE", "GPU", "MODEL", "VGPUS", "MEMORY MiB", "CORES %"]]
+        for g in r.gpus[:max_pods]:
+            rows.append([g.node, str(g.index), g.model, f"{g.vgpus_used}/{g.split}",
+                         f"{g.memory_used}/{g.memory}", f"{g.cores_used}/{g.cores}"])
+        out.append(_table(rows))
+        out.append("")
+    return "\n".join(out)
+
+
+def render_plot(results: list[SimResult], path: str) -> None:
+    """Per-GPU memory allocation as stacked bars, one panel per scenario."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 1, squeeze=False,
+                             figsize=(9, max(2.5, sum(0.35 * len(r.gpus) + 1 for r in results))))
+    for ax, r in zip(axes[:, 0], results, strict=True):
+        labels = [f"{g.node}/{g.index}" for g in r.gpus]
+        for y, g in enumerate(r.gpus):
+            left = 0
+            for pod, mib in g.holders:
+                ax.barh(y, mib, left=left, edgecolor="white", linewidth=0.5)
+                if mib > g.memory * 0.08:
+                    ax.text(left + mib / 2, y, pod.rsplit("-", 1)[-1], ha="center",
+                            va="center", fontsize=7)
+                left += mib
+            ax.plot([g.memory, g.memory], [y - 0.4, y + 0.4], color="black")
+        ax.set_yticks(range(len(labels)), labels)
+        ax.invert_yaxis()
+        ax.set_xlabel("MiB allocated (black bar: capacity)")
+        s = r.summary
+        ax.set_title(f"{r.name}: {s['placed']} placed, {s['pending']} pending")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
