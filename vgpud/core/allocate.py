@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from vgpud.core.choose import place
 from vgpud.core.cluster import Cluster
-from vgpud.core.fit import filter_nodes
+from vgpud.core.fit import FilterResult, filter_nodes, topology_fit
 from vgpud.core.ledger import Entry, Ledger
 from vgpud.core.model import Defaults, Node, Placement, PodRequest, Policy, Reason
 
@@ -57,6 +57,8 @@ class Allocator:
         self.clock = clock or _no_clock
         self.cluster = Cluster()
         self.ledger = Ledger(self.cluster, ttl=self.defaults.assume_ttl)
+        self._index_cache: dict[tuple[tuple[str, ...], int],
+                                tuple[npt.NDArray[np.int64], dict[str, Reason]]] = {}
 
     # -- inventory -------------------------------------------------------------------------------
 
@@ -70,64 +72,63 @@ class Allocator:
 
     def _indices(self, names: Sequence[str] | None,
                  ) -> tuple[npt.NDArray[np.int64] | None, dict[str, Reason]]:
+        """Candidate names to node indices (cached: kube-scheduler sends the same list
+        for pod after pod), and the names this allocator has no inventory for."""
         if names is None:
             return None, {}
-        index = self.cluster.node_index
-        idx = []
-        unknown: dict[str, Reason] = {}
-        for n in names:
-            i = index.get(n)
-            if i is None:
-                unknown[n] = NO_INVENTORY
-            else:
-                idx.append(i)
-        return np.fromiter(idx, dtype=np.int64, count=len(idx)), unknown
+        key = (tuple(names), self.cluster.generation)
+        hit = self._index_cache.get(key)
+        if hit is None:
+            index = self.cluster.node_index
+            idx = []
+            unknown: dict[str, Reason] = {}
+            for n in names:
+                i = index.get(n)
+                if i is None:
+                    unknown[n] = NO_INVENTORY
+                else:
+                    idx.append(i)
+            arr = np.fromiter(idx, dtype=np.int64, count=len(idx))
+            if len(self._index_cache) >= 4:
+                self._index_cache.pop(next(iter(self._index_cache)))
+            hit = self._index_cache[key] = (arr, unknown)
+        return hit[0], dict(hit[1])
+
+    def _filter(self, pod: PodRequest, idx: npt.NDArray[np.int64] | None, *, reasons: bool,
+                ) -> tuple[FilterResult, npt.NDArray[np.int64], dict[int, Reason]]:
+        res = filter_nodes(self.cluster, pod, idx, reasons=reasons)
+        feasible = res.feasible
+        failed = dict(res.failed)
+        if not res.exact:
+            keep = []
+            names = self.cluster.node_names
+            for i in feasible.tolist():
+                got = place(self.cluster, pod, names[i])
+                if isinstance(got, Reason):
+                    failed[i] = got
+                else:
+                    keep.append(i)
+            feasible = np.array(keep, dtype=np.int64)
+        return res, feasible, failed
 
     def filter(self, pod: PodRequest, candidates: Sequence[str] | None = None) -> Filtered:
         """Every feasible candidate and why each other one is not (all nodes if None)."""
         idx, failed = self._indices(candidates)
-        res = filter_nodes(self.cluster, pod, idx)
+        _, feasible, failed_idx = self._filter(pod, idx, reasons=True)
         names = self.cluster.node_names
-        for i, reason in res.failed.items():
+        for i, reason in failed_idx.items():
             failed[names[i]] = reason
-        feasible = [names[i] for i in res.feasible.tolist()]
-        if not res.exact:
-            confirmed = []
-            for n in feasible:
-                got = place(self.cluster, pod, n)
-                if isinstance(got, Reason):
-                    failed[n] = got
-                else:
-                    confirmed.append(n)
-            feasible = confirmed
-        return Filtered(feasible, failed)
+        return Filtered([names[i] for i in feasible.tolist()], failed)
 
-    def prioritize(self, pod: PodRequest, nodes: Sequence[str]) -> dict[str, float]:
-        """Scores in [0, 10] (floats; the extender rounds them) for feasible nodes."""
-        if not nodes:
-            return {}
-        idx, _ = self._indices(nodes)
-        assert idx is not None
-        known = [n for n in nodes if n in self.cluster.node_index]
+    def _scores(self, pod: PodRequest, res: FilterResult, nodes: npt.NDArray[np.int64],
+                ) -> npt.NDArray[np.float64]:
         c = self.cluster
-        n = c.slots
-        n_nodes = len(c.node_names)
-        live = c.alive[:n]
-        node_of = np.where(live, c.node_of[:n], n_nodes)
-
-        def per_node(values: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-            out: npt.NDArray[np.float64] = np.bincount(
-                node_of, weights=values, minlength=n_nodes + 1)[idx].astype(np.float64)
-            return out
-
-        cap_mem = per_node(c.cap_mem[:n])
-        used_mem = per_node(c.used_mem[:n])
-        cap_cores = per_node(c.cap_cores[:n])
-        used_cores = per_node(c.used_cores[:n])
-        gpus = np.bincount(node_of, minlength=n_nodes + 1)[idx].astype(np.float64)
+        cap_mem = c.node_cap_mem[nodes]
+        cap_cores = c.node_cap_cores[nodes]
+        gpus = c.node_gpus[nodes]
         mean_cap = np.divide(cap_mem, gpus, out=np.zeros_like(cap_mem), where=gpus > 0)
         main = [x for x in pod.containers if x.sidecar or not x.init]
-        want_mem = np.zeros(len(idx))
+        want_mem = np.zeros(len(nodes))
         want_cores = 0.0
         for x in main:
             if x.memory is not None:
@@ -136,35 +137,26 @@ class Allocator:
                 want_mem += x.number * mean_cap * (x.memory_percent or 100) / 100
             want_cores += x.number * x.cores
         with np.errstate(divide="ignore", invalid="ignore"):
-            mem_util = np.clip(np.where(cap_mem > 0, (used_mem + want_mem) / cap_mem, 1.0), 0, 1)
-            core_util = np.clip(np.where(cap_cores > 0, (used_cores + want_cores) / cap_cores,
-                                         1.0), 0, 1)
-        util = (mem_util + core_util) / 2
+            mem_util = np.where(cap_mem > 0, (c.node_used_mem[nodes] + want_mem) / cap_mem, 1.0)
+            core_util = np.where(cap_cores > 0,
+                                 (c.node_used_cores[nodes] + want_cores) / cap_cores, 1.0)
+        util = (np.clip(mem_util, 0, 1) + np.clip(core_util, 0, 1)) / 2
         policy = util if pod.node_policy is Policy.BINPACK else 1.0 - util
-        scores = policy * MAX_SCORE
+        scores: npt.NDArray[np.float64] = policy * MAX_SCORE
         if any(x.number > 1 for x in main):
-            topo = np.array([self._topology_fit(pod, name) for name in known])
-            scores = 0.7 * scores + 0.3 * topo * MAX_SCORE
-        return {name: float(s) for name, s in zip(known, scores.tolist(), strict=True)}
+            scores = 0.7 * scores + 0.3 * topology_fit(c, res, nodes) * MAX_SCORE
+        return scores
 
-    def _topology_fit(self, pod: PodRequest, node: str) -> float:
-        """1.0 when every multi-GPU container's GPUs share a NUMA node or are NVLinked."""
-        got = place(self.cluster, pod, node)
-        if isinstance(got, Reason):
-            return 0.0
-        views = {v.gpu.uuid: v.gpu for v in self.cluster.gpus(node)}
-        pairs = good = 0
-        for cg in got.containers:
-            uuids = [d.uuid for d in cg.devices]
-            for i, a in enumerate(uuids):
-                for b in uuids[i + 1:]:
-                    pairs += 1
-                    ga, gb = views[a], views[b]
-                    if b in ga.links or a in gb.links:
-                        good += 2
-                    elif ga.numa == gb.numa:
-                        good += 1
-        return 1.0 if pairs == 0 else good / (2 * pairs)
+    def prioritize(self, pod: PodRequest, nodes: Sequence[str]) -> dict[str, float]:
+        """Scores in [0, 10] (floats; the extender rounds them) for the given nodes."""
+        if not nodes:
+            return {}
+        idx, _ = self._indices(nodes)
+        assert idx is not None
+        res = filter_nodes(self.cluster, pod, idx, reasons=False)
+        scores = self._scores(pod, res, idx)
+        names = self.cluster.node_names
+        return {names[i]: s for i, s in zip(idx.tolist(), scores.tolist(), strict=True)}
 
     def place(self, pod: PodRequest, node: str) -> Placement | Reason:
         return place(self.cluster, pod, node)
@@ -186,21 +178,22 @@ class Allocator:
     # -- the whole cycle -------------------------------------------------------------------------
 
     def schedule(self, pod: PodRequest, candidates: Sequence[str] | None = None) -> Decision:
-        """Filter, score, pick the best node (ties: first candidate), place and assume."""
+        """Filter, score, pick the best node (ties: the first), place and assume."""
         if not pod.wants_gpu:
             return Decision(pod, None, Reason("no-gpu", "the pod asks for no vGPU", False))
-        got = self.filter(pod, candidates)
-        if not got.feasible:
-            return Decision(pod, None, summarize(got.failed))
-        scores = self.prioritize(pod, got.feasible)
-        best = max(got.feasible, key=lambda n: scores.get(n, 0.0))
+        idx, _ = self._indices(candidates)
+        res, feasible, _ = self._filter(pod, idx, reasons=False)
+        if len(feasible) == 0:
+            return Decision(pod, None, summarize(self.filter(pod, candidates).failed))
+        scores = self._scores(pod, res, feasible)
+        best = self.cluster.node_names[int(feasible[int(np.argmax(scores))])]
         placement = self.place(pod, best)
         if isinstance(placement, Reason):
-            return Decision(pod, None, placement, len(got.feasible))
+            return Decision(pod, None, placement, len(feasible))
         why = self.assume(pod, placement)
         if why is not None:
-            return Decision(pod, None, why, len(got.feasible))
-        return Decision(pod, placement, None, len(got.feasible))
+            return Decision(pod, None, why, len(feasible))
+        return Decision(pod, placement, None, len(feasible))
 
 
 def summarize(failed: dict[str, Reason]) -> Reason:

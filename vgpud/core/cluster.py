@@ -59,6 +59,13 @@ class Cluster:
         self.generation = 0
         self._n = 0  # slots in use (including dead ones)
         self._alloc(capacity)
+        # Per-node totals, kept incrementally for scoring: capacity and use of
+        # memory and cores over the node's GPUs.
+        self.node_cap_mem = np.zeros(16, dtype=np.float64)
+        self.node_used_mem = np.zeros(16, dtype=np.float64)
+        self.node_cap_cores = np.zeros(16, dtype=np.float64)
+        self.node_used_cores = np.zeros(16, dtype=np.float64)
+        self.node_gpus = np.zeros(16, dtype=np.float64)
 
     # -- storage ---------------------------------------------------------------------------------
 
@@ -83,6 +90,7 @@ class Cluster:
         grow("used_cores", np.int64)
         grow("used_split", np.int64)
         grow("excl", np.int64)
+        grow("link_degree", np.int64)
         self._cap = cap
 
     # numpy attributes, declared for the type checker
@@ -99,6 +107,7 @@ class Cluster:
     used_cores: I64
     used_split: I64
     excl: I64
+    link_degree: I64
 
     @property
     def slots(self) -> int:
@@ -124,6 +133,7 @@ class Cluster:
                 self.node_labels[idx] = dict(node.labels)
             else:
                 idx = len(self.node_names)
+                self._grow_nodes(idx + 1)
                 self.node_names.append(node.name)
                 self.nodes.append(node)
                 self.node_labels.append(dict(node.labels))
@@ -137,12 +147,33 @@ class Cluster:
         self._place_slots(idx, node.inventory)
         self.generation += 1
 
+    def _grow_nodes(self, need: int) -> None:
+        if need <= len(self.node_cap_mem):
+            return
+        cap = max(need, 2 * len(self.node_cap_mem))
+        for name in ("node_cap_mem", "node_used_mem", "node_cap_cores", "node_used_cores",
+                     "node_gpus"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=np.float64)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def _sum_node(self, idx: int) -> None:
+        r = self.node_slots(idx)
+        s = slice(r.start, r.stop)
+        self.node_cap_mem[idx] = float(self.cap_mem[s].sum())
+        self.node_used_mem[idx] = float(self.used_mem[s].sum())
+        self.node_cap_cores[idx] = float(self.cap_cores[s].sum())
+        self.node_used_cores[idx] = float(self.used_cores[s].sum())
+        self.node_gpus[idx] = float(len(r))
+
     def remove_node(self, name: str) -> None:
         """Forget a node; usage held on it is dropped with it."""
         idx = self.node_index.pop(name, None)
         if idx is None:
             return
         self._kill_slots(idx)
+        self._sum_node(idx)
         self.nodes[idx] = None
         self._uuid_slot[idx] = {}
         self._free_nodes.append(idx)
@@ -178,12 +209,14 @@ class Cluster:
             self.cap_mem[k] = int(g.memory * inv.memory_scaling)
             self.cap_cores[k] = round(100 * inv.core_scaling)
             self.cap_split[k] = g.split
+            self.link_degree[k] = len(g.links)
             u = usage.get(g.uuid, _ZERO)
             self.used_mem[k] = u.memory
             self.used_cores[k] = u.cores
             self.used_split[k] = u.vgpus
             self.excl[k] = u.exclusive
         self._uuid_slot[idx] = slot_of
+        self._sum_node(idx)
 
     def _compact(self, extra: int) -> None:
         live = [i for i, node in enumerate(self.nodes) if node is not None]
@@ -196,7 +229,8 @@ class Cluster:
              for i in live] or [np.zeros(0, dtype=np.int64)]
         ).astype(np.int64)
         arrays = ("node_of", "alive", "healthy", "mig", "type_id", "numa", "cap_mem",
-                  "cap_cores", "cap_split", "used_mem", "used_cores", "used_split", "excl")
+                  "cap_cores", "cap_split", "used_mem", "used_cores", "used_split", "excl",
+                  "link_degree")
         kept = {name: getattr(self, name)[order] for name in arrays}
         for name in arrays:
             delattr(self, name)
@@ -232,6 +266,9 @@ class Cluster:
                 usage[uuid] = new
             k = slots.get(uuid)
             if k is not None:
+                assert idx is not None
+                self.node_used_mem[idx] += new.memory - self.used_mem[k]
+                self.node_used_cores[idx] += new.cores - self.used_cores[k]
                 self.used_split[k] = new.vgpus
                 self.used_mem[k] = new.memory
                 self.used_cores[k] = new.cores
@@ -282,6 +319,10 @@ class Cluster:
 
     def live_node_indices(self) -> Iterable[int]:
         return self.node_index.values()
+
+    def free_node_indices(self) -> list[int]:
+        """Node indices left by removed nodes (not candidates)."""
+        return self._free_nodes
 
 
 _ZERO = GpuUsage()

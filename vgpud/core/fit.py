@@ -83,9 +83,11 @@ def gpu_reason(pod: PodRequest, c: ContainerRequest, g: GpuView, *, free_memory:
 class FilterResult:
     """Per candidate node: feasible (by the vector predicates) or a reason."""
 
-    feasible: npt.NDArray[np.int64]  # node indices
-    failed: dict[int, Reason]
+    feasible: npt.NDArray[np.int64]  # node indices, ascending
+    failed: dict[int, Reason]  # filled only when reasons were asked for
     exact: bool  # True when ``feasible`` needs no per-node confirmation
+    masks: tuple[tuple[ContainerRequest, npt.NDArray[np.bool_]], ...]  # per shape: GPUs that fit
+    slot_node: npt.NDArray[np.int64]  # node index of each slot (dead: past the end)
 
 
 _Stage = tuple[str, str, bool]  # code, message template, resolvable
@@ -156,43 +158,53 @@ def _uuid_mask(cluster: Cluster, pod: PodRequest, n: int) -> npt.NDArray[np.bool
 
 
 def filter_nodes(cluster: Cluster, pod: PodRequest,
-                 candidates: npt.NDArray[np.int64] | None = None) -> FilterResult:
-    """Evaluate every GPU predicate for every container of ``pod`` on every candidate."""
+                 candidates: npt.NDArray[np.int64] | None = None, *,
+                 reasons: bool = True) -> FilterResult:
+    """Evaluate every GPU predicate for every container of ``pod`` on every candidate.
+
+    With ``reasons=False`` the rejected nodes are only left out (the simulator's and
+    the benchmark's path); the extender asks for the reasons.
+    """
     n = cluster.slots
     n_nodes = len(cluster.node_names)
+    cand_mask = np.zeros(n_nodes + 1, dtype=np.bool_)
     if candidates is None:
-        candidates = np.fromiter(cluster.live_node_indices(), dtype=np.int64)
-    cand_mask = np.zeros(n_nodes, dtype=np.bool_)
-    cand_mask[candidates] = True
+        cand_mask[:n_nodes] = True
+        for i in cluster.free_node_indices():
+            cand_mask[i] = False
+    else:
+        cand_mask[candidates] = True
     node_of = cluster.node_of[:n]
-    alive = cluster.alive[:n] & cand_mask[np.maximum(node_of, 0)]
-    slot_node = np.where(alive, node_of, n_nodes)  # dead slots counted past the end
+    slot_node = np.where(cluster.alive[:n], node_of, n_nodes).astype(np.int64)
+    slot_node = np.where(cand_mask[slot_node], slot_node, n_nodes)
     cap_mem = cluster.cap_mem[:n]
     cap_cores = cluster.cap_cores[:n]
     free_mem = cap_mem - cluster.used_mem[:n]
     free_cores = cap_cores - cluster.used_cores[:n]
     free_split = cluster.cap_split[:n] - cluster.used_split[:n]
-    static = [alive, cluster.healthy[:n], ~cluster.mig[:n]]
+    filt: npt.NDArray[np.bool_] | None = None
     lut = _lut(cluster, pod)
-    filt = np.ones(n, dtype=np.bool_) if lut is None else lut[cluster.type_id[:n]]
+    if lut is not None:
+        filt = lut[cluster.type_id[:n]]
     um = _uuid_mask(cluster, pod, n)
     if um is not None:
-        filt = filt & um
-    static.append(filt)
+        filt = um if filt is None else filt & um
+    static: list[npt.NDArray[np.bool_] | None] = [
+        slot_node < n_nodes, cluster.healthy[:n], ~cluster.mig[:n], filt]
 
-    ok_nodes = cand_mask.copy()
+    ok_nodes = cand_mask[:n_nodes].copy()
     failed: dict[int, Reason] = {}
     cache: dict[tuple[str, int, int, str], Reason] = {}
+    masks = []
     # Containers that run at the same time must each fit; init containers too.
     shapes: dict[tuple[int, int | None, int | None, int], ContainerRequest] = {}
     for c in pod.containers:
         shapes.setdefault((c.number, c.memory, c.memory_percent, c.cores), c)
+    numa = pod.topology is TopologyMode.NUMA
     for c in shapes.values():
-        if c.memory is not None:
-            need_mem: npt.NDArray[np.int64] | int = c.memory
-        else:
-            need_mem = cap_mem * (c.memory_percent or 100) // 100
-        masks = [
+        need_mem: npt.NDArray[np.int64] | int = (
+            c.memory if c.memory is not None else cap_mem * (c.memory_percent or 100) // 100)
+        stages = [
             *static,
             (cap_mem >= need_mem) & (cap_cores >= c.cores) & (cluster.cap_split[:n] >= 1),
             free_split >= 1,
@@ -202,46 +214,67 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
             free_cores >= c.cores,
         ]
         running = np.ones(n, dtype=np.bool_)
-        stage_counts = []
-        for m in masks:
+        cumulative = []
+        for m in stages:
             if m is not None:
                 running = running & m
-            stage_counts.append(running)
-        final = running
-        counts = np.bincount(slot_node[final], minlength=n_nodes + 1)[:n_nodes]
-        if pod.topology is TopologyMode.NUMA and c.number > 1:
-            counts = _numa_counts(cluster, slot_node, final, n_nodes)
+            cumulative.append(running)
+        masks.append((c, running))
+        if numa and c.number > 1:
+            counts = _numa_counts(cluster, slot_node, running, n_nodes)
+        else:
+            counts = np.bincount(slot_node[running], minlength=n_nodes + 1)[:n_nodes]
         short = ok_nodes & (counts < c.number)
         if not short.any():
             continue
-        short_idx = np.flatnonzero(short)
         ok_nodes &= ~short
-        # Name the first predicate that left each short node with too few GPUs.
-        have_by_stage = [np.bincount(slot_node[m], minlength=n_nodes + 1)[:n_nodes]
-                         for m in stage_counts]
-        if pod.topology is TopologyMode.NUMA and c.number > 1:
-            static_numa = _numa_counts(cluster, slot_node, stage_counts[4], n_nodes)
-        for i in short_idx.tolist():
-            reason = None
-            for stage, have in zip(_STAGES, have_by_stage, strict=True):
-                h = int(have[i])
-                if h < c.number:
-                    reason = _stage_reason(stage, h, c.number, c, cache)
-                    break
-            if reason is None:  # enough GPUs overall, but not on one NUMA node
-                stage = _NUMA_STATIC if int(static_numa[i]) < c.number else _NUMA
-                reason = _stage_reason(stage, 0, c.number, c, cache)
-            failed.setdefault(i, reason)
+        if not reasons:
+            continue
+        short_idx = np.flatnonzero(short)
+        # The first predicate that left each short node with too few GPUs, vectorised.
+        have = np.stack([np.bincount(slot_node[m], minlength=n_nodes + 1)[short_idx]
+                         for m in cumulative])
+        if numa and c.number > 1:
+            have = np.vstack([have, _numa_counts(cluster, slot_node, cumulative[4],
+                                                 n_nodes)[short_idx][None, :],
+                              counts[short_idx][None, :]])
+            stage_list = (*_STAGES, _NUMA_STATIC, _NUMA)
+        else:
+            stage_list = _STAGES
+        below = have < c.number
+        first = below.argmax(axis=0)
+        for i, st, h in zip(short_idx.tolist(), first.tolist(),
+                            have[first, np.arange(len(short_idx))].tolist(), strict=True):
+            if i not in failed:
+                failed[i] = _stage_reason(stage_list[st], h, c.number, c, cache)
     feasible = np.flatnonzero(ok_nodes).astype(np.int64)
     exact = (len(pod.containers) == 1 and pod.topology is not TopologyMode.LINK)
-    return FilterResult(feasible=feasible, failed=failed, exact=exact)
+    return FilterResult(feasible=feasible, failed=failed, exact=exact, masks=tuple(masks),
+                        slot_node=slot_node)
 
 
-def _numa_counts(cluster: Cluster, slot_node: npt.NDArray[np.int64] | npt.NDArray[np.int32],
+def topology_fit(cluster: Cluster, res: FilterResult, nodes: npt.NDArray[np.int64],
+                 ) -> npt.NDArray[np.float64]:
+    """Per node in [0, 1]: half for fitting each multi-GPU container on one NUMA node,
+    half for having enough fitting GPUs with NVLink peers to link them all."""
+    n_nodes = len(cluster.node_names)
+    score = np.ones(len(nodes), dtype=np.float64)
+    n = cluster.slots
+    for c, mask in res.masks:
+        if c.number < 2:
+            continue
+        numa_ok = _numa_counts(cluster, res.slot_node, mask, n_nodes)[nodes] >= c.number
+        linked = mask & (cluster.link_degree[:n] >= c.number - 1)
+        link_ok = np.bincount(res.slot_node[linked], minlength=n_nodes + 1)[nodes] >= c.number
+        score = np.minimum(score, 0.5 * numa_ok + 0.5 * link_ok)
+    return score
+
+
+def _numa_counts(cluster: Cluster, slot_node: npt.NDArray[np.int64],
                  mask: npt.NDArray[np.bool_], n_nodes: int) -> npt.NDArray[np.int64]:
     n = cluster.slots
     bucket = np.clip(cluster.numa[:n] + 1, 0, NUMA_BUCKETS - 1)
-    key = slot_node.astype(np.int64) * NUMA_BUCKETS + bucket
+    key = slot_node * NUMA_BUCKETS + bucket
     per = np.bincount(key[mask], minlength=(n_nodes + 1) * NUMA_BUCKETS)
     out: npt.NDArray[np.int64] = per.reshape(n_nodes + 1, NUMA_BUCKETS).max(axis=1)[:n_nodes]
     return out
