@@ -69,8 +69,8 @@ class Settings(_Model):
     computePolicy: ComputePolicy = ComputePolicy.FIXED
     schedulerName: str = Field(default="vgpu-scheduler", min_length=1)
     assumeTTLSeconds: float = Field(default=120.0, gt=0, le=86400)
-    kubeQPS: float = Field(default=500.0, gt=0)
-    kubeBurst: int = Field(default=1000, ge=1)
+    kubeQPS: float = Field(default=1000.0, gt=0)
+    kubeBurst: int = Field(default=2000, ge=1)
     logLevel: Literal["debug", "info", "warning", "error"] = "info"
     logFormat: Literal["console", "json"] = "console"
     nodeConfigs: tuple[NodeConfig, ...] = ()

@@ -1,0 +1,113 @@
+"""Allocate + PreStartContainer latency, and the plugin's RSS and idle CPU, 8 fake GPUs.
+
+    python benchmarks/plugin_latency.py [--pods 200] [--idle 20]
+
+Runs ``vgpud plugin`` as its own process (``--fake-devices``, 8 GPUs × split 10)
+against the API stand-in and the fake kubelet (both in this process). Each pod has
+its assignment written first; the fake kubelet then admits it (GetPreferredAllocation
++ Allocate) and starts it (PreStartContainer). Prints JSON: latency percentiles in
+ms, and the plugin process's RSS (MiB) and CPU (% of one core) while idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fakekubelet import FakeKubelet, FakePod  # noqa: E402
+from tests.plugin.harness import NODE, placement, pod_manifest, write_devices  # noqa: E402
+from tests.standin import ApiServer  # noqa: E402
+from vgpud.core.codec import encode_assignment  # noqa: E402
+
+PLUGIN = """
+import sys
+from vgpud.plugin.command import plugin
+plugin(node_name=sys.argv[1], kubeconfig=sys.argv[2], config=None, device_plugin_dir=sys.argv[3],
+       pod_resources_socket=sys.argv[4], state_dir=sys.argv[5], fake_devices=sys.argv[6],
+       listen="127.0.0.1:0")
+"""
+
+
+def pct(xs: list[float], p: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]
+
+
+async def main(pods: int, idle: float) -> dict[str, object]:
+    root = Path(tempfile.mkdtemp(prefix="vgb"))
+    devices = write_devices(root / "devices.json", 8, memory=81920)
+    async with ApiServer() as api:
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+        kubelet = FakeKubelet(root)
+        kubelet.start_servers()
+        env = {**os.environ, "VGPUD_LOG_LEVEL": "warning"}
+        proc = subprocess.Popen(  # noqa: ASYNC220 - one start, measured separately
+            [sys.executable, "-c", PLUGIN, NODE, str(kubeconfig), str(kubelet.plugin_dir),
+             str(kubelet.podres_socket), str(root / "state"), str(devices)],
+            cwd=ROOT, env=env)
+        try:
+            await anyio.to_thread.run_sync(lambda: kubelet.wait_registered(1, 60))
+            ps = psutil.Process(proc.pid)
+            allocate: list[float] = []
+            prestart: list[float] = []
+            for i in range(pods):
+                g = i % 8
+                api.create("pods", pod_manifest(f"p{i}", {"main": 1}, encode_assignment(
+                    placement({"main": [(g, 1000, 5)]}))), "default")
+                pod = FakePod("default", f"p{i}", [("main", 1)])
+                t0 = time.perf_counter()
+                a = await anyio.to_thread.run_sync(kubelet.admit, pod)
+                t1 = time.perf_counter()
+                await anyio.to_thread.run_sync(kubelet.start, a)
+                t2 = time.perf_counter()
+                allocate.append((t1 - t0) * 1e3)
+                prestart.append((t2 - t1) * 1e3)
+                if i % 8 == 7:  # keep the node from filling: free the replicas again
+                    for j in range(i - 7, i + 1):
+                        kubelet.remove("default", f"p{j}")
+            await anyio.sleep(2)
+            cpu0 = ps.cpu_times()
+            t0 = time.monotonic()
+            await anyio.sleep(idle)
+            cpu1 = ps.cpu_times()
+            elapsed = time.monotonic() - t0
+            busy = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+            both = [a + p for a, p in zip(allocate, prestart, strict=True)]
+            return {
+                "gpus": 8, "split": 10, "pods": pods,
+                "admit_ms(GetPreferredAllocation+Allocate)": {
+                    "p50": round(statistics.median(allocate), 2),
+                    "p99": round(pct(allocate, 0.99), 2)},
+                "prestart_ms": {"p50": round(statistics.median(prestart), 2),
+                                "p99": round(pct(prestart, 0.99), 2)},
+                "total_ms": {"p50": round(statistics.median(both), 2),
+                             "p99": round(pct(both, 0.99), 2)},
+                "rss_mib": round(ps.memory_info().rss / 2**20, 1),
+                "idle_cpu_percent": round(100 * busy / elapsed, 2),
+                "idle_seconds": round(elapsed, 1),
+            }
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            kubelet.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pods", type=int, default=200)
+    ap.add_argument("--idle", type=float, default=20.0)
+    args = ap.parse_args()
+    print(json.dumps(anyio.run(main, args.pods, args.idle), indent=2))

@@ -1,0 +1,101 @@
+"""Regenerate the kubelet gRPC bindings in ``vgpud/plugin/_pb`` (betterproto2, grpclib).
+
+    python protos/generate.py           # rewrite vgpud/plugin/_pb
+    python protos/generate.py --check   # exit 1 if the committed code differs
+
+Generation runs protoc (from grpcio-tools) with the betterproto2 compiler plugin into a
+temporary directory, then compares or copies it. The plugin executable
+``protoc-gen-python_betterproto2`` lives next to the Python interpreter, which protoc
+only finds through ``PATH``, so that directory is put first on it.
+
+Also used by the tests' fake kubelet: :func:`generate_grpcio` writes plain grpcio
+stubs (``*_pb2.py``, ``*_pb2_grpc.py``) for the same protos into a directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTOS = ROOT / "protos"
+FILES = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")
+TARGET = ROOT / "vgpud" / "plugin" / "_pb"
+INIT_DOC = '"""Generated kubelet gRPC bindings (betterproto2 + grpclib). Do not edit: run\n' \
+           '``python protos/generate.py``."""\n'
+
+
+def _protoc(args: list[str]) -> None:
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", *args,
+           *(str(PROTOS / f) for f in FILES)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"protoc failed ({done.returncode}):\n{done.stderr}")
+
+
+def generate_betterproto(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _protoc([f"--python_betterproto2_out={out}",
+             "--python_betterproto2_opt=client_generation=async,server_generation=async"])
+    (out / "__init__.py").write_text(INIT_DOC)
+
+
+def generate_grpcio(out: Path) -> None:
+    """grpcio stubs for the tests' fake kubelet (a different gRPC implementation)."""
+    out.mkdir(parents=True, exist_ok=True)
+    _protoc([f"--python_out={out}", f"--grpc_python_out={out}"])
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _drift(fresh: Path, committed: Path) -> list[str]:
+    a, b = _files(fresh), _files(committed) if committed.exists() else set()
+    problems = [f"missing: {f}" for f in sorted(a - b)]
+    problems += [f"not generated (stale): {f}" for f in sorted(b - a)]
+    for f in sorted(a & b):
+        if not filecmp.cmp(fresh / f, committed / f, shallow=False):
+            diff = difflib.unified_diff(
+                (committed / f).read_text().splitlines(), (fresh / f).read_text().splitlines(),
+                f"committed/{f}", f"generated/{f}", lineterm="", n=1)
+            problems.append(f"differs: {f}\n" + "\n".join(list(diff)[:40]))
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="fail when the committed code differs from a fresh generation")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp) / "_pb"
+        generate_betterproto(fresh)
+        if args.check:
+            problems = _drift(fresh, TARGET)
+            if problems:
+                print(f"{TARGET.relative_to(ROOT)} is out of date; run python protos/generate.py",
+                      file=sys.stderr)
+                print("\n".join(problems), file=sys.stderr)
+                return 1
+            print(f"{TARGET.relative_to(ROOT)} is up to date")
+            return 0
+        if TARGET.exists():
+            shutil.rmtree(TARGET)
+        shutil.copytree(fresh, TARGET)
+        print(f"wrote {TARGET.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""The extender's HTTP surface in-process: golden wire JSON and bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.core.builders import node, pod
+from vgpud.core.allocate import Allocator
+from vgpud.core.requests import parse_pod
+from vgpud.extender.metrics import Metrics
+from vgpud.extender.routes import Extender
+from vgpud.extender.server import make_app
+from vgpud.extender.state import SchedulerState
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, Allocator]]:
+    alloc = Allocator()
+    for n in (node("big", 2, 40000), node("small", 1, 8000), node("sick", 1, 40000,
+                                                                      healthy=(False,))):
+        alloc.set_node(n)
+    ext = Extender(SchedulerState(alloc), writer=None, events=None, metrics=Metrics(alloc))
+    runner = web.AppRunner(make_app(ext, ready=lambda: True))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", alloc
+    finally:
+        await runner.cleanup()
+
+
+async def post(url: str, body: Any, *, raw: bool = False) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as s, s.post(
+            url, data=body if raw else json.dumps(body),
+            headers={"Content-Type": "application/json"}) as r:
+        return r.status, await r.json(content_type=None)
+
+
+async def test_filter_speaks_the_extender_wire_format(server: tuple[str, Allocator]) -> None:
+    url, _ = server
+    status, doc = await post(f"{url}/filter", {
+        "Pod": pod("p", memory=10000), "NodeNames": ["big", "small", "sick", "ghost"]})
+    assert status == 200
+    assert set(doc) == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert doc["NodeNames"] == ["big"] and doc["Error"] == ""
+    assert doc["FailedNodes"] == {}
+    assert set(doc["FailedAndUnresolvableNodes"]) == {"small", "sick", "ghost"}
+    assert "10000 MiB" in doc["FailedAndUnresolvableNodes"]["small"]
+
+
+async def test_filter_with_full_node_objects(server: tuple[str, Allocator]) -> None:
+    url, _ = server
+    items = [{"metadata": {"name": n}, "status": {}} for n in ("big", "small")]
+    _, doc = await post(f"{url}/filter", {"Pod": pod("p", memory=100),
+                                          "Nodes": {"items": items}})
+    assert [n["metadata"]["name"] for n in doc["Nodes"]["items"]] == ["big", "small"]
+    assert doc["NodeNames"] is None
+
+
+async def test_resolvable_rejections_go_to_failed_nodes(server: tuple[str, Allocator]) -> None:
+    url, alloc = server
+    d = alloc.schedule(parse_pod(pod("a", memory=7000), alloc.defaults), ["small"])
+    assert d.placement is not None
+    _, doc = await post(f"{url}/filter", {"Pod": pod("b", memory=7000), "NodeNames": ["small"]})
+    assert list(doc["FailedNodes"]) == ["small"]
+
+
+async def test_prioritize_scores_are_0_to_10(server: tuple[str, Allocator]) -> None:
+    url, _ = server
+    status, doc = await post(f"{url}/prioritize", {"Pod": pod("p", memory=100),
+                                                   "NodeNames": ["big", "small"]})
+    assert status == 200
+    assert [d["Host"] for d in doc] == ["big", "small"]
+    assert all(isinstance(d["Score"], int) and 0 <= d["Score"] <= 10 for d in doc)
+
+
+@pytest.mark.parametrize(("path", "body", "fragment"), [
+    ("/filter", b"{not json", "not valid JSON"),
+    ("/filter", b"", "empty request body"),
+    ("/filter", b"[]", "must be a JSON object"),
+    ("/filter", b'{"NodeNames": ["a"]}', "missing 'Pod'"),
+    ("/filter", b'{"Pod": {"metadata": {"name": "p"}}}', "neither 'NodeNames' nor 'Nodes'"),
+    ("/filter", b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": "big"}', "list of node"),
+    ("/prioritize", b"\xff\xfe", "not valid JSON"),
+    ("/bind", b'{"PodName": "p"}', "'Node' is missing"),
+    ("/bind", b'{"PodName": 3, "Node": "n"}', "must be a string"),
+])
+async def test_malformed_bodies_get_400_and_a_reason(server: tuple[str, Allocator], path: str,
+                                                     body: bytes, fragment: str) -> None:
+    url, _ = server
+    status, doc = await post(f"{url}{path}", body, raw=True)
+    assert status == 400
+    assert fragment in doc["Error"]
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/healthz") as r:
+        assert r.status == 200  # still serving
+
+
+@pytest.mark.parametrize(("limits", "fragment"), [
+    ({"memory": -5}, "negative"),
+    ({"memory": "1e30"}, "absurd"),
+    ({"cores": 250}, "more than 100"),
+    ({"number": "2.5"}, "not a whole number"),
+])
+async def test_bad_quantities_fail_every_node_unresolvably(server: tuple[str, Allocator],
+                                                           limits: dict, fragment: str) -> None:
+    url, _ = server
+    status, doc = await post(f"{url}/filter", {"Pod": pod("p", **limits),
+                                               "NodeNames": ["big", "small"]})
+    assert status == 200 and doc["NodeNames"] == []
+    assert set(doc["FailedAndUnresolvableNodes"]) == {"big", "small"}
+    assert all(fragment in m for m in doc["FailedAndUnresolvableNodes"].values())
+
+
+async def test_unknown_policy_name(server: tuple[str, Allocator]) -> None:
+    url, _ = server
+    p = pod("p", memory=1, annotations={"nvidia.com/node-scheduler-policy": "fastest"})
+    _, doc = await post(f"{url}/filter", {"Pod": p, "NodeNames": ["big"]})
+    assert "unknown value 'fastest'" in doc["FailedAndUnresolvableNodes"]["big"]
+
+
+async def test_bind_without_api_is_a_clear_error(server: tuple[str, Allocator]) -> None:
+    url, _ = server
+    status, doc = await post(f"{url}/bind", {"PodName": "p", "PodNamespace": "default",
+                                             "PodUID": "u", "Node": "big"})
+    assert status == 200 and "disabled" in doc["Error"]
+
+
+async def test_oversized_body_is_refused(server: tuple[str, Allocator]) -> None:
+    url, _ = server
+    status, doc = await post(f"{url}/filter", b"x" * (65 << 20), raw=True)
+    assert status == 413 and "larger than" in doc["Error"]
+
+
+async def test_metrics(server: tuple[str, Allocator]) -> None:
+    url, _ = server
+    await post(f"{url}/filter", {"Pod": pod("p", memory=10), "NodeNames": ["big"]})
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        text = await r.text()
+    assert 'vgpud_extender_requests_total{outcome="ok",verb="filter"}' in text
+    assert 'vgpud_gpu_memory_capacity_mib{model="Tesla V100-PCIE-32GB",node="big"' in text
+    assert "vgpud_extender_latency_seconds_bucket" in text

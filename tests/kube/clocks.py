@@ -1,0 +1,67 @@
+"""Fake clocks for the ``vgpud.kube.clock.Clock`` protocol.
+
+- ``ManualClock``: time moves only when the test calls ``advance``; sleepers wake
+  when their deadline passes. For leases and other state machines.
+- ``JumpClock``: every ``sleep`` returns at once after moving time forward to the
+  sleeper's deadline (never backwards). For measuring how long something *would*
+  have waited, e.g. the request budget; ``sleeps`` records every request.
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.lowlevel
+
+
+class ManualClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, anyio.Event]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def sleepers(self) -> int:
+        return len(self._sleepers)
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await anyio.lowlevel.checkpoint()
+            return
+        entry = (self._now + seconds, anyio.Event())
+        self._sleepers.append(entry)
+        try:
+            await entry[1].wait()
+        finally:
+            if entry in self._sleepers:
+                self._sleepers.remove(entry)
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+        for deadline, event in list(self._sleepers):
+            if deadline <= self._now:
+                self._sleepers.remove((deadline, event))
+                event.set()
+
+
+class JumpClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.start = start
+        self._now = start
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def elapsed(self) -> float:
+        return self._now - self.start
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self._now = max(self._now, self._now + seconds)
+        await anyio.lowlevel.checkpoint()

@@ -1,0 +1,146 @@
+"""One node's plugin against the API stand-in and the fake kubelet.
+
+``async with node_harness(...) as h``: an :class:`~tests.standin.ApiServer` with the
+node, a :class:`~tests.fakekubelet.FakeKubelet` on sockets in a short temporary
+directory, and ``vgpud.plugin.run.run_plugin`` in a task group (``h.stop_plugin()``
+/ ``h.start_plugin()`` restart it). Fake kubelet calls are blocking: run them with
+``h.kubelet_call(fn, ...)`` (a worker thread).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from tests.fakekubelet import FakeKubelet
+from tests.standin import ApiServer
+from vgpud.config import Settings, parse_settings
+from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
+from vgpud.kube.client import KubeClient
+from vgpud.plugin.cluster import KubeCluster
+from vgpud.plugin.fakegpus import FakeGpus
+from vgpud.plugin.run import PluginOptions, Running, run_plugin
+
+NODE = "gpu-node-1"
+
+
+def uuid_of(i: int) -> str:
+    return f"GPU-00000000-0000-4000-8000-{i:012d}"
+
+
+def write_devices(path: Path, n: int, memory: int = 24576, healthy: dict[int, bool] | None = None,
+                  ) -> Path:
+    healthy = healthy or {}
+    devs = [{"uuid": uuid_of(i), "index": i, "model": "NVIDIA Fake 24GB", "memory": memory,
+             "numa": i % 2, "links": [], "healthy": healthy.get(i, True), "mig": False}
+            for i in range(n)]
+    path.write_text(json.dumps({"devices": devs}))
+    return path
+
+
+def placement(containers: dict[str, list[tuple[int, int, int]]], node: str = NODE) -> Placement:
+    """{container: [(gpu index, MiB, cores)]} → a Placement."""
+    return Placement(node=node, containers=tuple(
+        ContainerGrant(name=name, init=False, devices=tuple(
+            DeviceGrant(uuid=uuid_of(g), memory=m, cores=c) for g, m, c in devs))
+        for name, devs in containers.items()), time="2026-01-01T00:00:00Z")
+
+
+def pod_manifest(name: str, containers: dict[str, int], assignment: str | None,
+                 namespace: str = "default", node: str = NODE) -> dict[str, Any]:
+    ann = {} if assignment is None else {ASSIGNMENT: assignment}
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": ann},
+        "spec": {"nodeName": node, "schedulerName": "vgpu-scheduler", "containers": [
+            {"name": c, "image": "cuda",
+             "resources": {"limits": {"nvidia.com/vgpu-number": str(n)}}}
+            for c, n in containers.items()]},
+        "status": {"phase": "Pending"},
+    }
+
+
+class Harness:
+    def __init__(self, api: ApiServer, kube: KubeClient, kubelet: FakeKubelet, root: Path,
+                 tg: TaskGroup, settings: Settings, devices_file: Path) -> None:
+        self.api = api
+        self.kube = kube
+        self.kubelet = kubelet
+        self.root = root
+        self.tg = tg
+        self.settings = settings
+        self.devices_file = devices_file
+        self.state_dir = root / "state"
+        self.running: Running | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+
+    async def start_plugin(self) -> Running:
+        opts = PluginOptions(node_name=NODE, device_plugin_dir=self.kubelet.plugin_dir,
+                             pod_resources_socket=self.kubelet.podres_socket,
+                             state_dir=self.state_dir, settings=self.settings,
+                             metrics_listen="127.0.0.1:0", kubelet_poll=0.05,
+                             require_shim=False)
+
+        async def body(*, task_status: Any) -> None:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                source = FakeGpus(self.devices_file, poll_interval=0.05)
+                try:
+                    await run_plugin(opts, source, KubeCluster(self.kube), task_status=task_status)
+                finally:
+                    self._stopped.set()
+
+        self._stopped = anyio.Event()
+        self.running = await self.tg.start(body)
+        return self.running
+
+    async def stop_plugin(self) -> None:
+        assert self._scope is not None
+        self._scope.cancel()
+        await self._stopped.wait()
+
+    async def kubelet_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    def add_pod(self, name: str, containers: dict[str, int], assignment: Placement | str | None,
+                namespace: str = "default") -> dict[str, Any]:
+        text = encode_assignment(assignment) if isinstance(assignment, Placement) else assignment
+        return self.api.create("pods", pod_manifest(name, containers, text, namespace), namespace)
+
+    def assignment(self, name: str, namespace: str = "default") -> str:
+        return str(self.api.get("pods", name, namespace)["metadata"]["annotations"][ASSIGNMENT])
+
+
+@asynccontextmanager
+async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
+                       memory: int = 24576) -> AsyncIterator[Harness]:
+    root = Path(tempfile.mkdtemp(prefix="vgp"))  # unix socket paths must stay short
+    try:
+        devices_file = write_devices(root / "devices.json", gpus, memory)
+        s = parse_settings({"plugin": {"shimHostDir": str(root / "shim")}, **(settings or {})})
+        async with ApiServer() as api:
+            api.create("nodes", {"apiVersion": "v1", "kind": "Node",
+                                 "metadata": {"name": NODE}, "status": {}})
+            async with KubeClient.for_url(api.url) as kube, anyio.create_task_group() as tg:
+                kubelet = FakeKubelet(root)
+                kubelet.start_servers()
+                h = Harness(api, kube, kubelet, root, tg, s, devices_file)
+                try:
+                    await h.start_plugin()
+                    await anyio.to_thread.run_sync(kubelet.wait_registered)
+                    yield h
+                finally:
+                    tg.cancel_scope.cancel()
+                    await anyio.to_thread.run_sync(kubelet.stop)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,220 @@
+"""The plugin end to end against the fake kubelet (grpcio) and the API stand-in."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import anyio
+import pytest
+
+from tests.fakekubelet import AdmitError, FakePod
+from tests.fakekubelet.kubelet import mount_of
+from tests.plugin.harness import NODE, node_harness, placement, uuid_of, write_devices
+from vgpud.core.codec import NODE_DEVICES, decode_assignment, decode_node_devices
+from vgpud.core.container import render_shim_config
+from vgpud.core.model import ComputePolicy
+from vgpud.plugin.allocations import AllocationStore
+
+pytestmark = pytest.mark.anyio
+
+
+async def wait_for(predicate, seconds: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll a condition the plugin reaches asynchronously, with a deadline."""
+    with anyio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - the condition lives in other threads' state
+            await anyio.sleep(0.02)
+
+
+def config_of(h, ids) -> str:  # type: ignore[no-untyped-def]
+    return (AllocationStore(h.state_dir).path(ids) / "etc" / "config").read_text()
+
+
+async def test_list_and_watch_replicas_topology_and_health_recovery() -> None:
+    async with node_harness(4) as h:
+        devs = h.kubelet.devices()
+        assert sorted(devs) == sorted(f"{uuid_of(g)}::{i}" for g in range(4) for i in range(10))
+        assert set(devs.values()) == {"Healthy"}
+        topo = h.kubelet.topology()
+        assert topo[f"{uuid_of(3)}::7"] == [1] and topo[f"{uuid_of(2)}::0"] == [0]
+        # GPU 2 fails, then recovers: kubelet sees both transitions
+        write_devices(h.devices_file, 4, healthy={2: False})
+        await wait_for(lambda: h.kubelet.devices()[f"{uuid_of(2)}::0"] == "Unhealthy")
+        assert [d for d, s in h.kubelet.devices().items() if s == "Unhealthy"] == [
+            f"{uuid_of(2)}::{i}" for i in range(10)]
+        inv = decode_node_devices(h.api.get("nodes", NODE, "")["metadata"]["annotations"]
+                                  [NODE_DEVICES])
+        await wait_for(lambda: not decode_node_devices(
+            h.api.get("nodes", NODE, "")["metadata"]["annotations"][NODE_DEVICES]
+        ).devices[2].healthy)
+        write_devices(h.devices_file, 4)
+        await wait_for(lambda: set(h.kubelet.devices().values()) == {"Healthy"})
+        assert inv.devices[0].split == 10
+
+
+async def test_node_annotation_overrides_and_feature_gates() -> None:
+    settings = {"nodeConfigs": [{"name": NODE, "deviceSplitCount": 4,
+                                 "deviceMemoryScaling": 2.0}],
+                "plugin": {"featureGates": {"CorePlugin": True, "MemoryPlugin": True}}}
+    async with node_harness(2, settings=settings) as h:
+        assert len(h.kubelet.devices()) == 8
+
+        def node():  # type: ignore[no-untyped-def]
+            return h.api.get("nodes", NODE, "")
+
+        await wait_for(lambda: NODE_DEVICES in (node()["metadata"].get("annotations") or {}))
+        inv = decode_node_devices(node()["metadata"]["annotations"][NODE_DEVICES])
+        assert [g.split for g in inv.devices] == [4, 4] and inv.memory_scaling == 2.0
+        assert [g.uuid for g in inv.devices] == [uuid_of(0), uuid_of(1)]
+        await wait_for(lambda: "nvidia.com/vgpu-memory" in (node()["status"].get("capacity")
+                                                             or {}))
+        cap = node()["status"]["capacity"]
+        assert cap["nvidia.com/vgpu-cores"] == "200"
+        assert cap["nvidia.com/vgpu-memory"] == str(2 * 2 * 24576)
+        # only written when it changes: a quiet period causes no further node patches
+        patches = h.api.count("patch", "nodes")
+        await anyio.sleep(0.3)
+        assert h.api.count("patch", "nodes") == patches
+
+
+async def test_allocate_and_prestart_write_the_assigned_limits() -> None:
+    async with node_harness(4) as h:
+        p = placement({"main": [(1, 3000, 30)]})
+        h.add_pod("p1", {"main": 1}, p)
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))
+        ids = a.ids["main"]
+        assert [i.split("::")[0] for i in ids] == [uuid_of(1)]  # steered by the preference
+        r = a.responses["main"]
+        assert r.envs["NVIDIA_VISIBLE_DEVICES"] == uuid_of(1)
+        etc = mount_of(r, "/etc/vgpud")
+        assert etc.read_only and etc.host_path.endswith("/etc")
+        state = mount_of(r, "/var/run/vgpud")
+        assert not state.read_only
+        inv = decode_node_devices(h.api.get("nodes", NODE, "")["metadata"]["annotations"]
+                                  [NODE_DEVICES])
+        want = render_shim_config(p.containers[0], inv, compute_policy=ComputePolicy.FIXED,
+                                  priority=0, state_dir="/var/run/vgpud")
+        assert config_of(h, ids) == want.text
+        assert "device.0.memory_limit=3145728000" in want.text
+        # idempotent: kubelet repeats both calls (a container restart) → same result
+        await h.kubelet_call(h.kubelet.start, a)
+        assert config_of(h, ids) == want.text
+
+
+async def test_kubelet_choice_reconciled_when_the_gpu_has_room() -> None:
+    async with node_harness(4) as h:
+        h.add_pod("p1", {"main": 1}, placement({"main": [(0, 4000, 20)]}))
+
+        def other_gpu(name, free, preferred, n):  # type: ignore[no-untyped-def]
+            return [f"{uuid_of(3)}::5"]
+
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]),
+                                 other_gpu)
+        got = decode_assignment(h.assignment("p1"))
+        assert [d.uuid for d in got.containers[0].devices] == [uuid_of(3)]
+        assert got.containers[0].devices[0].memory == 4000
+        assert f"device.0.uuid={uuid_of(3)}" in config_of(h, a.ids["main"])
+        events = [e for e in h.api.objects("events") if e["reason"] == "VgpuReassigned"]
+        assert len(events) == 1
+
+
+async def test_kubelet_choice_fails_clearly_when_the_gpu_is_full() -> None:
+    async with node_harness(2) as h:
+        h.add_pod("big", {"main": 1}, placement({"main": [(1, 24000, 50)]}))
+        await h.kubelet_call(h.kubelet.run, FakePod("default", "big", [("main", 1)]))
+        h.add_pod("p1", {"main": 1}, placement({"main": [(0, 4000, 20)]}))
+
+        def onto_full(name, free, preferred, n):  # type: ignore[no-untyped-def]
+            return [f"{uuid_of(1)}::9"]
+
+        with pytest.raises(AdmitError) as e:
+            await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]),
+                                 onto_full)
+        assert e.value.phase == "PreStartContainer"
+        assert "FAILED_PRECONDITION" in str(e.value.code)
+        assert uuid_of(1) in e.value.message and "MiB free" in e.value.message
+        assert decode_assignment(h.assignment("p1")).containers[0].devices[0].uuid == uuid_of(0)
+        assert any(ev["reason"] == "VgpuAllocationFailed" for ev in h.api.objects("events"))
+
+
+async def test_malformed_assignment_fails_only_that_container() -> None:
+    async with node_harness(2) as h:
+        h.add_pod("bad", {"main": 1}, '{"v": 1, "node": "gpu-node-1", "containers": [{"na')
+        h.add_pod("good", {"main": 1}, placement({"main": [(0, 1000, 10)]}))
+        with pytest.raises(AdmitError) as e:
+            await h.kubelet_call(h.kubelet.run, FakePod("default", "bad", [("main", 1)]))
+        assert "malformed assignment" in e.value.message and "default/bad" in e.value.message
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "good", [("main", 1)]))
+        assert "device.0.memory_limit=1048576000" in config_of(h, a.ids["main"])
+        h.add_pod("none", {"main": 1}, None)
+        with pytest.raises(AdmitError, match=r"has no vgpud\.io/assignment"):
+            await h.kubelet_call(h.kubelet.run, FakePod("default", "none", [("main", 1)]))
+
+
+async def test_kubelet_restart_reregisters() -> None:
+    async with node_harness(2) as h:
+        h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 10)]}))
+        await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))
+        await h.kubelet_call(h.kubelet.restart)
+        await h.kubelet_call(h.kubelet.wait_registered, 2)
+        assert len(h.kubelet.registrations) == 2
+        assert len(h.kubelet.devices()) == 20
+        h.add_pod("p2", {"main": 1}, placement({"main": [(1, 1000, 10)]}))
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p2", [("main", 1)]))
+        assert f"device.0.uuid={uuid_of(1)}" in config_of(h, a.ids["main"])
+
+
+async def test_plugin_restart_keeps_files_and_state() -> None:
+    async with node_harness(2) as h:
+        h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 10)]}))
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))
+        cfg = AllocationStore(h.state_dir).path(a.ids["main"]) / "etc" / "config"
+        before = (cfg.read_text(), cfg.stat().st_mtime_ns, cfg.stat().st_ino)
+        marker = cfg.parent.parent / "state" / "usage"
+        marker.write_text("shim state")
+        await h.stop_plugin()
+        assert (cfg.read_text(), cfg.stat().st_mtime_ns, cfg.stat().st_ino) == before
+        running = await h.start_plugin()
+        await h.kubelet_call(h.kubelet.wait_registered, 2)
+        assert (cfg.read_text(), cfg.stat().st_mtime_ns, cfg.stat().st_ino) == before
+        assert marker.read_text() == "shim state"
+        assert [g.owner.pod for g in running.service.granted.values()] == ["p1"]
+        async with aiohttp.ClientSession() as s, s.get(
+                f"http://127.0.0.1:{running.metrics_port}/metrics") as r:
+            text = await r.text()
+        assert (f'vgpud_container_memory_limit_bytes{{container="main",namespace="default",'
+                f'node="{NODE}",pod="p1",uuid="{uuid_of(0)}"}} 1.048576e+09') in text
+        assert f'vgpud_gpu_containers{{index="0",model="NVIDIA Fake 24GB",node="{NODE}",' \
+               f'uuid="{uuid_of(0)}"}} 1.0' in text
+        h.add_pod("p2", {"main": 1}, placement({"main": [(1, 2000, 10)]}))
+        b = await h.kubelet_call(h.kubelet.run, FakePod("default", "p2", [("main", 1)]))
+        assert f"device.0.uuid={uuid_of(1)}" in config_of(h, b.ids["main"])
+
+
+@pytest.mark.parametrize("mode", ["cdi", "device-specs"])
+async def test_visible_devices_modes(mode: str) -> None:
+    async with node_harness(2, settings={"plugin": {"visibleDevices": mode}}) as h:
+        h.add_pod("p1", {"main": 2}, placement({"main": [(0, 1000, 10), (1, 1000, 10)]}))
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 2)]))
+        r = a.responses["main"]
+        assert "NVIDIA_VISIBLE_DEVICES" not in r.envs
+        if mode == "cdi":
+            assert [c.name for c in r.cdi_devices] == [f"nvidia.com/gpu={uuid_of(0)}",
+                                                       f"nvidia.com/gpu={uuid_of(1)}"]
+        else:
+            assert [d.host_path for d in r.devices][:2] == ["/dev/nvidia0", "/dev/nvidia1"]
+            assert "/dev/nvidiactl" in [d.host_path for d in r.devices]
+
+
+async def test_multi_container_pod_each_gets_its_own_limits() -> None:
+    async with node_harness(4) as h:
+        p = placement({"a": [(0, 1000, 10)], "b": [(0, 2000, 20), (2, 3000, 30)]})
+        h.add_pod("p1", {"a": 1, "b": 2}, p)
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("a", 1), ("b", 2)]))
+        assert "device.0.memory_limit=1048576000" in config_of(h, a.ids["a"])
+        text = config_of(h, a.ids["b"])
+        assert f"device.0.uuid={uuid_of(0)}" in text and f"device.1.uuid={uuid_of(2)}" in text
+        assert "device.1.memory_limit=3145728000" in text
+        rec = json.loads((AllocationStore(h.state_dir).path(a.ids["b"]) / "record.json")
+                         .read_text())
+        assert rec["owner"]["container"] == "b"

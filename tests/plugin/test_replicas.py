@@ -1,0 +1,94 @@
+"""The pure decisions: replica IDs, the preferred choice, reconciliation."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.plugin.harness import placement, uuid_of
+from vgpud.core.model import Gpu, GpuUsage, NodeInventory, Placement, Reason
+from vgpud.plugin.replicas import (
+    ReplicaIdError,
+    advertised,
+    allocation_key,
+    parse_id,
+    preferred,
+    reconcile,
+    replica_id,
+)
+
+INV = NodeInventory(devices=tuple(Gpu(uuid_of(i), i, "m", 10000, split=4, numa=i % 2)
+                                  for i in range(3)))
+
+
+def ids(*pairs: tuple[int, int]) -> list[str]:
+    return [replica_id(uuid_of(g), i) for g, i in pairs]
+
+
+def test_ids_round_trip_and_reject_garbage() -> None:
+    assert parse_id(replica_id(uuid_of(1), 7)) == (uuid_of(1), 7)
+    for bad in ("GPU-x", "GPU-x::", "::3", "GPU-x::a"):
+        with pytest.raises(ReplicaIdError):
+            parse_id(bad)
+    with pytest.raises(ReplicaIdError, match="63"):
+        replica_id("G" * 70, 1)
+
+
+def test_allocation_key_is_order_insensitive() -> None:
+    a = ids((0, 1), (2, 3))
+    assert allocation_key(a) == allocation_key(reversed(a))
+    assert allocation_key(a) != allocation_key(ids((0, 1), (2, 2)))
+
+
+def test_advertised_replicas_carry_health_and_numa() -> None:
+    sick = NodeInventory(devices=(INV.devices[0], Gpu(uuid_of(1), 1, "m", 1, split=2,
+                                                       healthy=False, numa=1)))
+    reps = advertised(sick)
+    assert [r.id for r in reps][-2:] == ids((1, 0), (1, 1))
+    assert [r.healthy for r in reps] == [True] * 4 + [False] * 2
+    assert {r.numa for r in reps if r.uuid == uuid_of(1)} == {1}
+
+
+def test_preferred_takes_the_wanted_gpus_then_distinct_ones() -> None:
+    avail = ids((0, 0), (0, 1), (1, 0), (1, 2), (2, 3))
+    assert preferred(avail, [], 1, [uuid_of(1)]) == ids((1, 0))
+    assert preferred(avail, [], 2, [uuid_of(2), uuid_of(0)]) == ids((2, 3), (0, 0))
+    two = preferred(avail, [], 2)
+    assert len({parse_id(i)[0] for i in two}) == 2  # distinct GPUs when possible
+    assert preferred(avail, ids((2, 3)), 2, [uuid_of(2), uuid_of(1)]) == ids((2, 3), (1, 0))
+    assert len(preferred(ids((0, 0), (0, 1)), [], 2)) == 2  # falls back to one GPU
+
+
+def test_reconcile_same_choice_returns_the_placement() -> None:
+    p = placement({"main": [(0, 1000, 10)]})
+    assert reconcile(p, "main", [uuid_of(0)], INV, {}) is p
+
+
+def test_reconcile_moves_to_a_gpu_with_room() -> None:
+    p = placement({"main": [(0, 1000, 10), (1, 2000, 20)]})
+    got = reconcile(p, "main", [uuid_of(0), uuid_of(2)], INV,
+                    {uuid_of(2): GpuUsage(vgpus=1, memory=8000, cores=50)})
+    assert isinstance(got, Placement)
+    assert [(d.uuid, d.memory) for d in got.containers[0].devices] == [
+        (uuid_of(0), 1000), (uuid_of(2), 2000)]
+
+
+@pytest.mark.parametrize(("held", "why"), [
+    (GpuUsage(vgpus=1, memory=9500, cores=0), "MiB free"),
+    (GpuUsage(vgpus=4, memory=0, cores=0), "no free vGPU"),
+    (GpuUsage(vgpus=1, memory=0, cores=95), "cores free"),
+    (GpuUsage(vgpus=1, memory=0, cores=0, exclusive=1), "exclusive"),
+])
+def test_reconcile_refuses_a_full_gpu(held: GpuUsage, why: str) -> None:
+    p = placement({"main": [(0, 1000, 10)]})
+    got = reconcile(p, "main", [uuid_of(2)], INV, {uuid_of(2): held})
+    assert isinstance(got, Reason) and why in got.message and got.code == "no-room"
+
+
+def test_reconcile_rejects_impossible_choices() -> None:
+    p = placement({"main": [(0, 1000, 10), (1, 1000, 10)]})
+    for chosen, code in (([uuid_of(0), uuid_of(0)], "same-gpu"), ([uuid_of(0)], "count"),
+                         ([uuid_of(0), "GPU-nope"], "unknown-gpu")):
+        got = reconcile(p, "main", chosen, INV, {})
+        assert isinstance(got, Reason) and got.code == code
+    got = reconcile(p, "other", [uuid_of(0)], INV, {})
+    assert isinstance(got, Reason) and got.code == "no-grant"

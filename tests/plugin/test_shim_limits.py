@@ -1,0 +1,86 @@
+"""A limits file the plugin wrote makes the shim enforce the assigned memory.
+
+The plugin configures a container (1000 MiB on GPU 0) through the fake kubelet; then
+a small driver-API program runs under the shim (``LD_PRELOAD``) on the fake
+``libcuda.so.1`` with ``VGPUD_CONFIG`` pointing at that file, and allocates 300 MiB
+at a time. Skipped when the shim or the fake driver cannot be built here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.fakekubelet import FakePod
+from tests.plugin.harness import node_harness, placement
+from vgpud.plugin.allocations import AllocationStore
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+
+PROGRAM = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+typedef int (*init_t)(unsigned); typedef int (*get_t)(int *, int);
+typedef int (*ctx_t)(void **, unsigned, int); typedef int (*alloc_t)(unsigned long long *, size_t);
+int main(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { printf("{\"error\": \"dlopen\"}\n"); return 2; }
+    init_t init = (init_t)dlsym(h, "cuInit"); get_t get = (get_t)dlsym(h, "cuDeviceGet");
+    ctx_t ctx = (ctx_t)dlsym(h, "cuCtxCreate_v2");
+    alloc_t alloc = (alloc_t)dlsym(h, "cuMemAlloc_v2");
+    int dev = 0; void *c = 0; unsigned long long p = 0;
+    printf("{\"init\": %d}\n", init(0)); printf("{\"get\": %d}\n", get(&dev, 0));
+    printf("{\"ctx\": %d}\n", ctx(&c, 0, dev));
+    for (int i = 0; i < 5; i++) printf("{\"alloc\": %d}\n", alloc(&p, (size_t)300 << 20));
+    return 0;
+}
+"""
+
+
+def _build(tmp: Path) -> tuple[Path, Path, Path]:
+    if shutil.which("make") is None or shutil.which("gcc") is None:
+        pytest.skip("needs gcc and make")
+    for d in ("csrc", "tests/fakes"):
+        if not (ROOT / d / "Makefile").exists():
+            pytest.skip(f"{d} is not in this checkout yet")
+        done = subprocess.run(["make", "-s", "-C", str(ROOT / d)], capture_output=True,
+                              text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"make -C {d} failed: {done.stderr[-400:]}")
+    libs = sorted((ROOT / "csrc" / "build").glob("libvgpu.so.*"))
+    fakes = ROOT / "tests" / "fakes" / "build"
+    if not libs or not (fakes / "libcuda.so.1").exists():
+        pytest.skip("the shim or the fake driver did not build")
+    prog = tmp / "alloc"
+    (tmp / "alloc.c").write_text(PROGRAM)
+    subprocess.run(["gcc", "-o", str(prog), str(tmp / "alloc.c"), "-ldl"], check=True)
+    return libs[-1], fakes, prog
+
+
+async def test_shim_enforces_a_limits_file_the_plugin_wrote(tmp_path: Path) -> None:
+    lib, fakes, prog = _build(tmp_path)
+    async with node_harness(1) as h:
+        h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 0)]}))
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))
+        alloc = AllocationStore(h.state_dir).path(a.ids["main"])
+        config = alloc / "etc" / "config"
+        # the container sees its state directory at the config's state_dir; point it here
+        text = config.read_text().replace("state_dir=/var/run/vgpud",
+                                          f"state_dir={alloc / 'state'}")
+        local = tmp_path / "config"
+        local.write_text(text)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fakes), "LD_PRELOAD": str(lib),
+           "VGPUD_CONFIG": str(local), "FAKECUDA_DEVICES": "24576", "FAKECUDA_CTX_MIB": "0"}
+    done = await anyio.run_process([str(prog)], env=env, check=False)
+    stdout, stderr = done.stdout.decode(), done.stderr.decode()
+    allocs = [line for line in stdout.splitlines() if '"alloc"' in line]
+    assert len(allocs) == 5, stdout + stderr
+    # 1000 MiB: three 300 MiB allocations fit, the fourth is refused (2 = OUT_OF_MEMORY)
+    assert allocs[:3] == ['{"alloc": 0}'] * 3
+    assert allocs[3:] == ['{"alloc": 2}'] * 2

@@ -1,0 +1,634 @@
+"""The in-memory object store of the API stand-in: objects, resourceVersions, history.
+
+Objects are stored as JSON-ready dicts next to their serialised bytes (``Entry``),
+both built once per write. Stored dicts are never mutated: every write builds a new
+dict, copying only what changes (patches share untouched sub-trees), so lists,
+gets and watch events hand out the stored bytes without copies.
+
+resourceVersion is one global counter (like etcd's revision). Each resource keeps a
+bounded history of changes; a watch from a resourceVersion older than the history
+(``Collection.compacted``) gets ``410 Gone``, as on the real server. ``compact()``
+empties a history on demand so tests can force that path.
+
+Everything here is synchronous: the HTTP layer (``apiserver.py``) calls it from the
+event loop, so each write is atomic with respect to watches and lists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.standin import patches
+from tests.standin.selectors import Predicate, field_selector, label_selector
+
+Obj = dict[str, Any]
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One resource type served by the stand-in."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    has_status: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def name(self) -> str:
+        """The name used in counters and fault rules: ``plural``, except for the
+        second events API, which is ``events.events.k8s.io``."""
+        return f"{self.plural}.{self.group}" if self.group == "events.k8s.io" else self.plural
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True),
+    Kind("", "v1", "nodes", "Node", namespaced=False, has_status=True),
+    Kind("", "v1", "pods", "Pod", namespaced=True, has_status=True),
+    Kind("", "v1", "events", "Event", namespaced=True),
+    Kind("", "v1", "configmaps", "ConfigMap", namespaced=True),
+    Kind("events.k8s.io", "v1", "events", "Event", namespaced=True),
+    Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+)
+
+
+class StoreError(Exception):
+    """A request the store refuses; rendered by the HTTP layer as a ``Status``."""
+
+    def __init__(
+        self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = dict(details or {})
+
+
+def status_body(
+    code: int, reason: str, message: str, details: Mapping[str, Any] | None = None
+) -> Obj:
+    body: Obj = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success" if code < 400 else "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = dict(details)
+    return body
+
+
+class Entry:
+    """One stored object version: the dict and its JSON bytes."""
+
+    __slots__ = ("name", "namespace", "obj", "raw", "rv")
+
+    def __init__(self, obj: Obj) -> None:
+        meta = obj["metadata"]
+        self.obj = obj
+        self.namespace: str = meta.get("namespace", "")
+        self.name: str = meta["name"]
+        self.rv = int(meta["resourceVersion"])
+        self.raw = _dumps(obj)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    rv: int
+    type: bytes  # b"ADDED" | b"MODIFIED" | b"DELETED"
+    entry: Entry
+    old: Entry | None
+
+
+class Watcher:
+    """One open watch: a filter and a queue of encoded event lines."""
+
+    __slots__ = (
+        "closed",
+        "fields",
+        "filtered",
+        "kind",
+        "labels",
+        "lines",
+        "max_pending",
+        "namespace",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        kind: Kind,
+        namespace: str | None,
+        labels: Callable[[Mapping[str, str]], bool],
+        fields: Predicate,
+        *,
+        filtered: bool,
+        max_pending: int,
+    ) -> None:
+        self.kind = kind
+        self.namespace = namespace
+        self.labels = labels
+        self.fields = fields
+        self.filtered = filtered
+        self.lines: list[bytes] = []
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.max_pending = max_pending
+
+    def matches(self, entry: Entry) -> bool:
+        if self.namespace is not None and entry.namespace != self.namespace:
+            return False
+        if not self.filtered:
+            return True
+        return self.labels(entry.obj["metadata"].get("labels") or {}) and self.fields(entry.obj)
+
+    def push(self, type_: bytes, entry: Entry) -> None:
+        if self.closed:
+            return
+        self.lines.append(b'{"type":"' + type_ + b'","object":' + entry.raw + b"}\n")
+        if len(self.lines) > self.max_pending:
+            # A consumer this far behind is cut off, as the real server does.
+            self.close()
+        self.wake.set()
+
+    def offer(self, change: Change) -> None:
+        new_match = self.matches(change.entry)
+        if change.type != b"MODIFIED" or change.old is None:
+            if new_match:
+                self.push(change.type, change.entry)
+            return
+        old_match = self.matches(change.old)
+        if new_match and old_match:
+            self.push(b"MODIFIED", change.entry)
+        elif new_match:
+            self.push(b"ADDED", change.entry)
+        elif old_match:
+            self.push(b"DELETED", change.entry)
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+
+class Collection:
+    """The objects, history and watchers of one resource type."""
+
+    def __init__(self, kind: Kind, history_size: int) -> None:
+        self.kind = kind
+        self.objects: dict[tuple[str, str], Entry] = {}
+        self.history: deque[Change] = deque()
+        self.history_size = history_size
+        self.compacted = 0
+        self.watchers: set[Watcher] = set()
+
+    def changes_since(self, rv: int) -> list[Change] | None:
+        """The changes after ``rv``, oldest first; ``None`` when ``rv`` is too old."""
+        if rv < self.compacted:
+            return None
+        out: list[Change] = []
+        for change in reversed(self.history):
+            if change.rv <= rv:
+                break
+            out.append(change)
+        out.reverse()
+        return out
+
+
+class Store:
+    """All collections, the global resourceVersion and list snapshots for paging."""
+
+    def __init__(self, *, history_size: int = 10_000, max_pending: int = 200_000) -> None:
+        self.rv = 1
+        self.max_pending = max_pending
+        self.collections: dict[tuple[str, str, str], Collection] = {
+            (k.group, k.version, k.plural): Collection(k, history_size) for k in KINDS
+        }
+        self._snapshots: OrderedDict[int, tuple[int, list[Entry]]] = OrderedDict()
+        self._snapshot_ids = itertools.count(1)
+
+    # -- lookup ---------------------------------------------------------------------
+
+    def collection(self, group: str, version: str, plural: str) -> Collection:
+        try:
+            return self.collections[(group, version, plural)]
+        except KeyError:
+            gv = f"{group}/{version}" if group else version
+            raise StoreError(
+                404, "NotFound", f"the server could not find the requested resource ({gv} {plural})"
+            ) from None
+
+    def by_name(self, resource: str) -> Collection:
+        """A collection by its counter name (``pods``, ``leases``, ``events.events.k8s.io``)."""
+        for col in self.collections.values():
+            if col.kind.name == resource:
+                return col
+        raise KeyError(resource)
+
+    def _get(self, col: Collection, namespace: str, name: str) -> Entry:
+        entry = col.objects.get((namespace, name))
+        if entry is None:
+            raise StoreError(
+                404,
+                "NotFound",
+                f'{col.kind.plural} "{name}" not found',
+                {"name": name, "kind": col.kind.plural},
+            )
+        return entry
+
+    def get(self, col: Collection, namespace: str, name: str) -> Entry:
+        return self._get(col, namespace if col.kind.namespaced else "", name)
+
+    # -- writes ---------------------------------------------------------------------
+
+    def _next_rv(self) -> int:
+        self.rv += 1
+        return self.rv
+
+    def _commit(self, col: Collection, type_: bytes, entry: Entry, old: Entry | None) -> None:
+        change = Change(entry.rv, type_, entry, old)
+        col.history.append(change)
+        if len(col.history) > col.history_size:
+            col.compacted = col.history.popleft().rv
+        for watcher in col.watchers:
+            watcher.offer(change)
+
+    @staticmethod
+    def _conflict(col: Collection, name: str, message: str) -> StoreError:
+        return StoreError(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {col.kind.name} "{name}": {message}',
+            {"name": name, "kind": col.kind.plural},
+        )
+
+    def create(self, col: Collection, namespace: str | None, body: Any) -> Entry:
+        kind = col.kind
+        if not isinstance(body, dict):
+            raise StoreError(400, "BadRequest", "the request body must be a JSON object")
+        meta = dict(body.get("metadata") or {})
+        if not meta.get("name"):
+            if meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            else:
+                raise StoreError(
+                    422,
+                    "Invalid",
+                    f"{kind.kind} is invalid: metadata.name: Required value: name or "
+                    "generateName is required",
+                )
+        if kind.namespaced:
+            ns = namespace or meta.get("namespace") or "default"
+            if meta.get("namespace") and namespace and meta["namespace"] != namespace:
+                raise StoreError(
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace "
+                    "sent on the request",
+                )
+            meta["namespace"] = ns
+        else:
+            ns = ""
+            meta.pop("namespace", None)
+        key = (ns, meta["name"])
+        if key in col.objects:
+            raise StoreError(
+                409,
+                "AlreadyExists",
+                f'{kind.name} "{meta["name"]}" already exists',
+                {"name": meta["name"], "kind": kind.plural},
+            )
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        meta.setdefault("generation", 1)
+        meta["resourceVersion"] = str(self._next_rv())
+        obj = dict(body)
+        obj["apiVersion"] = kind.api_version
+        obj["kind"] = kind.kind
+        obj["metadata"] = meta
+        if kind.plural == "pods" and kind.group == "":
+            spec = dict(obj.get("spec") or {})
+            if not spec.get("containers"):
+                raise StoreError(
+                    422,
+                    "Invalid",
+                    f'Pod "{meta["name"]}" is invalid: spec.containers: Required value',
+                )
+            spec.setdefault("schedulerName", "default-scheduler")
+            obj["spec"] = spec
+            status = dict(obj.get("status") or {})
+            status.setdefault("phase", "Pending")
+            obj["status"] = status
+        entry = Entry(obj)
+        col.objects[key] = entry
+        self._commit(col, b"ADDED", entry, None)
+        return entry
+
+    def _replace(self, col: Collection, old: Entry, new_obj: Any, subresource: str | None) -> Entry:
+        """Store ``new_obj`` as the next version of ``old``, enforcing preconditions."""
+        kind = col.kind
+        if not isinstance(new_obj, dict):
+            raise StoreError(400, "BadRequest", "the object must be a JSON object")
+        new_meta = new_obj.get("metadata")
+        if not isinstance(new_meta, dict):
+            new_meta = {}
+        wanted_rv = new_meta.get("resourceVersion")
+        if wanted_rv not in (None, "") and str(wanted_rv) != str(old.rv):
+            raise self._conflict(
+                col,
+                old.name,
+                "the object has been modified; please apply your changes to the latest "
+                "version and try again",
+            )
+        if new_meta.get("name", old.name) != old.name:
+            raise StoreError(
+                400, "BadRequest", "the name of the object does not match the name on the URL"
+            )
+        old_meta = old.obj["metadata"]
+        if subresource == "status":
+            obj = dict(old.obj)
+            if "status" in new_obj:
+                obj["status"] = new_obj["status"]
+            else:
+                obj.pop("status", None)
+            meta = dict(old_meta)
+        else:
+            obj = dict(new_obj)
+            if kind.has_status:
+                # As on the real server, the main resource ignores status changes.
+                if "status" in old.obj:
+                    obj["status"] = old.obj["status"]
+                else:
+                    obj.pop("status", None)
+            meta = dict(new_meta)
+            for server_field in ("uid", "creationTimestamp", "namespace", "name"):
+                if server_field in old_meta:
+                    meta[server_field] = old_meta[server_field]
+            if obj.get("spec") != old.obj.get("spec"):
+                meta["generation"] = int(old_meta.get("generation", 1)) + 1
+        meta["resourceVersion"] = str(self._next_rv())
+        obj["metadata"] = meta
+        obj["apiVersion"] = kind.api_version
+        obj["kind"] = kind.kind
+        entry = Entry(obj)
+        col.objects[(old.namespace, old.name)] = entry
+        self._commit(col, b"MODIFIED", entry, old)
+        return entry
+
+    def update(
+        self,
+        col: Collection,
+        namespace: str,
+        name: str,
+        body: Any,
+        subresource: str | None = None,
+    ) -> Entry:
+        old = self.get(col, namespace, name)
+        return self._replace(col, old, body, subresource)
+
+    def patch(
+        self,
+        col: Collection,
+        namespace: str,
+        name: str,
+        content_type: str,
+        patch: Any,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> tuple[Entry, bool]:
+        """Apply a patch; returns the new entry and whether it was created (apply only)."""
+        if content_type == patches.APPLY:
+            if not field_manager:
+                raise StoreError(
+                    400, "BadRequest", "PATCH with apply requires the fieldManager parameter"
+                )
+            if not isinstance(patch, dict):
+                raise StoreError(400, "BadRequest", "the applied configuration must be an object")
+            key = (namespace if col.kind.namespaced else "", name)
+            if key not in col.objects:
+                body = dict(patch)
+                meta = dict(body.get("metadata") or {})
+                meta["name"] = name
+                body["metadata"] = meta
+                return self.create(col, namespace or None, body), True
+        old = self.get(col, namespace, name)
+        try:
+            if content_type == patches.JSON_PATCH:
+                new_obj = patches.json_patch(old.obj, patch)
+            elif content_type == patches.STRATEGIC:
+                new_obj = patches.strategic_merge_patch(old.obj, patch)
+            elif content_type in (patches.MERGE, patches.APPLY):
+                new_obj = patches.merge_patch(old.obj, patch)
+            else:
+                raise StoreError(
+                    415, "UnsupportedMediaType", f"the patch type {content_type!r} is not supported"
+                )
+        except patches.PatchError as exc:
+            reason = "BadRequest" if exc.code == 400 else "Invalid"
+            raise StoreError(exc.code, reason, str(exc)) from None
+        return self._replace(col, old, new_obj, subresource), False
+
+    def delete(
+        self, col: Collection, namespace: str, name: str, options: Mapping[str, Any] | None = None
+    ) -> Entry:
+        old = self.get(col, namespace, name)
+        pre = (options or {}).get("preconditions") or {}
+        if pre.get("resourceVersion") and str(pre["resourceVersion"]) != str(old.rv):
+            raise self._conflict(
+                col,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {pre['resourceVersion']}, "
+                f"ResourceVersion in object meta: {old.rv}",
+            )
+        if pre.get("uid") and pre["uid"] != old.obj["metadata"].get("uid"):
+            raise self._conflict(
+                col,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, "
+                f"UID in object meta: {old.obj['metadata'].get('uid')}",
+            )
+        obj = dict(old.obj)
+        meta = dict(old.obj["metadata"])
+        meta["resourceVersion"] = str(self._next_rv())
+        obj["metadata"] = meta
+        entry = Entry(obj)
+        del col.objects[(old.namespace, old.name)]
+        self._commit(col, b"DELETED", entry, old)
+        return entry
+
+    def bind(self, namespace: str, name: str, body: Any) -> None:
+        """``POST pods/{name}/binding``: set ``spec.nodeName`` once."""
+        col = self.collections[("", "v1", "pods")]
+        if not isinstance(body, dict):
+            raise StoreError(400, "BadRequest", "the Binding must be a JSON object")
+        target = body.get("target") or {}
+        node = target.get("name") if isinstance(target, dict) else None
+        if not node:
+            raise StoreError(422, "Invalid", "Binding is invalid: target.name: Required value")
+        old = self.get(col, namespace, name)
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid and uid != old.obj["metadata"].get("uid"):
+            raise self._conflict(
+                col,
+                name,
+                f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {old.obj['metadata'].get('uid')}",
+            )
+        current = (old.obj.get("spec") or {}).get("nodeName")
+        if current:
+            raise self._conflict(col, name, f'pod {name} is already assigned to node "{current}"')
+        obj = dict(old.obj)
+        spec = dict(obj.get("spec") or {})
+        spec["nodeName"] = node
+        obj["spec"] = spec
+        status = dict(obj.get("status") or {})
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conditions.append(
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}
+        )
+        status["conditions"] = conditions
+        obj["status"] = status
+        meta = dict(obj["metadata"])
+        meta["resourceVersion"] = str(self._next_rv())
+        obj["metadata"] = meta
+        entry = Entry(obj)
+        col.objects[(old.namespace, old.name)] = entry
+        self._commit(col, b"MODIFIED", entry, old)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def matching(
+        self,
+        col: Collection,
+        namespace: str | None,
+        labels: str | None,
+        fields: str | None,
+    ) -> list[Entry]:
+        entries: Iterable[Entry] = col.objects.values()
+        if namespace is not None and col.kind.namespaced:
+            entries = (e for e in entries if e.namespace == namespace)
+        if labels or fields:
+            lp = label_selector(labels)
+            fp = field_selector(fields, col.kind.plural)
+            entries = (
+                e for e in entries if lp(e.obj["metadata"].get("labels") or {}) and fp(e.obj)
+            )
+        return list(entries)
+
+    def list_page(
+        self,
+        col: Collection,
+        namespace: str | None,
+        labels: str | None,
+        fields: str | None,
+        limit: int | None,
+        continue_token: str | None,
+    ) -> tuple[int, list[Entry], str | None, int | None]:
+        """A consistent page: (resourceVersion, entries, continue token, remaining)."""
+        if continue_token:
+            try:
+                token = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
+                snap_id, offset = int(token["id"]), int(token["offset"])
+            except (ValueError, KeyError, TypeError):
+                raise StoreError(400, "BadRequest", "invalid continue token") from None
+            snap = self._snapshots.get(snap_id)
+            if snap is None or snap[0] < col.compacted:
+                raise StoreError(
+                    410,
+                    "Expired",
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter.",
+                )
+            rv, entries = snap
+        else:
+            rv, entries, offset = self.rv, self.matching(col, namespace, labels, fields), 0
+        if not limit or offset + limit >= len(entries):
+            return rv, entries[offset:], None, None
+        if not continue_token:
+            snap_id = next(self._snapshot_ids)
+            self._snapshots[snap_id] = (rv, entries)
+            while len(self._snapshots) > 32:
+                self._snapshots.popitem(last=False)
+        token = base64.urlsafe_b64encode(_dumps({"id": snap_id, "offset": offset + limit})).decode()
+        return rv, entries[offset : offset + limit], token, len(entries) - offset - limit
+
+    # -- watches and faults -----------------------------------------------------------
+
+    def open_watch(
+        self,
+        col: Collection,
+        namespace: str | None,
+        labels: str | None,
+        fields: str | None,
+        since: int | None,
+    ) -> tuple[Watcher, bool]:
+        """Register a watcher; returns it and False when ``since`` is too old (410)."""
+        watcher = Watcher(
+            col.kind,
+            namespace if col.kind.namespaced else None,
+            label_selector(labels),
+            field_selector(fields, col.kind.plural),
+            filtered=bool(labels or fields),
+            max_pending=self.max_pending,
+        )
+        if since is None:
+            for entry in col.objects.values():
+                if watcher.matches(entry):
+                    watcher.push(b"ADDED", entry)
+        else:
+            changes = col.changes_since(since)
+            if changes is None:
+                return watcher, False
+            for change in changes:
+                watcher.offer(change)
+        col.watchers.add(watcher)
+        return watcher, True
+
+    def close_watch(self, watcher: Watcher) -> None:
+        for col in self.collections.values():
+            col.watchers.discard(watcher)
+
+    def drop_watches(self, resource: str | None = None) -> int:
+        dropped = 0
+        for col in self.collections.values():
+            if resource is None or col.kind.name == resource:
+                for watcher in list(col.watchers):
+                    watcher.close()
+                    dropped += 1
+                col.watchers.clear()
+        return dropped
+
+    def compact(self, resource: str | None = None) -> int:
+        """Forget history so that every resourceVersion handed out so far is too old."""
+        rv = self._next_rv()
+        for col in self.collections.values():
+            if resource is None or col.kind.name == resource:
+                col.history.clear()
+                col.compacted = rv
+        return rv

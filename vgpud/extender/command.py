@@ -1,0 +1,46 @@
+"""The ``vgpud scheduler`` command line."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+import typer
+
+from vgpud.config import ConfigError, load_settings
+from vgpud.logs import configure
+
+
+def scheduler(
+    kubeconfig: Annotated[str | None, typer.Option(
+        help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")] = None,
+    listen: Annotated[str, typer.Option(
+        help="HOST:PORT to serve the extender on")] = "0.0.0.0:8888",
+    config: Annotated[Path | None, typer.Option(help="settings file (YAML or JSON)")] = None,
+    leader_elect: Annotated[bool, typer.Option(
+        help="take a coordination.k8s.io Lease so only one replica binds")] = False,
+    lease_namespace: Annotated[str, typer.Option(help="namespace of the Lease")] = "kube-system",
+) -> None:
+    """Run the kube-scheduler extender: filter, prioritize and bind GPU pods."""
+    from vgpud.extender.run import parse_listen, run_scheduler
+    from vgpud.kube.errors import ConfigError as KubeConfigError
+
+    try:
+        settings = load_settings(config, env=os.environ)
+        parse_listen(listen)
+    except (ConfigError, ValueError) as e:
+        typer.echo(f"vgpud: {e}", err=True)
+        raise typer.Exit(2) from None
+    configure(settings.logLevel, settings.logFormat)
+    try:
+        anyio.run(lambda: run_scheduler(settings, kubeconfig=kubeconfig, listen=listen,
+                                        leader_elect=leader_elect,
+                                        lease_namespace=lease_namespace))
+    except KubeConfigError as e:
+        typer.echo(f"vgpud: {e}", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:
+        typer.echo(f"vgpud: cannot serve on {listen}: {e.strerror or e}", err=True)
+        raise typer.Exit(1) from None

@@ -1,0 +1,209 @@
+"""The extender's verbs: parse (``wire``), decide (``vgpud.core``), write (``vgpud.kube``).
+
+There is no node lock: any number of binds may be in flight, on one node or many.
+Each bind *assumes* its placement in the ledger before its first await, so two
+binds can never both take the last room on a GPU; a failed write forgets it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from vgpud.core.allocate import MAX_SCORE, Allocator
+from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from vgpud.core.model import Placement, PodRequest, Reason
+from vgpud.core.requests import RequestError, parse_pod
+from vgpud.extender.metrics import Metrics
+from vgpud.extender.state import SchedulerState
+from vgpud.extender.wire import (
+    BindingArgs,
+    BindingResultJson,
+    ExtenderArgs,
+    FilterResultJson,
+    HostPriorityJson,
+    filter_result,
+)
+from vgpud.kube.errors import KubeError, NotFound
+from vgpud.kube.writes import EventRecorder, ObjectRef, PodWriter
+
+log = structlog.get_logger()
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe(p: Placement) -> str:
+    parts = []
+    for c in p.containers:
+        devs = ", ".join(f"{d.uuid} ({d.memory} MiB, {d.cores}%)" for d in c.devices)
+        parts.append(f"{c.name}: {devs}")
+    return f"GPUs on {p.node}: " + "; ".join(parts)
+
+
+class Extender:
+    def __init__(
+        self,
+        state: SchedulerState,
+        *,
+        writer: PodWriter | None,
+        events: EventRecorder | None,
+        metrics: Metrics,
+        is_leader: Callable[[], bool] = lambda: True,
+        now: Callable[[], str] = _now_rfc3339,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None,
+    ) -> None:
+        self.state = state
+        self.alloc: Allocator = state.alloc
+        self.writer = writer
+        self.events = events
+        self.metrics = metrics
+        self.is_leader = is_leader
+        self.now = now
+        self.spawn = spawn  # runs event writes beside the request, not in its path
+        self.binds_in_flight = 0
+
+    def _parse(self, pod: dict[str, object]) -> PodRequest:
+        return parse_pod(pod, self.alloc.defaults)
+
+    async def _event(self, pod: dict[str, object] | ObjectRef, reason: str, message: str,
+                     kind: str = "Normal") -> None:
+        if self.events is None:
+            return
+        ref = pod if isinstance(pod, ObjectRef) else ObjectRef.of(pod)
+        recorder = self.events
+
+        async def write() -> None:
+            await recorder.record(ref, reason, message, type=kind)
+
+        if self.spawn is not None:
+            self.spawn(write)
+        else:
+            await write()
+
+    # -- filter -----------------------------------------------------------------------------
+
+    async def filter(self, args: ExtenderArgs) -> FilterResultJson:
+        try:
+            req = self._parse(args.pod)
+        except RequestError as e:
+            msg = f"invalid GPU request: {e}"
+            self.metrics.rejections.labels("invalid-request").inc(len(args.node_names))
+            await self._event(args.pod, "InvalidGPURequest", msg, "Warning")
+            return filter_result(args, [], {}, dict.fromkeys(args.node_names, msg))
+        if not req.wants_gpu:
+            return filter_result(args, list(args.node_names), {}, {})
+        self.state.remember(req)
+        got = self.alloc.filter(req, args.node_names)
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name, reason in got.failed.items():
+            (failed if reason.resolvable else unresolvable)[name] = reason.message
+            self.metrics.rejections.labels(reason.code).inc()
+        return filter_result(args, got.feasible, failed, unresolvable)
+
+    # -- prioritize -------------------------------------------------------------------------
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriorityJson]:
+        try:
+            req = self._parse(args.pod)
+        except RequestError:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        if not req.wants_gpu:
+            return [{"Host": n, "Score": 0} for n in args.node_names]
+        scores = self.alloc.prioritize(req, args.node_names)
+        return [{"Host": n, "Score": max(0, min(MAX_SCORE, round(scores.get(n, 0.0))))}
+                for n in args.node_names]
+
+    # -- bind -------------------------------------------------------------------------------
+
+    async def bind(self, args: BindingArgs) -> BindingResultJson:
+        if not self.is_leader():
+            return {"Error": "this vgpud scheduler is not the leader; retry against the leader"}
+        if self.writer is None:
+            return {"Error": "binding is disabled (no API connection)"}
+        self.binds_in_flight += 1
+        try:
+            return await self._bind(args, self.writer)
+        finally:
+            self.binds_in_flight -= 1
+
+    async def _bind(self, args: BindingArgs, writer: PodWriter) -> BindingResultJson:
+        key = f"{args.namespace}/{args.name}"
+        ref = ObjectRef(kind="Pod", name=args.name, namespace=args.namespace, uid=args.uid,
+                        api_version="v1")
+        req = self.state.request(args.uid) if args.uid else None
+        info = self.state.pod_by_name(args.namespace, args.name)
+        rv = info.resource_version if info is not None and (
+            not args.uid or info.uid == args.uid) else ""
+        if req is None or not rv:
+            try:
+                pod = await writer.read_pod(args.namespace, args.name)
+            except NotFound:
+                return {"Error": f"pod {key} not found"}
+            except KubeError as e:
+                return {"Error": f"cannot read pod {key}: {e}"}
+            meta = pod.get("metadata") or {}
+            if args.uid and meta.get("uid") != args.uid:
+                return {"Error": f"pod {key} was replaced (uid {meta.get('uid')}, "
+                                 f"expected {args.uid})"}
+            rv = str(meta.get("resourceVersion") or "")
+            try:
+                req = self._parse(pod)
+            except RequestError as e:
+                return {"Error": f"invalid GPU request: {e}"}
+        if not req.wants_gpu:
+            return {"Error": f"pod {key} asks for no vGPU; vgpud binds only GPU pods"}
+        got = self.alloc.place(req, args.node)
+        if isinstance(got, Reason):
+            return {"Error": f"pod {key} no longer fits {args.node}: {got.message}"}
+        placement = replace(got, time=self.now())
+        why = self.alloc.assume(req, placement)  # atomic: no await since place()
+        if why is not None:
+            return {"Error": f"pod {key} cannot hold its GPUs on {args.node}: {why.message}"}
+        try:
+            await writer.patch_annotations(args.namespace, args.name,
+                                           {ASSIGNMENT: encode_assignment(placement)},
+                                           resource_version=rv, uid=req.uid or None)
+        except KubeError as e:
+            self.alloc.forget(req.uid)
+            log.info("bind_failed", pod=key, node=args.node, step="annotate", error=str(e))
+            return {"Error": f"could not record the GPU assignment of {key}: {e}"}
+        try:
+            await writer.bind(args.namespace, args.name, args.node, uid=req.uid or None)
+        except KubeError as e:
+            self.alloc.forget(req.uid)
+            log.info("bind_failed", pod=key, node=args.node, step="binding", error=str(e))
+            await self._clear(writer, args, req)
+            return {"Error": f"could not bind {key} to {args.node}: {e}"}
+        log.info("pod_bound", pod=key, node=args.node)
+        await self._event(ref, "GPUsAssigned", describe(placement))
+        return {"Error": ""}
+
+    async def _clear(self, writer: PodWriter, args: BindingArgs, req: PodRequest) -> None:
+        """Best effort: take the assignment off a pod whose binding failed."""
+        try:
+            pod = await writer.read_pod(args.namespace, args.name)
+            rv = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+            await writer.patch_annotations(args.namespace, args.name, {ASSIGNMENT: None},
+                                           resource_version=rv, uid=req.uid or None)
+        except KubeError as e:
+            log.debug("assignment_clear_failed", pod=f"{args.namespace}/{args.name}",
+                      error=str(e))
+
+
+def timed(metrics: Metrics, verb: str) -> Callable[[], float]:
+    start = time.perf_counter()
+
+    def done() -> float:
+        elapsed = time.perf_counter() - start
+        metrics.latency.labels(verb).observe(elapsed)
+        return elapsed
+
+    return done

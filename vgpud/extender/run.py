@@ -1,0 +1,104 @@
+"""``vgpud scheduler``: one task group for the extender role.
+
+Children: the node and pod informers (feeding :class:`SchedulerState`), the
+ledger's expiry loop, the event recorder, the leader elector (optional), and the
+HTTP server. ``/readyz`` turns true once both informers have synced, which is when
+the ledger has been rebuilt from every pod's ``vgpud.io/assignment``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import anyio
+import structlog
+from aiohttp import web
+
+from vgpud.config import Settings
+from vgpud.core.allocate import Allocator
+from vgpud.extender.metrics import Metrics
+from vgpud.extender.routes import Extender
+from vgpud.extender.server import make_app
+from vgpud.extender.state import NodeInfo, PodInfo, SchedulerState, project_node, project_pod
+from vgpud.kube.cache import Informer
+from vgpud.kube.client import KubeClient
+from vgpud.kube.lease import LeaderElector
+from vgpud.kube.resources import NODES, PODS
+from vgpud.kube.writes import EventRecorder, PodWriter
+
+log = structlog.get_logger()
+
+EXPIRE_EVERY = 5.0
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+    return host or "0.0.0.0", int(port)
+
+
+async def _expire(alloc: Allocator, metrics: Metrics) -> None:
+    while True:
+        await anyio.sleep(EXPIRE_EVERY)
+        for e in alloc.expire():
+            metrics.expired.inc()
+            log.warning("assumption_expired", pod=e.key, node=e.placement.node,
+                        why="never confirmed by the API")
+
+
+async def _signals(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for sig in signals:
+            log.info("scheduler_stopping", signal=signal.Signals(sig).name)
+            scope.cancel()
+            return
+
+
+async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: str,
+                        leader_elect: bool = False, lease_namespace: str = "kube-system",
+                        lease_name: str = "vgpud-scheduler") -> None:
+    host, port = parse_listen(listen)
+    alloc = Allocator(settings.defaults(), clock=time.monotonic)
+    state = SchedulerState(alloc)
+    metrics = Metrics(alloc)
+    async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
+                                  burst=settings.kubeBurst) as kube:
+        nodes: Informer[NodeInfo] = Informer(kube, NODES, project=project_node)
+        pods: Informer[PodInfo] = Informer(kube, PODS, project=project_pod)
+        nodes.subscribe(state.on_node)
+        pods.subscribe(state.on_pod)
+        events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)
+        elector = None
+        if leader_elect:
+            identity = f"{socket.gethostname()}-{os.getpid()}"
+            elector = LeaderElector(kube, name=lease_name, namespace=lease_namespace,
+                                    identity=identity)
+        async with anyio.create_task_group() as tg:
+            ext = Extender(state, writer=PodWriter(kube), events=events, metrics=metrics,
+                           is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
+                           spawn=tg.start_soon)
+            app = make_app(ext, ready=lambda: nodes.has_synced and pods.has_synced)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            await runner.setup()
+            try:
+                await web.TCPSite(runner, host, port, reuse_address=True).start()
+                log.info("scheduler_listening", host=host, port=port)
+                tg.start_soon(_signals, tg.cancel_scope)
+                await tg.start(nodes.run)
+                await tg.start(pods.run)
+                tg.start_soon(events.run)
+                if elector is not None:
+                    tg.start_soon(elector.run)
+                tg.start_soon(_expire, alloc, metrics)
+                await nodes.wait_synced()
+                await pods.wait_synced()
+                log.info("scheduler_ready", nodes=alloc.cluster.node_count(),
+                         pods_holding_gpus=len(alloc.ledger))
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await runner.cleanup()

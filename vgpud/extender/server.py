@@ -1,0 +1,88 @@
+"""The extender's HTTP server (aiohttp).
+
+``POST /filter``, ``/prioritize``, ``/bind`` speak kube-scheduler's extender v1 JSON;
+``GET /healthz`` (alive), ``/readyz`` (caches synced and the ledger rebuilt),
+``/metrics`` (Prometheus). Bodies are bounded; a malformed body gets ``400`` and a
+JSON ``{"Error": ...}`` that says what was wrong; an unexpected failure is logged
+and answered in ``Error`` (never a 5xx, never a dropped connection).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from vgpud.extender.routes import Extender, timed
+from vgpud.extender.wire import WireError, parse_binding_args, parse_extender_args
+
+log = structlog.get_logger()
+
+MAX_BODY = 64 << 20  # 5,000 full Node objects fit comfortably
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(doc, separators=(",", ":")), status=status,
+                        content_type="application/json")
+
+
+def make_app(ext: Extender, ready: Callable[[], bool]) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+
+    def verb(name: str, handle: Callable[[bytes], Awaitable[Any]]) -> Callable[
+            [web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            done = timed(ext.metrics, name)
+            try:
+                raw = await request.read()
+                doc = await handle(raw)
+                outcome = "error" if isinstance(doc, dict) and doc.get("Error") else "ok"
+                ext.metrics.requests.labels(name, outcome).inc()
+                return _json(doc)
+            except web.HTTPRequestEntityTooLarge:
+                ext.metrics.requests.labels(name, "bad_request").inc()
+                return _json({"Error": f"request body larger than {MAX_BODY} bytes"}, 413)
+            except WireError as e:
+                ext.metrics.requests.labels(name, "bad_request").inc()
+                return _json({"Error": f"bad {name} request: {e}"}, 400)
+            except Exception as e:  # the server keeps serving; the caller gets a reason
+                log.exception("extender_verb_failed", verb=name)
+                ext.metrics.requests.labels(name, "internal_error").inc()
+                return _json({"Error": f"internal error in {name}: {type(e).__name__}: {e}"})
+            finally:
+                done()
+
+        return handler
+
+    async def do_filter(raw: bytes) -> Any:
+        return await ext.filter(parse_extender_args(raw))
+
+    async def do_prioritize(raw: bytes) -> Any:
+        return ext.prioritize(parse_extender_args(raw))
+
+    async def do_bind(raw: bytes) -> Any:
+        return await ext.bind(parse_binding_args(raw))
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if ready():
+            return web.Response(text="ok")
+        return web.Response(text="caches not synced yet", status=503)
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(ext.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_post("/filter", verb("filter", do_filter))
+    app.router.add_post("/prioritize", verb("prioritize", do_prioritize))
+    app.router.add_post("/bind", verb("bind", do_bind))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,171 @@
+"""Keeps the allocator in step with the API server.
+
+Informer events become ledger operations:
+
+* a node's ``vgpud.io/node-devices`` annotation sets its inventory (missing or
+  malformed: the node has no vGPUs, with one warning per change);
+* a pod that is bound (``spec.nodeName``) and carries a ``vgpud.io/assignment`` for
+  that node is *confirmed*; a terminated or deleted pod is *forgotten*;
+* an annotated pod that is not bound yet is a bind in flight (or one that failed
+  after its patch): it stays assumed until bound, or expires.
+
+Pods are projected to :class:`PodInfo` so the scheduler holds 50,000 pods in a few
+tens of MiB. Decoding is the core's; this module only routes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from vgpud.core.allocate import Allocator
+from vgpud.core.codec import (
+    ASSIGNMENT,
+    NODE_DEVICES,
+    CodecError,
+    decode_assignment,
+    decode_node_devices,
+)
+from vgpud.core.model import Node, PodRequest
+from vgpud.kube.cache import Added, Deleted, Event, Synced
+
+log = structlog.get_logger()
+
+TERMINAL = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    phase: str
+    resource_version: str
+    assignment: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    devices: str | None
+
+
+def project_pod(obj: dict[str, Any]) -> PodInfo:
+    meta = obj.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    return PodInfo(
+        uid=str(meta.get("uid") or ""),
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        node=str((obj.get("spec") or {}).get("nodeName") or ""),
+        phase=str((obj.get("status") or {}).get("phase") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        assignment=ann.get(ASSIGNMENT) if isinstance(ann.get(ASSIGNMENT), str) else None,
+    )
+
+
+def project_node(obj: dict[str, Any]) -> NodeInfo:
+    meta = obj.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    raw = ann.get(NODE_DEVICES)
+    return NodeInfo(str(meta.get("name") or ""),
+                    tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                    raw if isinstance(raw, str) else None)
+
+
+class SchedulerState:
+    """The allocator, fed by node and pod events; the extender's routes read it."""
+
+    def __init__(self, alloc: Allocator, *, request_cache: int = 20_000) -> None:
+        self.alloc = alloc
+        self.pods: dict[str, PodInfo] = {}  # by uid
+        self.by_key: dict[str, str] = {}  # namespace/name -> uid
+        self.bad_assignments: set[str] = set()
+        self.bad_nodes: dict[str, str] = {}
+        self._requests: OrderedDict[str, PodRequest] = OrderedDict()
+        self._request_cache = request_cache
+
+    # -- requests seen at filter time, for bind ----------------------------------------------
+
+    def remember(self, req: PodRequest) -> None:
+        self._requests[req.uid] = req
+        self._requests.move_to_end(req.uid)
+        while len(self._requests) > self._request_cache:
+            self._requests.popitem(last=False)
+
+    def request(self, uid: str) -> PodRequest | None:
+        return self._requests.get(uid)
+
+    # -- informer events --------------------------------------------------------------------
+
+    def on_node(self, event: Event[NodeInfo]) -> None:
+        if isinstance(event, Synced):
+            return
+        if isinstance(event, Deleted):
+            self.alloc.remove_node(event.key)
+            self.bad_nodes.pop(event.key, None)
+            return
+        info = event.obj if isinstance(event, Added) else event.new
+        if info.devices is None:
+            self.alloc.remove_node(info.name)
+            return
+        try:
+            inv = decode_node_devices(info.devices)
+        except CodecError as e:
+            if self.bad_nodes.get(info.name) != str(e):
+                log.warning("node_inventory_invalid", node=info.name, error=str(e))
+            self.bad_nodes[info.name] = str(e)
+            self.alloc.remove_node(info.name)
+            return
+        self.bad_nodes.pop(info.name, None)
+        self.alloc.set_node(Node(info.name, inv, info.labels))
+
+    def on_pod(self, event: Event[PodInfo]) -> None:
+        if isinstance(event, Synced):
+            return
+        if isinstance(event, Deleted):
+            info = event.obj
+            self.pods.pop(info.uid, None)
+            if self.by_key.get(info.key) == info.uid:
+                del self.by_key[info.key]
+            self._requests.pop(info.uid, None)
+            if self.alloc.forget(info.uid):
+                log.debug("pod_released", pod=info.key, why="deleted")
+            return
+        info = event.obj if isinstance(event, Added) else event.new
+        self.pods[info.uid] = info
+        self.by_key[info.key] = info.uid
+        if info.phase in TERMINAL:
+            if self.alloc.forget(info.uid):
+                log.debug("pod_released", pod=info.key, why=info.phase)
+            self._requests.pop(info.uid, None)
+            return
+        if info.assignment is None or not info.node:
+            return
+        try:
+            placement = decode_assignment(info.assignment)
+        except CodecError as e:
+            if info.uid not in self.bad_assignments:
+                log.warning("pod_assignment_invalid", pod=info.key, error=str(e))
+            self.bad_assignments.add(info.uid)
+            return
+        self.bad_assignments.discard(info.uid)
+        if placement.node != info.node:
+            log.warning("pod_assignment_other_node", pod=info.key, bound=info.node,
+                        assigned=placement.node)
+            return
+        self.alloc.confirm(info.uid, info.key, placement)
+
+    def pod_by_name(self, namespace: str, name: str) -> PodInfo | None:
+        uid = self.by_key.get(f"{namespace}/{name}")
+        return None if uid is None else self.pods.get(uid)

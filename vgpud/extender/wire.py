@@ -1,0 +1,130 @@
+"""kube-scheduler's extender v1 wire format (k8s.io/kube-scheduler/extender/v1).
+
+The Go types have no json tags, so the keys are the Go field names: ``Pod``,
+``Nodes``, ``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``,
+``Error``; ``Host``/``Score``; ``PodName``, ``PodNamespace``, ``PodUID``, ``Node``.
+Requests are parsed here into frozen values; anything malformed raises
+:class:`WireError` with a message for a person.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+
+class WireError(ValueError):
+    """A request body that is not what kube-scheduler sends."""
+
+
+class FilterResultJson(TypedDict, total=False):
+    Nodes: dict[str, Any] | None
+    NodeNames: list[str] | None
+    FailedNodes: dict[str, str]
+    FailedAndUnresolvableNodes: dict[str, str]
+    Error: str
+
+
+class HostPriorityJson(TypedDict):
+    Host: str
+    Score: int
+
+
+class BindingResultJson(TypedDict):
+    Error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """Filter and prioritize input: the pod and its candidate nodes."""
+
+    pod: dict[str, Any]
+    node_names: tuple[str, ...]
+    nodes: dict[str, dict[str, Any]] | None  # full Node objects, when not nodeCacheCapable
+
+    @property
+    def uid(self) -> str:
+        return str((self.pod.get("metadata") or {}).get("uid") or "")
+
+    @property
+    def key(self) -> str:
+        meta = self.pod.get("metadata") or {}
+        return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class BindingArgs:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+
+def _body(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise WireError("empty request body; expected a JSON object")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise WireError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise WireError(f"request body must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def parse_extender_args(raw: bytes) -> ExtenderArgs:
+    doc = _body(raw)
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict):
+        raise WireError("missing 'Pod' (the pod being scheduled)")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+        raise WireError("'Pod.metadata.name' is missing")
+    names = doc.get("NodeNames")
+    nodes_doc = doc.get("Nodes")
+    full: dict[str, dict[str, Any]] | None = None
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise WireError("'NodeNames' must be a list of node names")
+        node_names = tuple(names)
+    elif nodes_doc is not None:
+        if not isinstance(nodes_doc, dict) or not isinstance(nodes_doc.get("items", []), list):
+            raise WireError("'Nodes' must be a NodeList object with 'items'")
+        full = {}
+        for item in nodes_doc.get("items") or []:
+            name = (item.get("metadata") or {}).get("name") if isinstance(item, dict) else None
+            if not isinstance(name, str):
+                raise WireError("a node in 'Nodes.items' has no metadata.name")
+            full[name] = item
+        node_names = tuple(full)
+    else:
+        raise WireError("neither 'NodeNames' nor 'Nodes' was given")
+    return ExtenderArgs(pod=pod, node_names=node_names, nodes=full)
+
+
+def parse_binding_args(raw: bytes) -> BindingArgs:
+    doc = _body(raw)
+    values = {}
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        v = doc.get(key, "")
+        if not isinstance(v, str):
+            raise WireError(f"'{key}' must be a string")
+        values[key] = v
+    for key in ("PodName", "Node"):
+        if not values[key]:
+            raise WireError(f"'{key}' is missing")
+    return BindingArgs(values["PodName"], values["PodNamespace"] or "default",
+                       values["PodUID"], values["Node"])
+
+
+def filter_result(args: ExtenderArgs, feasible: list[str], failed: dict[str, str],
+                  unresolvable: dict[str, str], error: str = "") -> FilterResultJson:
+    out: FilterResultJson = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable,
+                             "Error": error}
+    if args.nodes is not None:
+        out["Nodes"] = {"items": [args.nodes[n] for n in feasible]}
+        out["NodeNames"] = None
+    else:
+        out["NodeNames"] = feasible
+    return out

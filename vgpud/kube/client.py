@@ -1,0 +1,278 @@
+"""The connection to the API server: configuration, request budget, error mapping.
+
+``KubeClient`` wraps one kubernetes_asyncio ``ApiClient``. Every request goes
+through ``call`` (a generated API method, e.g. ``client.core.patch_namespaced_pod``)
+or ``request`` (a raw path) or ``watch_lines`` (a streaming GET), and each of them:
+
+- takes one token from the shared ``RequestBudget`` first;
+- asks for the raw response (``_preload_content=False``) and parses the JSON body
+  itself: responses stay plain dicts (cheap, and immune to the generated models'
+  deserialisation bugs such as the Binding one);
+- maps failures to ``vgpud.kube.errors`` (``ApiException``/aiohttp never escape).
+
+Configuration comes from ``--kubeconfig PATH``, else the in-cluster service
+account, else ``$KUBECONFIG``, else a ``ConfigError`` saying so.
+
+Usage::
+
+    async with KubeClient.connect(kubeconfig) as kube:
+        pod = await kube.call(kube.core.read_namespaced_pod, "p", "default")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import anyio
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from vgpud.kube.budget import RequestBudget
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
+from vgpud.kube.errors import ConfigError, ConnectionFailed, error_for_status, from_api_exception
+
+Json = dict[str, Any]
+
+_NO_CONFIG = (
+    "no Kubernetes configuration found: pass --kubeconfig PATH, run inside a pod "
+    "(in-cluster service account), or set $KUBECONFIG"
+)
+
+
+async def load_configuration(
+    kubeconfig: str | Path | None = None, *, environ: Mapping[str, str] | None = None
+) -> k8s.Configuration:
+    """A client configuration: ``kubeconfig``, else in-cluster, else ``$KUBECONFIG``."""
+    env = os.environ if environ is None else environ
+    configuration = cast(k8s.Configuration, type.__call__(k8s.Configuration))
+    try:
+        if kubeconfig:
+            path = Path(kubeconfig)
+            if not await anyio.Path(path).is_file():
+                raise ConfigError(f"--kubeconfig {path}: no such file")
+            await k8s_config.load_kube_config(
+                config_file=str(path), client_configuration=configuration, persist_config=False
+            )
+        elif env.get("KUBERNETES_SERVICE_HOST"):
+            load_incluster: Callable[..., None] = k8s_config.load_incluster_config
+            load_incluster(client_configuration=configuration, environ=env)
+        elif env.get("KUBECONFIG"):
+            await k8s_config.load_kube_config(
+                config_file=env["KUBECONFIG"],
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        else:
+            raise ConfigError(_NO_CONFIG)
+    except ConfigException as exc:
+        raise ConfigError(f"cannot load the Kubernetes configuration: {exc}") from exc
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"cannot load the Kubernetes configuration: {exc!r}") from exc
+    return configuration
+
+
+def configuration_for_url(url: str, token: str | None = None) -> k8s.Configuration:
+    """A plain configuration for ``url`` (tests, the stand-in, local proxies)."""
+    configuration = cast(k8s.Configuration, type.__call__(k8s.Configuration, host=url))
+    if token:
+        configuration.api_key = {"BearerToken": token}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    return configuration
+
+
+class KubeClient:
+    """One API connection with a request budget and mapped errors."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        *,
+        budget: RequestBudget | None = None,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.api = api
+        self.budget = budget if budget is not None else RequestBudget()
+        self.request_timeout = request_timeout
+        self.core = k8s.CoreV1Api(api)
+        self.coordination = k8s.CoordinationV1Api(api)
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        kubeconfig: str | Path | None = None,
+        *,
+        qps: float = 500.0,
+        burst: int = 1000,
+        clock: Clock = SYSTEM_CLOCK,
+        request_timeout: float = 30.0,
+        environ: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[KubeClient]:
+        """Load the configuration (see module docstring) and open a client."""
+        configuration = await load_configuration(kubeconfig, environ=environ)
+        async with cls.from_configuration(
+            configuration, qps=qps, burst=burst, clock=clock, request_timeout=request_timeout
+        ) as kube:
+            yield kube
+
+    @classmethod
+    @asynccontextmanager
+    async def from_configuration(
+        cls,
+        configuration: k8s.Configuration,
+        *,
+        qps: float = 500.0,
+        burst: int = 1000,
+        clock: Clock = SYSTEM_CLOCK,
+        request_timeout: float = 30.0,
+    ) -> AsyncIterator[KubeClient]:
+        budget = RequestBudget(qps, burst, clock=clock)
+        async with k8s.ApiClient(configuration=configuration) as api:
+            yield cls(api, budget=budget, request_timeout=request_timeout)
+
+    @classmethod
+    def for_url(
+        cls,
+        url: str,
+        *,
+        token: str | None = None,
+        qps: float = 500.0,
+        burst: int = 1000,
+        clock: Clock = SYSTEM_CLOCK,
+        request_timeout: float = 30.0,
+    ) -> Any:
+        """``async with KubeClient.for_url(api.url) as kube``: no kubeconfig needed."""
+        return cls.from_configuration(
+            configuration_for_url(url, token),
+            qps=qps,
+            burst=burst,
+            clock=clock,
+            request_timeout=request_timeout,
+        )
+
+    # -- requests ---------------------------------------------------------------------
+
+    async def _send(self, send: Callable[[], Awaitable[Any]]) -> aiohttp.ClientResponse:
+        await self.budget.acquire()
+        try:
+            response: aiohttp.ClientResponse = await send()
+        except ApiException as exc:
+            raise from_api_exception(exc) from exc
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ConnectionFailed(f"cannot reach the API server: {exc!r}") from exc
+        return response
+
+    async def _finish(self, response: aiohttp.ClientResponse) -> Json:
+        try:
+            data = await response.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ConnectionFailed(f"the API server connection broke: {exc!r}") from exc
+        finally:
+            response.release()
+        if not 200 <= response.status <= 299:
+            raise error_for_status(response.status, data, response.headers)
+        if not data:
+            return {}
+        try:
+            parsed = json.loads(data)
+        except ValueError as exc:
+            raise ConnectionFailed(f"the API server sent invalid JSON: {exc}") from exc
+        return parsed if isinstance(parsed, dict) else {"items": parsed}
+
+    async def call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Json:
+        """Call a generated API method; returns the response body as a dict."""
+        kwargs["_preload_content"] = False
+        kwargs.setdefault("_request_timeout", self.request_timeout)
+        response = await self._send(lambda: fn(*args, **kwargs))
+        return await self._finish(response)
+
+    async def _raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str | None,
+        limit: Any,
+    ) -> aiohttp.ClientResponse:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        return await self._send(
+            lambda: self.api.call_api(
+                path,
+                method,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=limit,
+            )
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+    ) -> Json:
+        """A request to a raw API path (``/api/v1/nodes``...); returns the body."""
+        response = await self._raw(
+            method,
+            path,
+            query=query,
+            body=body,
+            content_type=content_type,
+            limit=self.request_timeout,
+        )
+        return await self._finish(response)
+
+    @asynccontextmanager
+    async def watch_lines(
+        self, path: str, *, query: Mapping[str, str], max_seconds: float
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """Open a streaming GET; yields an iterator over its newline-delimited lines.
+
+        ``max_seconds`` bounds the whole stream (pass more than ``timeoutSeconds``).
+        A failure status raises the mapped error before anything is yielded.
+        """
+        response = await self._raw(
+            "GET",
+            path,
+            query=query,
+            body=None,
+            content_type=None,
+            limit=aiohttp.ClientTimeout(total=max_seconds, sock_connect=self.request_timeout),
+        )
+        try:
+            if not 200 <= response.status <= 299:
+                data = await response.read()
+                raise error_for_status(response.status, data, response.headers)
+            yield _lines(response)
+        finally:
+            response.release()
+
+
+async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    try:
+        while True:
+            line = await response.content.readline()
+            if not line:
+                return
+            if line.strip():
+                yield line
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise ConnectionFailed(f"the watch connection broke: {exc!r}") from exc

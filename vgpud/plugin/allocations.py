@@ -1,0 +1,164 @@
+"""The plugin's on-disk state: one directory per allocation (a container's replica IDs).
+
+    <state-dir>/allocations/<key>/record.json   the IDs, and the owner once known
+    <state-dir>/allocations/<key>/etc/config    the shim's limits file (PreStartContainer)
+    <state-dir>/allocations/<key>/state/        the container's writable state directory
+
+``<key>`` is :func:`~vgpud.plugin.replicas.allocation_key` of the IDs, so Allocate (which
+knows only the IDs) and PreStartContainer (which learns the owner) name the same
+directory, and so does a restarted plugin. ``etc/`` is mounted read-only at
+``/etc/vgpud`` and written only by atomic rename, so a container never sees a partial
+file; a running container's files are never rewritten unless kubelet asks again for
+the same IDs (a restart of that container), and then with the same content.
+
+Everything here is blocking file I/O: call it through ``anyio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vgpud.plugin.replicas import allocation_key
+
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The container that holds an allocation (from kubelet's PodResources)."""
+
+    namespace: str
+    pod: str
+    container: str
+    uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    key: str
+    ids: tuple[str, ...]
+    dir: Path
+    owner: Owner | None
+    configured: float  # time the limits file was last written, 0 if never
+
+    @property
+    def etc(self) -> Path:
+        return self.dir / "etc"
+
+    @property
+    def config(self) -> Path:
+        return self.dir / "etc" / "config"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state"
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write a file so readers see the old or the new content, never a mix."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(tmp).chmod(mode)
+        Path(tmp).replace(path)
+    except BaseException:
+        try:
+            Path(tmp).unlink()
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class AllocationStore:
+    """Allocation directories under ``<state_dir>/allocations``."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.root = Path(state_dir) / "allocations"
+
+    def path(self, ids: Iterable[str]) -> Path:
+        return self.root / allocation_key(ids)
+
+    def prepare(self, ids: Iterable[str]) -> Allocation:
+        """Create (or find) the directory of an ID set. Idempotent."""
+        ids = tuple(sorted(set(ids)))
+        d = self.path(ids)
+        (d / "etc").mkdir(parents=True, exist_ok=True, mode=0o755)
+        state = d / "state"
+        if not state.exists():
+            state.mkdir(mode=0o777)
+            state.chmod(0o777)  # the container's user is unknown; the dir is its own
+        found = self.load(d)
+        if found is not None:
+            return found
+        alloc = Allocation(key=d.name, ids=ids, dir=d, owner=None, configured=0.0)
+        self._write_record(alloc)
+        return alloc
+
+    def configure(self, ids: Iterable[str], owner: Owner, config_text: str) -> Allocation:
+        """Write the limits file and the owner. A new owner gets a fresh state directory."""
+        alloc = self.prepare(ids)
+        if alloc.owner is not None and alloc.owner != owner:
+            # the IDs were freed and taken by another container: forget the old usage
+            for child in alloc.state.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        write_atomic(alloc.config, config_text)
+        done = Allocation(key=alloc.key, ids=alloc.ids, dir=alloc.dir, owner=owner,
+                          configured=time.time())
+        self._write_record(done)
+        return done
+
+    def _write_record(self, a: Allocation) -> None:
+        doc: dict[str, Any] = {"v": RECORD_VERSION, "ids": list(a.ids), "configured": a.configured,
+                               "owner": None}
+        if a.owner is not None:
+            doc["owner"] = {"namespace": a.owner.namespace, "pod": a.owner.pod,
+                            "container": a.owner.container, "uid": a.owner.uid}
+        write_atomic(a.dir / "record.json", json.dumps(doc, sort_keys=True))
+
+    def load(self, d: Path) -> Allocation | None:
+        """One allocation directory's record; None if missing or unreadable."""
+        try:
+            doc = json.loads((d / "record.json").read_text())
+            if doc.get("v") != RECORD_VERSION:
+                return None
+            ids = tuple(str(x) for x in doc["ids"])
+            o = doc.get("owner")
+            owner = None if not o else Owner(str(o["namespace"]), str(o["pod"]),
+                                              str(o["container"]), str(o.get("uid", "")))
+            if allocation_key(ids) != d.name:
+                return None
+            return Allocation(key=d.name, ids=ids, dir=d, owner=owner,
+                              configured=float(doc.get("configured", 0.0)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def all(self) -> list[Allocation]:
+        """Every readable allocation on disk (the state a restarted plugin starts from)."""
+        if not self.root.exists():
+            return []
+        out = []
+        for d in sorted(self.root.iterdir()):
+            if d.is_dir():
+                a = self.load(d)
+                if a is not None:
+                    out.append(a)
+        return out
+
+    def remove(self, key: str) -> None:
+        d = self.root / key
+        if d.parent == self.root and d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,118 @@
+"""GPUs from a file (``--fake-devices FILE``), for tests and demos.
+
+The file is YAML or JSON ``{"devices": [...]}``; each entry has the fields of a
+``vgpud.io/node-devices`` device except ``split`` (uuid, index, model, memory, numa,
+links, healthy, mig) and may add ``minor`` (the /dev/nvidiaN number; default the
+index) and ``used`` (MiB in use, for metrics). The file is polled: when a device's
+``healthy`` changes, a health transition is sent, so tests can flip health by
+rewriting the file. Reads happen in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+import yaml
+from anyio.abc import ObjectSendStream
+
+from vgpud.core.codec import CodecError, decode_gpu
+from vgpud.plugin.devices import DeviceInfo, HealthEvent
+
+log = structlog.get_logger(__name__)
+MAX_FILE = 1 << 20
+
+
+class FakeDevicesError(ValueError):
+    """The fake-devices file is unreadable or malformed; the message says where."""
+
+
+def parse_fake_devices(text: str, where: str) -> tuple[tuple[DeviceInfo, ...], dict[str, int]]:
+    """The devices of a fake-devices document, and the ``used`` MiB per uuid."""
+    try:
+        doc: Any = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise FakeDevicesError(f"{where}: not valid YAML or JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
+        raise FakeDevicesError(f'{where}: expected {{"devices": [...]}}')
+    found: list[DeviceInfo] = []
+    used: dict[str, int] = {}
+    for i, d in enumerate(doc["devices"]):
+        at = f"{where}: devices[{i}]"
+        try:
+            gpu = decode_gpu(d, at, split_default=1)
+        except CodecError as e:
+            raise FakeDevicesError(str(e)) from None
+        minor = d.get("minor", gpu.index)
+        if type(minor) is not int or minor < 0:
+            raise FakeDevicesError(f"{at}.minor: expected a non-negative integer")
+        u = d.get("used", 0)
+        if type(u) is not int or u < 0:
+            raise FakeDevicesError(f"{at}.used: expected a non-negative integer (MiB)")
+        found.append(DeviceInfo(gpu=gpu, minor=minor))
+        used[gpu.uuid] = u
+    uuids = [f.gpu.uuid for f in found]
+    if len(set(uuids)) != len(uuids):
+        raise FakeDevicesError(f"{where}: a uuid appears twice")
+    indexes = [f.gpu.index for f in found]
+    if len(set(indexes)) != len(indexes):
+        raise FakeDevicesError(f"{where}: an index appears twice")
+    return tuple(found), used
+
+
+def _read(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE + 1)
+    except OSError as e:
+        raise FakeDevicesError(f"cannot read fake devices file {path}: {e.strerror or e}") from e
+    if len(data) > MAX_FILE:
+        raise FakeDevicesError(f"fake devices file {path} is larger than {MAX_FILE} bytes")
+    return data.decode("utf-8", errors="replace")
+
+
+class FakeGpus:
+    """A :class:`~vgpud.plugin.devices.GpuSource` backed by a file."""
+
+    def __init__(self, path: str | Path, *, poll_interval: float = 0.5) -> None:
+        self.path = Path(path)
+        self.poll_interval = poll_interval
+        self._used: dict[str, int] = {}
+        self._health: dict[str, bool] = {}
+
+    async def _load(self) -> tuple[DeviceInfo, ...]:
+        text = await anyio.to_thread.run_sync(_read, self.path)
+        found, used = parse_fake_devices(text, str(self.path))
+        self._used = used
+        return found
+
+    async def discover(self) -> tuple[DeviceInfo, ...]:
+        found = await self._load()
+        self._health = {d.gpu.uuid: d.gpu.healthy for d in found}
+        return found
+
+    async def watch_health(self, send: ObjectSendStream[HealthEvent]) -> None:
+        async with send:
+            while True:
+                await anyio.sleep(self.poll_interval)
+                try:
+                    found = await self._load()
+                except FakeDevicesError as e:
+                    log.warning("fake_devices_unreadable", error=str(e))
+                    continue
+                for d in found:
+                    old = self._health.get(d.gpu.uuid)
+                    if old is not None and old != d.gpu.healthy:
+                        self._health[d.gpu.uuid] = d.gpu.healthy
+                        await send.send(HealthEvent(d.gpu.uuid, d.gpu.healthy,
+                                                    "set in the fake devices file"))
+
+    async def memory_used(self) -> Mapping[str, int]:
+        return dict(self._used)
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,72 @@
+"""Publishing the node's inventory: the ``vgpud.io/node-devices`` annotation and,
+behind the CorePlugin / MemoryPlugin feature gates, the extended resources
+``nvidia.com/vgpu-cores`` and ``nvidia.com/vgpu-memory`` in the node's capacity.
+
+The annotation is written only when it differs from what the node carries. The
+extended resources are set in ``status.capacity`` (kubelet copies them to
+allocatable), not through device-plugin sockets: one device per MiB would exceed
+kubelet's gRPC message limit on any large GPU. ResourceQuota can then bound
+``requests.nvidia.com/vgpu-memory`` and kubelet admission checks the node total.
+"""
+
+from __future__ import annotations
+
+import anyio
+import structlog
+
+from vgpud.core.codec import NODE_DEVICES, encode_node_devices
+from vgpud.core.model import NodeInventory
+from vgpud.plugin.cluster import ClusterApi, ClusterError
+from vgpud.plugin.devices import NodeDevices
+
+log = structlog.get_logger(__name__)
+
+CORES = "nvidia.com/vgpu-cores"
+MEMORY = "nvidia.com/vgpu-memory"
+
+
+def extended_resources(inv: NodeInventory, *, cores: bool, memory: bool) -> dict[str, str]:
+    """The node's totals over healthy GPUs, as quantity strings."""
+    healthy = [g for g in inv.devices if g.healthy and not g.mig]
+    out = {}
+    if cores:
+        out[CORES] = str(int(100 * inv.core_scaling) * len(healthy))
+    if memory:
+        out[MEMORY] = str(sum(int(g.memory * inv.memory_scaling) for g in healthy))
+    return out
+
+
+async def publish_inventory(
+    node: str,
+    devices: NodeDevices,
+    cluster: ClusterApi,
+    *,
+    cores: bool = False,
+    memory: bool = False,
+    recheck: float = 60.0,
+    retry: float = 5.0,
+) -> None:
+    """Keep the node's annotation (and extended resources) equal to ``devices``. Forever.
+
+    Each round reads the node once; a round runs on every inventory change and after
+    ``recheck`` quiet seconds (in case something removed the annotation).
+    """
+    published: str | None = None
+    while True:
+        text = encode_node_devices(devices.inventory())
+        seen = devices.version
+        try:
+            current = await cluster.node_annotation(node, NODE_DEVICES)
+            if current != text:
+                await cluster.set_node_annotation(node, NODE_DEVICES, text)
+                log.info("inventory_published", node=node, gpus=len(devices.uuids))
+            if (cores or memory) and text != published:
+                res = extended_resources(devices.inventory(), cores=cores, memory=memory)
+                await cluster.set_node_resources(node, res)
+            published = text
+        except ClusterError as e:
+            log.warning("inventory_publish_failed", node=node, error=str(e))
+            await anyio.sleep(retry)
+            continue
+        with anyio.move_on_after(recheck):
+            await devices.wait_change(seen)

@@ -1,0 +1,102 @@
+"""Serving the plugin socket and registering it with kubelet, again after kubelet restarts.
+
+kubelet announces a restart by deleting the plugin sockets in its device-plugin
+directory and creating ``kubelet.sock`` anew. :func:`serve_plugin` owns the whole
+cycle: start the gRPC server on ``<dir>/<socket>``, wait for ``kubelet.sock``,
+``Register``, then watch both sockets (by inode, polled) and start over when either
+changes. Running containers are untouched by this: their files live in the
+allocation directories, not in the plugin's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.server import Server
+
+from vgpud.plugin._pb import v1beta1 as pb
+
+log = structlog.get_logger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+
+
+class RegistrationError(RuntimeError):
+    """kubelet refused the registration (a wrong version, or the resource is taken)."""
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+async def register(kubelet_socket: Path, endpoint: str, resource: str,
+                   options: pb.DevicePluginOptions, *, seconds: float = 10.0) -> None:
+    channel = Channel(path=str(kubelet_socket))
+    try:
+        await pb.RegistrationStub(channel).register(
+            pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource,
+                               options=options), timeout=seconds)
+    except GRPCError as e:
+        raise RegistrationError(f"kubelet refused {resource}: {e.message or e.status}") from None
+    finally:
+        channel.close()
+
+
+async def serve_plugin(
+    handlers: Sequence[Any],
+    directory: str | Path,
+    socket_name: str,
+    resource: str,
+    options: pb.DevicePluginOptions,
+    *,
+    poll: float = 1.0,
+    task_status: TaskStatus[Path] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``handlers`` on ``<directory>/<socket_name>`` and keep kubelet registered."""
+    directory = Path(directory)
+    sock = directory / socket_name
+    kubelet = directory / KUBELET_SOCKET
+    started = False
+    registrations = 0
+    while True:
+        sock.unlink(missing_ok=True)
+        server = Server(list(handlers))
+        await server.start(path=str(sock))
+        mine = _inode(sock)
+        try:
+            delay = poll
+            while True:
+                theirs = _inode(kubelet)
+                if theirs is not None:
+                    try:
+                        await register(kubelet, socket_name, resource, options)
+                        break
+                    except (OSError, StreamTerminatedError, TimeoutError) as e:
+                        log.warning("register_retry", error=str(e) or type(e).__name__)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+            registrations += 1
+            log.info("registered", resource=resource, socket=str(sock), times=registrations)
+            if not started:
+                task_status.started(sock)
+                started = True
+            # polled: the standard library has no inotify, and two stat()s a second are free
+            while _inode(kubelet) == theirs and _inode(sock) == mine:  # noqa: ASYNC110
+                await anyio.sleep(poll)
+            log.info("kubelet_restarted", resource=resource)
+        finally:
+            server.close()
+            with anyio.CancelScope(shield=True):
+                await server.wait_closed()

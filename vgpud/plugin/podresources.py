@@ -1,0 +1,66 @@
+"""kubelet's PodResources API (``v1.PodResourcesLister``): who holds which device IDs.
+
+This is the plugin's only source of a container's identity: kubelet records the
+replica IDs it allocated to each container, and :func:`find_owner` looks up the
+container whose IDs for our resource are exactly a given set. ``List`` is GA since
+Kubernetes 1.28 (``Get`` is still behind a feature gate, so it is not used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from grpclib.client import Channel
+from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+from vgpud.plugin._pb import v1 as pr
+
+
+class PodResourcesError(RuntimeError):
+    """kubelet's PodResources socket could not be read; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One container and the IDs of one resource kubelet gave it (possibly none)."""
+
+    namespace: str
+    pod: str
+    container: str
+    ids: frozenset[str]
+
+
+class PodResourcesClient:
+    def __init__(self, socket: str, resource: str, *, timeout: float = 10.0) -> None:
+        self.socket = socket
+        self.resource = resource
+        self.timeout = timeout
+
+    async def list(self) -> list[Held]:
+        """Every container of every active pod, with its IDs of ``resource``."""
+        channel = Channel(path=self.socket)
+        try:
+            reply = await pr.PodResourcesListerStub(channel).list(
+                pr.ListPodResourcesRequest(), timeout=self.timeout)
+        except (OSError, GRPCError, StreamTerminatedError, TimeoutError) as e:
+            raise PodResourcesError(
+                f"cannot list pod resources from kubelet at {self.socket}: {e}") from None
+        finally:
+            channel.close()
+        out = []
+        for p in reply.pod_resources:
+            for c in p.containers:
+                ids = frozenset(i for d in c.devices if d.resource_name == self.resource
+                                for i in d.device_ids)
+                out.append(Held(p.namespace, p.name, c.name, ids))
+        return out
+
+
+def find_owner(held: Iterable[Held], ids: Iterable[str]) -> Held | None:
+    """The container holding exactly ``ids`` (None if no container does)."""
+    want = frozenset(ids)
+    for h in held:
+        if h.ids == want:
+            return h
+    return None

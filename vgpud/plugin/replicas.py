@@ -1,0 +1,224 @@
+"""Replica device IDs and the plugin's decisions about them. Pure: no I/O, no async.
+
+kubelet sees each GPU as ``split`` interchangeable devices ``<uuid>::<i>``. A
+container's set of replica IDs is exclusive to it while it lives, so the set names
+the container (:func:`allocation_key`). This module decides
+
+- what ListAndWatch advertises (:func:`advertised`),
+- which IDs to prefer when kubelet asks (:func:`preferred`),
+- whether kubelet's actual choice can stand (:func:`reconcile`): equal to the
+  assignment, or moved onto GPUs that still have room (a new placement to write), or
+  a :class:`~vgpud.core.model.Reason` to fail the container with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from vgpud.core.choose import charge
+from vgpud.core.model import (
+    ContainerGrant,
+    Gpu,
+    GpuUsage,
+    NodeInventory,
+    Placement,
+    Reason,
+)
+
+SEP = "::"
+MAX_ID_LEN = 63  # kubelet's limit on a device ID
+
+
+class ReplicaIdError(ValueError):
+    """A device ID that is not ``<uuid>::<i>``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One advertised device: a share of one GPU."""
+
+    id: str
+    uuid: str
+    index: int
+    healthy: bool
+    numa: int  # -1: unknown
+
+
+def replica_id(uuid: str, i: int) -> str:
+    rid = f"{uuid}{SEP}{i}"
+    if len(rid) > MAX_ID_LEN:
+        raise ReplicaIdError(f"device ID {rid!r} is longer than kubelet's {MAX_ID_LEN} characters")
+    return rid
+
+
+def parse_id(rid: str) -> tuple[str, int]:
+    uuid, sep, i = rid.rpartition(SEP)
+    if not sep or not uuid or not i.isdigit():
+        raise ReplicaIdError(f"{rid!r} is not a vgpud device ID (<gpu-uuid>{SEP}<n>)")
+    return uuid, int(i)
+
+
+def gpus_of(ids: Iterable[str]) -> list[str]:
+    """The GPU uuids of some replica IDs, in first-seen order, repeats kept."""
+    return [parse_id(r)[0] for r in ids]
+
+
+def allocation_key(ids: Iterable[str]) -> str:
+    """A stable, file-name-safe name for a set of replica IDs (order-insensitive)."""
+    canonical = "\n".join(sorted(set(ids)))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+
+def advertised(inventory: NodeInventory) -> list[Replica]:
+    """Every replica of every GPU, in GPU index order."""
+    out: list[Replica] = []
+    for g in sorted(inventory.devices, key=lambda g: g.index):
+        healthy = g.healthy and not g.mig
+        out += [Replica(replica_id(g.uuid, i), g.uuid, i, healthy, g.numa)
+                for i in range(g.split)]
+    return out
+
+
+def preferred(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    wanted: Sequence[str] = (),
+) -> list[str]:
+    """Choose ``size`` IDs from ``available``, keeping ``must_include``.
+
+    The GPUs in ``wanted`` (the scheduler's choice) come first; the rest are filled
+    from distinct GPUs with the most free replicas (a container's vGPUs must be on
+    distinct GPUs), and only then from any GPU. Within a GPU the lowest replica
+    number is taken, so choices are deterministic.
+    """
+    free: dict[str, list[tuple[int, str]]] = {}
+    for rid in available:
+        try:
+            uuid, i = parse_id(rid)
+        except ReplicaIdError:
+            continue
+        free.setdefault(uuid, []).append((i, rid))
+    for reps in free.values():
+        reps.sort()
+    chosen: list[str] = []
+    used: set[str] = set()
+
+    def take(uuid: str) -> None:
+        reps = free.get(uuid)
+        if reps:
+            chosen.append(reps.pop(0)[1])
+            used.add(uuid)
+
+    for rid in must_include:
+        if rid not in chosen:
+            chosen.append(rid)
+            try:
+                uuid = parse_id(rid)[0]
+            except ReplicaIdError:
+                continue
+            used.add(uuid)
+            free[uuid] = [r for r in free.get(uuid, []) if r[1] != rid]
+    for uuid in wanted:
+        if len(chosen) >= size:
+            break
+        if uuid not in used:
+            take(uuid)
+    for uuid in sorted(free, key=lambda u: (-len(free[u]), u)):
+        if len(chosen) >= size:
+            break
+        if uuid not in used:
+            take(uuid)
+    for uuid in sorted(free, key=lambda u: (-len(free[u]), u)):
+        while len(chosen) < size and free[uuid]:
+            take(uuid)
+    return chosen[:max(size, len(must_include))]
+
+
+def capacity(gpu: Gpu, inventory: NodeInventory) -> GpuUsage:
+    """A GPU's capacity, in the units of :class:`GpuUsage`."""
+    return GpuUsage(vgpus=gpu.split, memory=int(gpu.memory * inventory.memory_scaling),
+                    cores=int(100 * inventory.core_scaling), exclusive=1)
+
+
+def room_reason(gpu: Gpu, inventory: NodeInventory, held: GpuUsage, add: GpuUsage) -> str | None:
+    """Why ``add`` does not fit on ``gpu`` next to ``held``, or None when it does."""
+    cap = capacity(gpu, inventory)
+    if not gpu.healthy:
+        return f"GPU {gpu.uuid} is unhealthy"
+    if gpu.mig:
+        return f"GPU {gpu.uuid} is in MIG mode"
+    if held.vgpus + add.vgpus > cap.vgpus:
+        return f"GPU {gpu.uuid} has no free vGPU ({held.vgpus} of {cap.vgpus} in use)"
+    if held.memory + add.memory > cap.memory:
+        return (f"GPU {gpu.uuid} has {cap.memory - held.memory} MiB free, "
+                f"{add.memory} MiB needed")
+    if held.cores + add.cores > cap.cores:
+        return f"GPU {gpu.uuid} has {cap.cores - held.cores}% cores free, {add.cores}% needed"
+    if held.exclusive or (add.exclusive and held.vgpus):
+        return f"GPU {gpu.uuid} is held exclusively or is not idle for an exclusive vGPU"
+    return None
+
+
+def reconcile(
+    placement: Placement,
+    container: str,
+    chosen: Sequence[str],
+    inventory: NodeInventory,
+    others: Mapping[str, GpuUsage],
+) -> Placement | Reason:
+    """Check kubelet's choice of GPUs (``chosen``, one uuid per replica) for a container.
+
+    Returns ``placement`` itself when the choice equals the assignment, a new placement
+    with the container's vGPUs moved onto the chosen GPUs when those have room next to
+    ``others`` (what every *other* pod on the node holds), or a :class:`Reason`.
+    """
+    grant = placement.container(container)
+    if grant is None or not grant.devices:
+        return Reason("no-grant", f"the assignment has no GPU for container {container!r}", False)
+    if len(set(chosen)) != len(chosen):
+        return Reason("same-gpu", f"kubelet gave container {container!r} two vGPUs of one GPU "
+                      f"({', '.join(sorted(chosen))}); its vGPUs must be on distinct GPUs", False)
+    if len(chosen) != len(grant.devices):
+        return Reason("count", f"kubelet gave container {container!r} {len(chosen)} vGPUs but "
+                      f"the assignment has {len(grant.devices)}", False)
+    by_uuid = {g.uuid: g for g in inventory.devices}
+    unknown = [u for u in chosen if u not in by_uuid]
+    if unknown:
+        return Reason("unknown-gpu", f"kubelet chose GPUs this node does not report: "
+                      f"{', '.join(unknown)}", False)
+    granted = {d.uuid for d in grant.devices}
+    if granted == set(chosen):
+        return placement
+    index = {g.uuid: g.index for g in inventory.devices}
+    moving = sorted((d for d in grant.devices if d.uuid not in set(chosen)),
+                    key=lambda d: (index.get(d.uuid, 1 << 20), d.uuid))
+    targets = sorted((u for u in chosen if u not in granted), key=lambda u: index[u])
+    moved = {d.uuid: replace(d, uuid=t) for d, t in zip(moving, targets, strict=True)}
+    devices = tuple(moved.get(d.uuid, d) for d in grant.devices)
+    new_grant = ContainerGrant(name=grant.name, init=grant.init, devices=devices,
+                               sidecar=grant.sidecar)
+    new = replace(placement, containers=tuple(new_grant if c.name == container else c
+                                              for c in placement.containers))
+    mine = charge(new)
+    for t in targets:
+        why = room_reason(by_uuid[t], inventory, others.get(t, GpuUsage()),
+                          mine.get(t, GpuUsage()))
+        if why is not None:
+            return Reason("no-room", f"kubelet chose GPU {t} for container {container!r} instead "
+                          f"of the assigned {', '.join(sorted(granted - set(chosen)))}, and it "
+                          f"has no room: {why}", True)
+    return new
+
+
+def held_by(placements: Iterable[Placement]) -> dict[str, GpuUsage]:
+    """The per-GPU total of several pods' placements (each charged as the scheduler does)."""
+    out: dict[str, GpuUsage] = {}
+    for p in placements:
+        for uuid, a in charge(p).items():
+            u = out.get(uuid, GpuUsage())
+            out[uuid] = GpuUsage(u.vgpus + a.vgpus, u.memory + a.memory, u.cores + a.cores,
+                                 u.exclusive + a.exclusive)
+    return out

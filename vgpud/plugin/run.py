@@ -1,0 +1,183 @@
+"""The plugin process: one anyio task group that owns every task.
+
+:func:`run_plugin` discovers the GPUs, restores the allocations on disk, installs
+the shim, and then runs, side by side: the health watcher, the gRPC server with its
+kubelet registration (:func:`vgpud.plugin.kubelet.serve_plugin`), the inventory
+publisher, the housekeeping loop (stale allocation directories, memory in use) and
+the metrics server. ``task_status.started`` hands back a :class:`Running` once
+kubelet has accepted the registration. Cancelling the scope stops everything; the
+files of running containers stay where they are.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import structlog
+from aiohttp import web
+from anyio.abc import TaskStatus
+from prometheus_client import CollectorRegistry
+
+from vgpud.config import Settings
+from vgpud.kube.client import KubeClient
+from vgpud.plugin._pb import v1beta1 as pb
+from vgpud.plugin.allocations import AllocationStore
+from vgpud.plugin.cluster import ClusterApi, KubeCluster
+from vgpud.plugin.devices import GpuSource, HealthEvent, NodeDevices
+from vgpud.plugin.inventory import publish_inventory
+from vgpud.plugin.kubelet import serve_plugin
+from vgpud.plugin.metrics import PluginCollector, metrics_app
+from vgpud.plugin.podresources import PodResourcesClient
+from vgpud.plugin.service import RESOURCE, PluginService
+from vgpud.plugin.shim import ShimError, ShimFiles, find_library, install
+
+log = structlog.get_logger(__name__)
+SOCKET = "vgpud-vgpu-number.sock"
+
+
+@dataclass
+class PluginOptions:
+    node_name: str
+    device_plugin_dir: Path
+    pod_resources_socket: Path
+    state_dir: Path
+    settings: Settings = field(default_factory=Settings)
+    metrics_listen: str | None = None  # host:port; None: settings.plugin.metricsListen; "": off
+    kubelet_poll: float = 1.0
+    housekeeping: float = 30.0
+    collect_grace: float = 300.0
+    require_shim: bool = True
+
+
+@dataclass
+class Running:
+    service: PluginService
+    devices: NodeDevices
+    socket: Path
+    metrics_port: int | None
+
+
+def _split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"--listen {listen!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _shim(settings: Settings, required: bool) -> ShimFiles | None:
+    source = find_library()
+    if source is None:
+        if required:
+            raise ShimError("the shim library libvgpu.so.<version> was not found "
+                            "(set VGPUD_SHIM_LIBRARY); without it no limit is enforced")
+        log.warning("shim_missing", hint="set VGPUD_SHIM_LIBRARY; containers run unlimited")
+        return None
+    return install(source, settings.plugin.shimHostDir)
+
+
+async def _health(source: GpuSource, devices: NodeDevices) -> None:
+    send, receive = anyio.create_memory_object_stream[HealthEvent](16)
+    async with anyio.create_task_group() as tg, receive:
+        tg.start_soon(source.watch_health, send)
+        async for event in receive:
+            if devices.apply(event):
+                log.warning("gpu_health", uuid=event.uuid, healthy=event.healthy,
+                            reason=event.reason)
+
+
+async def _housekeeping(service: PluginService, source: GpuSource, used: dict[str, int],
+                        every: float, grace: float) -> None:
+    while True:
+        used.clear()
+        used.update(await source.memory_used())
+        await service.collect(grace=grace)
+        await anyio.sleep(every)
+
+
+async def _serve_metrics(app: web.Application, listen: str, *,
+                         task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+    host, port = _split_listen(listen)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        task_status.started(sockets[0].getsockname()[1] if sockets else port)
+        await anyio.sleep(math.inf)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+
+
+async def run_plugin(
+    opts: PluginOptions,
+    source: GpuSource,
+    cluster: ClusterApi,
+    *,
+    task_status: TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    settings = opts.settings
+    found = await source.discover()
+    split, mem_scaling, core_scaling = settings.for_node(opts.node_name)
+    devices = NodeDevices(found, split=split, memory_scaling=mem_scaling,
+                          core_scaling=core_scaling)
+    log.info("gpus_found", node=opts.node_name, gpus=len(found), split=split)
+    store = AllocationStore(opts.state_dir)
+    shim = await anyio.to_thread.run_sync(_shim, settings, opts.require_shim)
+    service = PluginService(
+        node=opts.node_name, devices=devices, store=store,
+        podresources=PodResourcesClient(str(opts.pod_resources_socket), RESOURCE),
+        cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim)
+    service.restore(await anyio.to_thread.run_sync(store.all))
+    log.info("allocations_restored", configured=len(service.granted))
+    used: dict[str, int] = {}
+    listen = settings.plugin.metricsListen if opts.metrics_listen is None else opts.metrics_listen
+    gates = settings.plugin.featureGates
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_health, source, devices)
+            tg.start_soon(lambda: publish_inventory(
+                opts.node_name, devices, cluster, cores=gates.CorePlugin,
+                memory=gates.MemoryPlugin))
+            port = None
+            if listen:
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(PluginCollector(opts.node_name, devices, service,
+                                                  lambda: used))
+                port = await tg.start(_serve_metrics, metrics_app(registry), listen)
+            options = await service.get_device_plugin_options(pb.Empty())
+            sock = await tg.start(lambda task_status: serve_plugin(
+                [service], opts.device_plugin_dir, SOCKET, RESOURCE, options,
+                poll=opts.kubelet_poll, task_status=task_status))
+            tg.start_soon(_housekeeping, service, source, used, opts.housekeeping,
+                          opts.collect_grace)
+            task_status.started(Running(service, devices, sock, port))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await source.aclose()
+
+
+def make_source(fake_devices: str | None) -> GpuSource:
+    if fake_devices:
+        from vgpud.plugin.fakegpus import FakeGpus
+
+        return FakeGpus(fake_devices)
+    from vgpud.plugin.gpus import NvmlGpus
+
+    return NvmlGpus()
+
+
+async def main(opts: PluginOptions, kubeconfig: str | None, fake_devices: str | None,
+               environ: Mapping[str, str] | None = None) -> None:
+    """The ``vgpud plugin`` process: connect, then :func:`run_plugin` until cancelled."""
+    env = os.environ if environ is None else environ
+    async with KubeClient.connect(kubeconfig, qps=opts.settings.kubeQPS,
+                                  burst=opts.settings.kubeBurst, environ=env) as kube:
+        await run_plugin(opts, make_source(fake_devices), KubeCluster(kube))
