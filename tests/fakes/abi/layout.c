@@ -1,0 +1,50 @@
+/* Prints the values and layouts the fake relies on.  Built twice by
+ * tests/fakes_selftest/test_abi_layout.py: with -DOFFICIAL against the official cuda.h and
+ * nvml.h, and without, against the fake's own declarations; both outputs must agree. */
+#include <stddef.h>
+#include <stdio.h>
+
+#ifdef OFFICIAL
+#include <cuda.h>
+#include <nvml.h>
+#else
+#include "../src/cutypes.h"
+#include "../src/nvmltypes.h"
+#endif
+
+#define V(x) printf("%s %lld\n", #x, (long long)(x));
+#define S(t) printf("sizeof(%s) %zu\n", #t, sizeof(t));
+#define O(t, f) printf("offsetof(%s,%s) %zu\n", #t, #f, offsetof(t, f));
+
+int main(void) {
+    V(CUDA_ERROR_INVALID_VALUE) V(CUDA_ERROR_OUT_OF_MEMORY) V(CUDA_ERROR_NOT_INITIALIZED)
+    V(CUDA_ERROR_NO_DEVICE) V(CUDA_ERROR_INVALID_DEVICE) V(CUDA_ERROR_INVALID_CONTEXT)
+    V(CUDA_ERROR_FILE_NOT_FOUND) V(CUDA_ERROR_INVALID_HANDLE) V(CUDA_ERROR_NOT_FOUND)
+    V(CUDA_ERROR_NOT_READY) V(CUDA_ERROR_CONTEXT_IS_DESTROYED)
+    V(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) V(CUDA_ERROR_NOT_SUPPORTED) V(CUDA_ERROR_UNKNOWN)
+    V(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) V(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)
+    V(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) V(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+    V(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) V(CU_DEVICE_ATTRIBUTE_MAX)
+    V(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) V(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT)
+    V(CU_AD_FORMAT_FLOAT) V(CU_AD_FORMAT_HALF) V(CU_MEM_ATTACH_GLOBAL)
+    V(CU_MEM_LOCATION_TYPE_DEVICE) V(CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+    V(CU_MEM_ALLOCATION_TYPE_PINNED) V(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+    V(CU_MEM_ACCESS_FLAGS_PROT_READWRITE) V(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+    V(CU_MEMPOOL_ATTR_USED_MEM_HIGH)
+    V((long long)(uintptr_t)CU_STREAM_PER_THREAD)
+    S(CUuuid) S(CUDA_ARRAY_DESCRIPTOR) S(CUDA_ARRAY3D_DESCRIPTOR)
+    O(CUDA_ARRAY3D_DESCRIPTOR, Format) O(CUDA_ARRAY3D_DESCRIPTOR, Flags)
+    S(CUmemLocation) S(CUmemAllocationProp) O(CUmemAllocationProp, location)
+    O(CUmemAllocationProp, allocFlags) S(CUmemAccessDesc) S(CUmemPoolProps)
+    O(CUmemPoolProps, maxSize) S(CUlaunchConfig) O(CUlaunchConfig, hStream)
+    O(CUlaunchConfig, numAttrs) S(CUDA_KERNEL_NODE_PARAMS_v2) O(CUDA_KERNEL_NODE_PARAMS_v2, ctx)
+    S(CUctxCreateParams) S(CUexecAffinityParam)
+    V(NVML_ERROR_INSUFFICIENT_SIZE) V(NVML_ERROR_TIMEOUT) V(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    V(NVML_ERROR_NOT_FOUND) V(nvmlEventTypeXidCriticalError) V(nvmlEventTypeGpuRecoveryAction)
+    V(nvmlEventTypeAll) V(NVML_GPU_RECOVERY_ACTION_NONE) V(nvmlMemory_v2)
+    S(nvmlMemory_t) S(nvmlMemory_v2_t) S(nvmlProcessInfo_v1_t) S(nvmlProcessInfo_t)
+    O(nvmlProcessInfo_t, computeInstanceId) S(nvmlProcessUtilizationSample_t)
+    O(nvmlProcessUtilizationSample_t, smUtil) S(nvmlPciInfo_t) O(nvmlPciInfo_t, busId)
+    S(nvmlEventData_t) O(nvmlEventData_t, computeInstanceId) S(nvmlUtilization_t)
+    return 0;
+}

@@ -1,0 +1,110 @@
+/* The driver entry points the test programs use, resolved three ways (direct link, dlsym,
+ * cuGetProcAddress_v2).  X(field/symbol, base name for cuGetProcAddress, version asked,
+ * parameter list).  Version 0 means "the program's default" (12080). */
+#ifndef PROGS_API_H
+#define PROGS_API_H
+
+#include "../../src/cutypes.h"
+
+#define API_LIST(X)                                                                          \
+    X(cuInit, cuInit, 0, (unsigned int))                                                     \
+    X(cuDriverGetVersion, cuDriverGetVersion, 0, (int *))                                    \
+    X(cuDeviceGet, cuDeviceGet, 0, (CUdevice *, int))                                        \
+    X(cuDeviceGetCount, cuDeviceGetCount, 0, (int *))                                        \
+    X(cuDeviceGetName, cuDeviceGetName, 0, (char *, int, CUdevice))                          \
+    X(cuDeviceGetUuid_v2, cuDeviceGetUuid, 0, (CUuuid *, CUdevice))                          \
+    X(cuDeviceTotalMem_v2, cuDeviceTotalMem, 0, (size_t *, CUdevice))                        \
+    X(cuDeviceGetAttribute, cuDeviceGetAttribute, 0, (int *, CUdevice_attribute, CUdevice))  \
+    X(cuCtxCreate_v2, cuCtxCreate, 11000, (CUcontext *, unsigned int, CUdevice))             \
+    X(cuCtxCreate_v4, cuCtxCreate, 0, (CUcontext *, CUctxCreateParams *, unsigned int, CUdevice)) \
+    X(cuCtxDestroy_v2, cuCtxDestroy, 0, (CUcontext))                                         \
+    X(cuCtxGetCurrent, cuCtxGetCurrent, 0, (CUcontext *))                                    \
+    X(cuCtxSetCurrent, cuCtxSetCurrent, 0, (CUcontext))                                      \
+    X(cuCtxPushCurrent_v2, cuCtxPushCurrent, 0, (CUcontext))                                 \
+    X(cuCtxPopCurrent_v2, cuCtxPopCurrent, 0, (CUcontext *))                                 \
+    X(cuCtxGetDevice, cuCtxGetDevice, 0, (CUdevice *))                                       \
+    X(cuCtxSynchronize, cuCtxSynchronize, 0, (void))                                         \
+    X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 0, (CUcontext *, CUdevice))        \
+    X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease, 0, (CUdevice))                \
+    X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, 0, (CUdevice))                    \
+    X(cuMemGetInfo_v2, cuMemGetInfo, 0, (size_t *, size_t *))                                \
+    X(cuMemAlloc_v2, cuMemAlloc, 0, (CUdeviceptr *, size_t))                                 \
+    X(cuMemFree_v2, cuMemFree, 0, (CUdeviceptr))                                             \
+    X(cuMemAlloc, cuMemAlloc, 3010, (CUdeviceptr_v1 *, unsigned int))                        \
+    X(cuMemFree, cuMemFree, 3010, (CUdeviceptr_v1))                                          \
+    X(cuMemAllocPitch_v2, cuMemAllocPitch, 0, (CUdeviceptr *, size_t *, size_t, size_t, unsigned int)) \
+    X(cuMemAllocManaged, cuMemAllocManaged, 0, (CUdeviceptr *, size_t, unsigned int))        \
+    X(cuMemAllocHost_v2, cuMemAllocHost, 0, (void **, size_t))                               \
+    X(cuMemHostAlloc, cuMemHostAlloc, 0, (void **, size_t, unsigned int))                    \
+    X(cuMemFreeHost, cuMemFreeHost, 0, (void *))                                             \
+    X(cuMemcpyHtoD_v2, cuMemcpyHtoD, 0, (CUdeviceptr, const void *, size_t))                 \
+    X(cuMemcpyDtoH_v2, cuMemcpyDtoH, 0, (void *, CUdeviceptr, size_t))                       \
+    X(cuMemsetD8_v2, cuMemsetD8, 0, (CUdeviceptr, unsigned char, size_t))                    \
+    X(cuArrayCreate_v2, cuArrayCreate, 0, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))        \
+    X(cuArray3DCreate_v2, cuArray3DCreate, 0, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))  \
+    X(cuArrayDestroy, cuArrayDestroy, 0, (CUarray))                                          \
+    X(cuMipmappedArrayCreate, cuMipmappedArrayCreate, 0,                                     \
+      (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int))                   \
+    X(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, 0, (CUmipmappedArray))               \
+    X(cuMemAllocAsync, cuMemAllocAsync, 0, (CUdeviceptr *, size_t, CUstream))                \
+    X(cuMemFreeAsync, cuMemFreeAsync, 0, (CUdeviceptr, CUstream))                            \
+    X(cuMemPoolCreate, cuMemPoolCreate, 0, (CUmemoryPool *, const CUmemPoolProps *))         \
+    X(cuMemPoolDestroy, cuMemPoolDestroy, 0, (CUmemoryPool))                                 \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 0,                                   \
+      (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                       \
+    X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 0, (CUmemoryPool *, CUdevice))   \
+    X(cuDeviceGetMemPool, cuDeviceGetMemPool, 0, (CUmemoryPool *, CUdevice))                 \
+    X(cuMemPoolTrimTo, cuMemPoolTrimTo, 0, (CUmemoryPool, size_t))                           \
+    X(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 0, (CUmemoryPool, CUmemPool_attribute, void *)) \
+    X(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 0, (CUmemoryPool, CUmemPool_attribute, void *)) \
+    X(cuMemCreate, cuMemCreate, 0,                                                           \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+    X(cuMemRelease, cuMemRelease, 0, (CUmemGenericAllocationHandle))                         \
+    X(cuMemAddressReserve, cuMemAddressReserve, 0,                                           \
+      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                      \
+    X(cuMemAddressFree, cuMemAddressFree, 0, (CUdeviceptr, size_t))                          \
+    X(cuMemMap, cuMemMap, 0,                                                                 \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))       \
+    X(cuMemUnmap, cuMemUnmap, 0, (CUdeviceptr, size_t))                                      \
+    X(cuMemSetAccess, cuMemSetAccess, 0, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
+    X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 0,                       \
+      (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))             \
+    X(cuStreamCreate, cuStreamCreate, 0, (CUstream *, unsigned int))                         \
+    X(cuStreamDestroy_v2, cuStreamDestroy, 0, (CUstream))                                    \
+    X(cuStreamSynchronize, cuStreamSynchronize, 0, (CUstream))                               \
+    X(cuEventCreate, cuEventCreate, 0, (CUevent *, unsigned int))                            \
+    X(cuEventRecord, cuEventRecord, 0, (CUevent, CUstream))                                  \
+    X(cuEventSynchronize, cuEventSynchronize, 0, (CUevent))                                  \
+    X(cuEventDestroy_v2, cuEventDestroy, 0, (CUevent))                                       \
+    X(cuModuleLoadData, cuModuleLoadData, 0, (CUmodule *, const void *))                     \
+    X(cuModuleGetFunction, cuModuleGetFunction, 0, (CUfunction *, CUmodule, const char *))   \
+    X(cuLaunchKernel, cuLaunchKernel, 0,                                                     \
+      (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,     \
+       unsigned int, unsigned int, CUstream, void **, void **))                              \
+    X(cuLaunchKernelEx, cuLaunchKernelEx, 0, (const CUlaunchConfig *, CUfunction, void **, void **)) \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 0,                               \
+      (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,     \
+       unsigned int, unsigned int, CUstream, void **))                                       \
+    X(cuGraphCreate, cuGraphCreate, 0, (CUgraph *, unsigned int))                            \
+    X(cuGraphAddKernelNode_v2, cuGraphAddKernelNode, 0,                                      \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS_v2 *)) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 0,                           \
+      (CUgraphExec *, CUgraph, unsigned long long))                                          \
+    X(cuGraphLaunch, cuGraphLaunch, 0, (CUgraphExec, CUstream))                              \
+    X(cuGraphExecDestroy, cuGraphExecDestroy, 0, (CUgraphExec))                              \
+    X(cuGraphDestroy, cuGraphDestroy, 0, (CUgraph))                                          \
+    X(cuGetErrorName, cuGetErrorName, 0, (CUresult, const char **))                          \
+    X(cuGetErrorString, cuGetErrorString, 0, (CUresult, const char **))                      \
+    X(cuGetExportTable, cuGetExportTable, 0, (const void **, const CUuuid *))                \
+    X(cuGetProcAddress_v2, cuGetProcAddress, 12000,                                          \
+      (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))
+
+#define API_FIELD(sym, base, ver, params) CUresult(*sym) params;
+struct api {
+    API_LIST(API_FIELD)
+};
+
+/* Runs the script of argv (';'-separated) or stdin; how names the resolution path. */
+int interp_main(int argc, char **argv, const char *how, struct api *api);
+
+#endif

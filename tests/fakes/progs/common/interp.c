@@ -1,0 +1,702 @@
+/* The script interpreter shared by the test programs.  One op per line (or per
+ * ';'-separated piece of argv); one JSON object per op on stdout.  See README.md. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api.h"
+
+static struct api *A;
+static const char *HOW;
+static int cur_dev;
+static int inited;
+static CUcontext prim[64];
+static CUmodule module;
+static CUfunction kernel;
+
+#define MAX_IDS 65536
+enum rkind {
+    R_FREE = 0, R_ALLOC, R_ALLOC32, R_ARRAY, R_MIPMAP, R_MANAGED, R_HOST, R_ASYNC, R_VMM,
+    R_HANDLE, R_POOL, R_STREAM, R_CTX
+};
+struct rec {
+    int kind;
+    uint64_t ptr, size, handle;
+    CUmemoryPool pool;
+    CUstream stream;
+    CUcontext ctx;
+};
+static struct rec recs[MAX_IDS];
+static int nrecs;
+
+/* ---- output ---- */
+static void emit(const char *op, int rc, const char *fmt, ...) {
+    char extra[1024] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(extra, sizeof extra, fmt, ap);
+        va_end(ap);
+    }
+    printf("{\"op\":\"%s\",\"rc\":%d%s%s}\n", op, rc, *extra ? "," : "", extra);
+    fflush(stdout);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+#define MISSING (-1)
+#define CALL(f, ...) (A->f ? (int)A->f(__VA_ARGS__) : MISSING)
+
+static uint64_t parse_size(const char *s) {
+    if (!s) return 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 0);
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; break;
+    case 'm': case 'M': v <<= 20; break;
+    case 'g': case 'G': v <<= 30; break;
+    default: break;
+    }
+    return v;
+}
+
+static int new_id(struct rec r) {
+    if (nrecs >= MAX_IDS) return -1;
+    recs[nrecs] = r;
+    return nrecs++;
+}
+
+static struct rec *get_id(const char *s) {
+    if (!s) return NULL;
+    int id = atoi(s);
+    if (id < 0 || id >= nrecs || recs[id].kind == R_FREE) return NULL;
+    return &recs[id];
+}
+
+/* Makes dev's primary context current, as libcudart does on first use (cuInit included). */
+static int ensure(int dev) {
+    int rc;
+    if (!inited) {
+        rc = CALL(cuInit, 0);
+        if (rc) return rc;
+        inited = 1;
+    }
+    CUdevice cur;
+    if (CALL(cuCtxGetDevice, &cur) == 0 && cur == dev) return 0;
+    if (dev < 0 || dev >= 64) return CUDA_ERROR_INVALID_DEVICE;
+    if (!prim[dev]) {
+        rc = CALL(cuDevicePrimaryCtxRetain, &prim[dev], dev);
+        if (rc) return rc;
+    }
+    return CALL(cuCtxSetCurrent, prim[dev]);
+}
+
+static int ensure_kernel(void) {
+    int rc = ensure(cur_dev);
+    if (rc) return rc;
+    if (kernel) return 0;
+    static const char image[] = "fake cubin";
+    rc = CALL(cuModuleLoadData, &module, image);
+    if (rc) return rc;
+    return CALL(cuModuleGetFunction, &kernel, module, "fake_kernel");
+}
+
+static int dev_arg(const char *s) { return s ? atoi(s) : cur_dev; }
+
+static CUstream stream_arg(const char *s) {
+    struct rec *r = get_id(s);
+    return (r && r->kind == R_STREAM) ? r->stream : NULL;
+}
+
+/* ---- allocation ops: DEV first, record an id ---- */
+static void op_alloc(const char *op, char **a) {
+    int dev = dev_arg(a[0]);
+    uint64_t size = parse_size(a[1]);
+    int rc = ensure(dev);
+    struct rec r = {0};
+    if (!rc) {
+        if (!strcmp(op, "alloc")) {
+            CUdeviceptr p = 0;
+            rc = CALL(cuMemAlloc_v2, &p, size);
+            r = (struct rec){.kind = R_ALLOC, .ptr = p, .size = size};
+        } else if (!strcmp(op, "alloc32")) {
+            CUdeviceptr_v1 p = 0;
+            rc = CALL(cuMemAlloc, &p, (unsigned int)size);
+            r = (struct rec){.kind = R_ALLOC32, .ptr = p, .size = size};
+        } else if (!strcmp(op, "managed")) {
+            CUdeviceptr p = 0;
+            rc = CALL(cuMemAllocManaged, &p, size, CU_MEM_ATTACH_GLOBAL);
+            r = (struct rec){.kind = R_MANAGED, .ptr = p, .size = size};
+        } else if (!strcmp(op, "host") || !strcmp(op, "hostalloc")) {
+            void *p = NULL;
+            rc = !strcmp(op, "host") ? CALL(cuMemAllocHost_v2, &p, size)
+                                     : CALL(cuMemHostAlloc, &p, size, 0);
+            r = (struct rec){.kind = R_HOST, .ptr = (uint64_t)(uintptr_t)p, .size = size};
+        } else if (!strcmp(op, "async")) {
+            CUdeviceptr p = 0;
+            rc = CALL(cuMemAllocAsync, &p, size, NULL);
+            r = (struct rec){.kind = R_ASYNC, .ptr = p, .size = size};
+        } else if (!strcmp(op, "defpoolalloc")) {
+            CUmemoryPool pool = NULL;
+            CUdeviceptr p = 0;
+            rc = CALL(cuDeviceGetDefaultMemPool, &pool, dev);
+            if (!rc) rc = CALL(cuMemAllocFromPoolAsync, &p, size, pool, NULL);
+            r = (struct rec){.kind = R_ASYNC, .ptr = p, .size = size};
+        }
+    }
+    int id = rc ? -1 : new_id(r);
+    emit(op, rc, "\"id\":%d,\"ptr\":\"0x%" PRIx64 "\",\"size\":%" PRIu64, id, r.ptr, size);
+}
+
+static void op_pitch(char **a) {
+    int dev = dev_arg(a[0]);
+    uint64_t w = parse_size(a[1]), h = parse_size(a[2]);
+    unsigned elem = a[3] ? (unsigned)atoi(a[3]) : 4;
+    CUdeviceptr p = 0;
+    size_t pitch = 0;
+    int rc = ensure(dev);
+    if (!rc) rc = CALL(cuMemAllocPitch_v2, &p, &pitch, w, h, elem);
+    int id = rc ? -1 : new_id((struct rec){.kind = R_ALLOC, .ptr = p, .size = pitch * h});
+    emit("pitch", rc, "\"id\":%d,\"ptr\":\"0x%llx\",\"pitch\":%zu,\"size\":%" PRIu64, id,
+         (unsigned long long)p, pitch, (uint64_t)pitch * h);
+}
+
+static void op_array(const char *op, char **a) {
+    int dev = dev_arg(a[0]);
+    int rc = ensure(dev);
+    CUarray arr = NULL;
+    CUmipmappedArray mip = NULL;
+    int kind = R_ARRAY;
+    if (!rc) {
+        size_t w = parse_size(a[1]), h = parse_size(a[2]);
+        if (!strcmp(op, "array")) {
+            CUDA_ARRAY_DESCRIPTOR d = {w, h, CU_AD_FORMAT_UNSIGNED_INT8,
+                                       a[3] ? (unsigned)atoi(a[3]) : 1};
+            rc = CALL(cuArrayCreate_v2, &arr, &d);
+        } else if (!strcmp(op, "array3d")) {
+            CUDA_ARRAY3D_DESCRIPTOR d = {w, h, parse_size(a[3]), CU_AD_FORMAT_UNSIGNED_INT8,
+                                         a[4] ? (unsigned)atoi(a[4]) : 1, 0};
+            rc = CALL(cuArray3DCreate_v2, &arr, &d);
+        } else {
+            CUDA_ARRAY3D_DESCRIPTOR d = {w, h, 0, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};
+            rc = CALL(cuMipmappedArrayCreate, &mip, &d, a[3] ? (unsigned)atoi(a[3]) : 1);
+            kind = R_MIPMAP;
+        }
+    }
+    uint64_t h = kind == R_ARRAY ? (uint64_t)(uintptr_t)arr : (uint64_t)(uintptr_t)mip;
+    int id = rc ? -1 : new_id((struct rec){.kind = kind, .handle = h});
+    emit(op, rc, "\"id\":%d,\"handle\":\"0x%" PRIx64 "\"", id, h);
+}
+
+static CUmemAllocationProp prop_for(int dev, int host) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = host ? CU_MEM_LOCATION_TYPE_HOST_NUMA : CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = host ? 0 : dev;
+    return p;
+}
+
+static void op_vmm(const char *op, char **a) {
+    int host = !strcmp(op, "memcreatehost");
+    int dev = host ? cur_dev : dev_arg(a[0]);
+    uint64_t size = parse_size(host ? a[0] : a[1]);
+    if (!inited && CALL(cuInit, 0) == 0) inited = 1; /* VMM needs no context */
+    CUmemAllocationProp prop = prop_for(dev, host);
+    size_t gran = 0;
+    int rc = CALL(cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    CUmemGenericAllocationHandle h = 0;
+    CUdeviceptr va = 0;
+    if (!rc) rc = CALL(cuMemCreate, &h, size, &prop, 0);
+    if (!rc && !strcmp(op, "vmm")) {
+        rc = CALL(cuMemAddressReserve, &va, size, 0, 0, 0);
+        if (!rc) rc = CALL(cuMemMap, va, size, 0, h, 0);
+        CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, {dev}}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        if (!rc) rc = CALL(cuMemSetAccess, va, size, &acc, 1);
+    }
+    int id = -1;
+    if (!rc)
+        id = new_id((struct rec){.kind = va ? R_VMM : R_HANDLE, .ptr = va, .size = size, .handle = h});
+    emit(op, rc, "\"id\":%d,\"ptr\":\"0x%llx\",\"handle\":\"0x%llx\",\"granularity\":%zu", id,
+         (unsigned long long)va, (unsigned long long)h, gran);
+}
+
+static int free_rec(struct rec *r) {
+    int rc = 0;
+    switch (r->kind) {
+    case R_ALLOC:
+    case R_MANAGED: rc = CALL(cuMemFree_v2, r->ptr); break;
+    case R_ALLOC32: rc = CALL(cuMemFree, (CUdeviceptr_v1)r->ptr); break;
+    case R_ARRAY: rc = CALL(cuArrayDestroy, (CUarray)(uintptr_t)r->handle); break;
+    case R_MIPMAP: rc = CALL(cuMipmappedArrayDestroy, (CUmipmappedArray)(uintptr_t)r->handle); break;
+    case R_HOST: rc = CALL(cuMemFreeHost, (void *)(uintptr_t)r->ptr); break;
+    case R_ASYNC: rc = CALL(cuMemFreeAsync, r->ptr, NULL); break;
+    case R_VMM:
+        rc = CALL(cuMemUnmap, r->ptr, r->size);
+        if (!rc) rc = CALL(cuMemRelease, r->handle);
+        if (!rc) rc = CALL(cuMemAddressFree, r->ptr, r->size);
+        break;
+    case R_HANDLE: rc = CALL(cuMemRelease, r->handle); break;
+    case R_POOL: rc = CALL(cuMemPoolDestroy, r->pool); break;
+    case R_STREAM: rc = CALL(cuStreamDestroy_v2, r->stream); break;
+    case R_CTX: rc = CALL(cuCtxDestroy_v2, r->ctx); break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!rc) r->kind = R_FREE;
+    return rc;
+}
+
+static void op_pool(const char *op, char **a) {
+    if (!strcmp(op, "pool")) {
+        int dev = dev_arg(a[0]);
+        int rc = ensure(dev);
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = dev;
+        CUmemoryPool pool = NULL;
+        if (!rc) rc = CALL(cuMemPoolCreate, &pool, &props);
+        int id = rc ? -1 : new_id((struct rec){.kind = R_POOL, .pool = pool});
+        emit(op, rc, "\"id\":%d", id);
+        return;
+    }
+    struct rec *p = get_id(a[0]);
+    if (!p || p->kind != R_POOL) {
+        emit(op, CUDA_ERROR_INVALID_VALUE, "\"error\":\"not a pool id\"");
+        return;
+    }
+    if (!strcmp(op, "poolalloc")) {
+        uint64_t size = parse_size(a[1]);
+        CUdeviceptr ptr = 0;
+        int rc = CALL(cuMemAllocFromPoolAsync, &ptr, size, p->pool, NULL);
+        int id = rc ? -1 : new_id((struct rec){.kind = R_ASYNC, .ptr = ptr, .size = size});
+        emit(op, rc, "\"id\":%d,\"ptr\":\"0x%llx\",\"size\":%" PRIu64, id, (unsigned long long)ptr, size);
+    } else if (!strcmp(op, "trim")) {
+        emit(op, CALL(cuMemPoolTrimTo, p->pool, parse_size(a[1])), NULL);
+    } else { /* poolattr */
+        cuuint64_t used = 0, reserved = 0, threshold = 0;
+        int rc = CALL(cuMemPoolGetAttribute, p->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+        if (!rc) rc = CALL(cuMemPoolGetAttribute, p->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
+        if (!rc) rc = CALL(cuMemPoolGetAttribute, p->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+        emit(op, rc, "\"used\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"threshold\":%" PRIu64,
+             (uint64_t)used, (uint64_t)reserved, (uint64_t)threshold);
+    }
+}
+
+/* ---- launches ---- */
+static int launch_one(const char *kind, unsigned blocks, CUstream s) {
+    if (!strcmp(kind, "launchex")) {
+        CUlaunchConfig cfg = {blocks, 1, 1, 128, 1, 1, 0, s, NULL, 0};
+        return CALL(cuLaunchKernelEx, &cfg, kernel, NULL, NULL);
+    }
+    if (!strcmp(kind, "coop")) return CALL(cuLaunchCooperativeKernel, kernel, blocks, 1, 1, 128, 1, 1, 0, s, NULL);
+    return CALL(cuLaunchKernel, kernel, blocks, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
+}
+
+static void op_launch(const char *op, char **a) {
+    unsigned blocks = a[0] ? (unsigned)parse_size(a[0]) : 1;
+    long n = a[1] ? atol(a[1]) : 1;
+    CUstream s = stream_arg(a[2]);
+    int rc = ensure_kernel();
+    double t0 = now_ms();
+    long done = 0;
+    for (; !rc && done < n; done++) rc = launch_one(op, blocks, s);
+    if (rc && done) done--;
+    emit(op, rc, "\"launches\":%ld,\"ms\":%.3f", rc ? done : n, now_ms() - t0);
+}
+
+static void op_graph(char **a) {
+    unsigned blocks = a[0] ? (unsigned)parse_size(a[0]) : 1;
+    int nodes = a[1] ? atoi(a[1]) : 1;
+    long n = a[2] ? atol(a[2]) : 1;
+    int rc = ensure_kernel();
+    CUgraph g = NULL;
+    CUgraphExec ex = NULL;
+    if (!rc) rc = CALL(cuGraphCreate, &g, 0);
+    CUgraphNode prev = NULL;
+    for (int i = 0; !rc && i < nodes; i++) {
+        CUDA_KERNEL_NODE_PARAMS_v2 p;
+        memset(&p, 0, sizeof p);
+        p.func = kernel;
+        p.gridDimX = blocks;
+        p.gridDimY = p.gridDimZ = 1;
+        p.blockDimX = 128;
+        p.blockDimY = p.blockDimZ = 1;
+        CUgraphNode node;
+        rc = CALL(cuGraphAddKernelNode_v2, &node, g, prev ? &prev : NULL, prev ? 1 : 0, &p);
+        prev = node;
+    }
+    if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
+    double t0 = now_ms();
+    for (long i = 0; !rc && i < n; i++) rc = CALL(cuGraphLaunch, ex, NULL);
+    double ms = now_ms() - t0;
+    if (ex) CALL(cuGraphExecDestroy, ex);
+    if (g) CALL(cuGraphDestroy, g);
+    emit("graph", rc, "\"launches\":%ld,\"ms\":%.3f", n, ms);
+}
+
+static void op_launchfor(char **a) {
+    double ms = a[0] ? atof(a[0]) : 1000;
+    unsigned blocks = a[1] ? (unsigned)parse_size(a[1]) : 1;
+    long every = a[2] ? atol(a[2]) : 0;
+    int rc = ensure_kernel();
+    double t0 = now_ms();
+    long n = 0;
+    while (!rc && now_ms() - t0 < ms) {
+        rc = launch_one("launch", blocks, NULL);
+        if (!rc) n++;
+        if (!rc && every > 0 && n % every == 0) rc = CALL(cuCtxSynchronize);
+    }
+    if (!rc) rc = CALL(cuCtxSynchronize);
+    emit("launchfor", rc, "\"launches\":%ld,\"blocks\":%u,\"ms\":%.3f", n, blocks, now_ms() - t0);
+}
+
+/* ---- NULL-argument probes: the call must fail cleanly, never crash ---- */
+static void op_null(const char *what) {
+    int rc;
+    if (!strcmp(what, "info")) {
+        ensure(cur_dev);
+        rc = CALL(cuMemGetInfo_v2, NULL, NULL);
+    } else if (!strcmp(what, "infofree")) {
+        size_t t;
+        ensure(cur_dev);
+        rc = CALL(cuMemGetInfo_v2, NULL, &t);
+    } else if (!strcmp(what, "alloc")) {
+        ensure(cur_dev);
+        rc = CALL(cuMemAlloc_v2, NULL, 1024);
+    } else if (!strcmp(what, "pitch")) {
+        CUdeviceptr p;
+        ensure(cur_dev);
+        rc = CALL(cuMemAllocPitch_v2, &p, NULL, 1024, 4, 4);
+    } else if (!strcmp(what, "count")) {
+        rc = CALL(cuDeviceGetCount, NULL);
+    } else if (!strcmp(what, "totalmem")) {
+        rc = CALL(cuDeviceTotalMem_v2, NULL, cur_dev);
+    } else if (!strcmp(what, "name")) {
+        rc = CALL(cuDeviceGetName, NULL, 64, cur_dev);
+    } else if (!strcmp(what, "uuid")) {
+        rc = CALL(cuDeviceGetUuid_v2, NULL, cur_dev);
+    } else if (!strcmp(what, "ctxget")) {
+        rc = CALL(cuCtxGetCurrent, NULL);
+    } else if (!strcmp(what, "getdev")) {
+        rc = CALL(cuCtxGetDevice, NULL);
+    } else if (!strcmp(what, "proc")) {
+        rc = CALL(cuGetProcAddress_v2, "cuMemAlloc", NULL, 12000, 0, NULL);
+    } else if (!strcmp(what, "memcreate")) {
+        CUmemGenericAllocationHandle h;
+        rc = CALL(cuMemCreate, &h, 2 << 20, NULL, 0);
+    } else if (!strcmp(what, "array")) {
+        CUarray arr;
+        ensure(cur_dev);
+        rc = CALL(cuArrayCreate_v2, &arr, NULL);
+    } else if (!strcmp(what, "launchex")) {
+        rc = ensure_kernel();
+        if (!rc) rc = CALL(cuLaunchKernelEx, NULL, kernel, NULL, NULL);
+    } else {
+        emit("null", CUDA_ERROR_INVALID_VALUE, "\"error\":\"unknown probe\"");
+        return;
+    }
+    emit("null", rc, "\"what\":\"%s\"", what);
+}
+
+static void op_proc(char **a) {
+    if (!a[0]) {
+        emit("proc", CUDA_ERROR_INVALID_VALUE, "\"error\":\"usage: proc NAME VERSION [ptds]\"");
+        return;
+    }
+    int ver = a[1] ? atoi(a[1]) : 12080;
+    cuuint64_t flags = (a[2] && !strcmp(a[2], "ptds")) ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                       : (a[2] && !strcmp(a[2], "legacy")) ? CU_GET_PROC_ADDRESS_LEGACY_STREAM
+                                                            : 0;
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st = 99;
+    int rc = CALL(cuGetProcAddress_v2, a[0], &fn, ver, flags, &st);
+    Dl_info info;
+    const char *sym = (fn && dladdr(fn, &info) && info.dli_sname) ? info.dli_sname : "";
+    const char *lib = (fn && dladdr(fn, &info) && info.dli_fname) ? info.dli_fname : "";
+    emit("proc", rc, "\"name\":\"%s\",\"version\":%d,\"status\":%d,\"sym\":\"%s\",\"lib\":\"%s\",\"ptr\":\"%p\"",
+         a[0], ver, (int)st, sym, lib, fn);
+}
+
+static void op_dev(char **a) {
+    int dev = dev_arg(a[0]);
+    char name[128] = "", uuid[64] = "";
+    CUuuid u;
+    size_t total = 0;
+    int sms = 0;
+    int rc = CALL(cuDeviceGetName, name, sizeof name, dev);
+    if (!rc) rc = CALL(cuDeviceGetUuid_v2, &u, dev);
+    if (!rc) {
+        unsigned char *b = (unsigned char *)u.bytes;
+        snprintf(uuid, sizeof uuid,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                 b[14], b[15]);
+    }
+    if (!rc) rc = CALL(cuDeviceTotalMem_v2, &total, dev);
+    if (!rc) rc = CALL(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    emit("dev", rc, "\"dev\":%d,\"name\":\"%s\",\"uuid\":\"%s\",\"total\":%zu,\"sms\":%d", dev, name,
+         uuid, total, sms);
+}
+
+static void op_ctx(const char *op, char **a) {
+    int dev = dev_arg(a[0]);
+    int rc = 0;
+    if (!inited) {
+        rc = CALL(cuInit, 0);
+        inited = !rc;
+    }
+    CUcontext c = NULL;
+    if (!rc) rc = !strcmp(op, "ctx4") ? CALL(cuCtxCreate_v4, &c, NULL, 0, dev) : CALL(cuCtxCreate_v2, &c, 0, dev);
+    int id = rc ? -1 : new_id((struct rec){.kind = R_CTX, .ctx = c});
+    emit(op, rc, "\"id\":%d,\"ctx\":\"%p\"", id, (void *)c);
+}
+
+static void op_sync(const char *op, char **a) {
+    int rc = ensure(cur_dev);
+    double t0 = now_ms();
+    if (!rc && !strcmp(op, "sync")) {
+        rc = CALL(cuCtxSynchronize);
+    } else if (!rc && !strcmp(op, "streamsync")) {
+        struct rec *r = get_id(a[0]);
+        rc = (r && r->kind == R_STREAM) ? CALL(cuStreamSynchronize, r->stream) : CUDA_ERROR_INVALID_HANDLE;
+    } else if (!rc) { /* eventsync [STREAMID] */
+        CUevent e = NULL;
+        rc = CALL(cuEventCreate, &e, 0);
+        if (!rc) rc = CALL(cuEventRecord, e, stream_arg(a[0]));
+        if (!rc) rc = CALL(cuEventSynchronize, e);
+        if (e) CALL(cuEventDestroy_v2, e);
+    }
+    emit(op, rc, "\"ms\":%.3f", now_ms() - t0);
+}
+
+/* The fake driver's test-only exports (absent from a real driver: rc -1). */
+static void op_fake(const char *op, char **a) {
+    void *f = dlsym(RTLD_DEFAULT, op);
+    if (!f) {
+        emit(op, MISSING, "\"error\":\"not exported\"");
+        return;
+    }
+    unsigned long long v;
+    if (!strcmp(op, "fake_now_ns")) {
+        v = ((unsigned long long (*)(void))f)();
+    } else if (!strcmp(op, "fake_busy_ns")) {
+        v = ((unsigned long long (*)(int, int, unsigned long long, unsigned long long))f)(
+            a[0] ? atoi(a[0]) : 0, a[1] ? atoi(a[1]) : -1, a[2] ? strtoull(a[2], NULL, 0) : 0,
+            a[3] ? strtoull(a[3], NULL, 0) : ~0ull);
+    } else if (!strcmp(op, "fake_device_used_bytes") || !strcmp(op, "fake_timeline_oldest_ns")) {
+        v = ((unsigned long long (*)(int))f)(a[0] ? atoi(a[0]) : 0);
+    } else if (!strcmp(op, "fake_managed_bytes")) {
+        v = ((unsigned long long (*)(int))f)(a[0] ? atoi(a[0]) : (int)getpid());
+    } else {
+        emit(op, MISSING, "\"error\":\"unknown fake op\"");
+        return;
+    }
+    emit(op, 0, "\"value\":%llu", v);
+}
+
+static void run_line(char *line) {
+    char *argv[16] = {0};
+    int n = 0;
+    for (char *tok = strtok(line, " \t\r\n"); tok && n < 15; tok = strtok(NULL, " \t\r\n")) argv[n++] = tok;
+    if (n == 0 || argv[0][0] == '#') return;
+    const char *op = argv[0];
+    char **a = &argv[1];
+    int rc;
+    if (!strcmp(op, "init")) {
+        rc = CALL(cuInit, a[0] ? (unsigned)atoi(a[0]) : 0);
+        if (!rc) inited = 1;
+        emit(op, rc, "\"how\":\"%s\"", HOW);
+    } else if (!strcmp(op, "version")) {
+        int v = 0;
+        rc = CALL(cuDriverGetVersion, &v);
+        emit(op, rc, "\"version\":%d", v);
+    } else if (!strcmp(op, "count")) {
+        int c = 0;
+        rc = CALL(cuDeviceGetCount, &c);
+        emit(op, rc, "\"count\":%d", c);
+    } else if (!strcmp(op, "dev")) {
+        op_dev(a);
+    } else if (!strcmp(op, "totalmem")) {
+        size_t t = 0;
+        rc = CALL(cuDeviceTotalMem_v2, &t, dev_arg(a[0]));
+        emit(op, rc, "\"total\":%zu", t);
+    } else if (!strcmp(op, "attr")) {
+        int v = 0;
+        rc = CALL(cuDeviceGetAttribute, &v, (CUdevice_attribute)(a[1] ? atoi(a[1]) : 16), dev_arg(a[0]));
+        emit(op, rc, "\"value\":%d", v);
+    } else if (!strcmp(op, "use")) {
+        cur_dev = dev_arg(a[0]);
+        rc = ensure(cur_dev);
+        emit(op, rc, "\"dev\":%d,\"ctx\":\"%p\"", cur_dev, (void *)prim[cur_dev & 63]);
+    } else if (!strcmp(op, "ctx") || !strcmp(op, "ctx4")) {
+        op_ctx(op, a);
+    } else if (!strcmp(op, "current")) {
+        CUcontext c = NULL;
+        rc = CALL(cuCtxGetCurrent, &c);
+        emit(op, rc, "\"ctx\":\"%p\"", (void *)c);
+    } else if (!strcmp(op, "getdev")) {
+        CUdevice d = -1;
+        rc = CALL(cuCtxGetDevice, &d);
+        emit(op, rc, "\"dev\":%d", d);
+    } else if (!strcmp(op, "push")) {
+        struct rec *r = get_id(a[0]);
+        rc = (r && r->kind == R_CTX) ? CALL(cuCtxPushCurrent_v2, r->ctx) : CUDA_ERROR_INVALID_VALUE;
+        emit(op, rc, NULL);
+    } else if (!strcmp(op, "pop")) {
+        CUcontext c = NULL;
+        rc = CALL(cuCtxPopCurrent_v2, &c);
+        emit(op, rc, "\"ctx\":\"%p\"", (void *)c);
+    } else if (!strcmp(op, "release")) {
+        int d = dev_arg(a[0]);
+        rc = CALL(cuDevicePrimaryCtxRelease_v2, d);
+        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL;
+        emit(op, rc, NULL);
+    } else if (!strcmp(op, "reset")) {
+        int d = dev_arg(a[0]);
+        rc = CALL(cuDevicePrimaryCtxReset_v2, d);
+        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL;
+        emit(op, rc, NULL);
+    } else if (!strcmp(op, "info")) {
+        size_t f = 0, t = 0;
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuMemGetInfo_v2, &f, &t);
+        emit(op, rc, "\"free\":%zu,\"total\":%zu", f, t);
+    } else if (!strcmp(op, "nullinfo")) {
+        op_null("info");
+    } else if (!strcmp(op, "null")) {
+        op_null(a[0] ? a[0] : "");
+    } else if (!strcmp(op, "alloc") || !strcmp(op, "alloc32") || !strcmp(op, "managed") ||
+               !strcmp(op, "host") || !strcmp(op, "hostalloc") || !strcmp(op, "async") ||
+               !strcmp(op, "defpoolalloc")) {
+        op_alloc(op, a);
+    } else if (!strcmp(op, "pitch")) {
+        op_pitch(a);
+    } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
+        op_array(op, a);
+    } else if (!strcmp(op, "vmm") || !strcmp(op, "memcreate") || !strcmp(op, "memcreatehost")) {
+        op_vmm(op, a);
+    } else if (!strcmp(op, "gran")) {
+        size_t g = 0;
+        if (!inited && CALL(cuInit, 0) == 0) inited = 1;
+        CUmemAllocationProp p = prop_for(dev_arg(a[0]), 0);
+        rc = CALL(cuMemGetAllocationGranularity, &g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+        emit(op, rc, "\"granularity\":%zu", g);
+    } else if (!strcmp(op, "pool") || !strcmp(op, "poolalloc") || !strcmp(op, "trim") ||
+               !strcmp(op, "poolattr")) {
+        op_pool(op, a);
+    } else if (!strcmp(op, "free")) {
+        struct rec *r = get_id(a[0]);
+        rc = r ? free_rec(r) : CUDA_ERROR_INVALID_VALUE;
+        emit(op, rc, "\"id\":%d", a[0] ? atoi(a[0]) : -1);
+    } else if (!strcmp(op, "freeall")) {
+        int freed = 0;
+        rc = 0;
+        for (int i = nrecs - 1; i >= 0; i--) {
+            if (recs[i].kind == R_FREE || recs[i].kind == R_CTX || recs[i].kind == R_POOL ||
+                recs[i].kind == R_STREAM)
+                continue;
+            int r = free_rec(&recs[i]);
+            if (r && !rc) rc = r;
+            freed += !r;
+        }
+        emit(op, rc, "\"freed\":%d", freed);
+    } else if (!strcmp(op, "freeptr")) {
+        rc = CALL(cuMemFree_v2, a[0] ? strtoull(a[0], NULL, 0) : 0);
+        emit(op, rc, NULL);
+    } else if (!strcmp(op, "memcpy") || !strcmp(op, "memset")) {
+        struct rec *r = get_id(a[0]);
+        char buf[64] = {0};
+        rc = ensure(cur_dev);
+        if (!rc && !r) rc = CUDA_ERROR_INVALID_VALUE;
+        if (!rc && !strcmp(op, "memcpy")) {
+            rc = CALL(cuMemcpyHtoD_v2, r->ptr, buf, sizeof buf);
+            if (!rc) rc = CALL(cuMemcpyDtoH_v2, buf, r->ptr, sizeof buf);
+        } else if (!rc) {
+            rc = CALL(cuMemsetD8_v2, r->ptr, 0, r->size);
+        }
+        emit(op, rc, NULL);
+    } else if (!strcmp(op, "stream")) {
+        CUstream s = NULL;
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuStreamCreate, &s, 0);
+        int id = rc ? -1 : new_id((struct rec){.kind = R_STREAM, .stream = s});
+        emit(op, rc, "\"id\":%d", id);
+    } else if (!strcmp(op, "launch") || !strcmp(op, "launchex") || !strcmp(op, "coop")) {
+        op_launch(op, a);
+    } else if (!strcmp(op, "graph")) {
+        op_graph(a);
+    } else if (!strcmp(op, "launchfor")) {
+        op_launchfor(a);
+    } else if (!strcmp(op, "sync") || !strcmp(op, "streamsync") || !strcmp(op, "eventsync")) {
+        op_sync(op, a);
+    } else if (!strcmp(op, "proc")) {
+        op_proc(a);
+    } else if (!strcmp(op, "errstr")) {
+        const char *name = NULL, *str = NULL;
+        CUresult code = (CUresult)(a[0] ? atoi(a[0]) : 0);
+        rc = CALL(cuGetErrorName, code, &name);
+        int rc2 = CALL(cuGetErrorString, code, &str);
+        emit(op, rc ? rc : rc2, "\"name\":\"%s\",\"str\":\"%s\"", name ? name : "", str ? str : "");
+    } else if (!strcmp(op, "exporttable")) {
+        const void *t = NULL;
+        CUuuid id;
+        memset(&id, 0, sizeof id);
+        rc = CALL(cuGetExportTable, &t, &id);
+        emit(op, rc, NULL);
+    } else if (!strncmp(op, "fake_", 5)) {
+        op_fake(op, a);
+    } else if (!strcmp(op, "pid")) {
+        emit(op, 0, "\"pid\":%d", (int)getpid());
+    } else if (!strcmp(op, "mark")) {
+        emit(op, 0, "\"text\":\"%s\"", a[0] ? a[0] : "");
+    } else if (!strcmp(op, "sleep")) {
+        double ms = a[0] ? atof(a[0]) : 0;
+        struct timespec ts = {(time_t)(ms / 1000), (long)(((long long)(ms * 1e6)) % 1000000000LL)};
+        nanosleep(&ts, NULL);
+        emit(op, 0, NULL);
+    } else if (!strcmp(op, "exit")) {
+        fflush(stdout);
+        _exit(a[0] ? atoi(a[0]) : 0);
+    } else if (!strcmp(op, "abort")) {
+        fflush(stdout);
+        abort();
+    } else {
+        emit(op, CUDA_ERROR_INVALID_VALUE, "\"error\":\"unknown op\"");
+    }
+}
+
+int interp_main(int argc, char **argv, const char *how, struct api *api) {
+    A = api;
+    HOW = how;
+    signal(SIGPIPE, SIG_IGN);
+    if (argc > 1) {
+        size_t len = 0;
+        for (int i = 1; i < argc; i++) len += strlen(argv[i]) + 1;
+        char *script = calloc(1, len + 1);
+        for (int i = 1; i < argc; i++) {
+            strcat(script, argv[i]);
+            strcat(script, " ");
+        }
+        char *save = NULL;
+        for (char *line = strtok_r(script, ";\n", &save); line; line = strtok_r(NULL, ";\n", &save))
+            run_line(line);
+        free(script);
+    } else {
+        char line[4096];
+        while (fgets(line, sizeof line, stdin)) run_line(line);
+    }
+    return 0;
+}

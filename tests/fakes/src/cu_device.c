@@ -1,0 +1,401 @@
+/* Initialisation, devices, contexts (created and primary) and the fake_* test exports. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cu.h"
+
+int fc_initialized;
+
+CUresult fc_check_init(void) {
+    return __atomic_load_n(&fc_initialized, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS
+                                                              : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+CUresult fc_check_dev(CUdevice dev) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    return (dev >= 0 && dev < fc_knobs()->ndev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+FC_API CUresult cuInit(unsigned int flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_shared *s = fc_state();
+    if (!s) return fc_knobs()->ndev <= 0 ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_UNKNOWN;
+    fc_lock();
+    int slot = fc_self_slot_locked();
+    fc_unlock();
+    if (slot < 0) return CUDA_ERROR_UNKNOWN;
+    __atomic_store_n(&fc_initialized, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDriverGetVersion(int *driverVersion) {
+    if (!driverVersion) return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = fc_knobs()->driver_version;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= fc_knobs()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceGetCount(int *count) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = fc_knobs()->ndev;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    fc_device_name(dev, name, (size_t)len);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    fc_uuid_bytes(dev, (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+
+FC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    *bytes = fc_knobs()->total[dev];
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+    size_t b = 0;
+    CUresult r = cuDeviceTotalMem_v2(bytes ? &b : NULL, dev);
+    if (r == CUDA_SUCCESS) *bytes = b > 0xffffffffull ? 0xffffffffu : (unsigned int)b;
+    return r;
+}
+
+FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+    int v = 0;
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: v = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: v = 64; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1410000; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = fc_knobs()->sms; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev; break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 40 * 1024 * 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 8; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
+    default: v = 0; break;
+    }
+    *pi = v;
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+#define STACK_MAX 64
+static __thread struct fc_ctx *stack[STACK_MAX];
+static __thread int depth;
+
+static struct fc_ctx primary[FC_MAX_DEV];
+static int primary_refs[FC_MAX_DEV];
+static pthread_mutex_t primary_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+struct fc_ctx *fc_ctx_of(CUcontext h) { return fc_handle_get(h, K_CTX); }
+
+CUresult fc_current(struct fc_ctx **out) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_ctx *c = depth ? stack[depth - 1] : NULL;
+    if (!c || !c->active) return CUDA_ERROR_INVALID_CONTEXT;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+/* Charges the context's own memory, as the real driver does. */
+static CUresult ctx_activate(struct fc_ctx *c, int dev) {
+    if (fc_charge(dev, fc_knobs()->ctx_bytes) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    fc_ctx_count(dev, +1);
+    c->dev = dev;
+    c->active = 1;
+    c->last_end = 0;
+    return CUDA_SUCCESS;
+}
+
+static void ctx_deactivate(struct fc_ctx *c) {
+    if (!c->active) return;
+    c->active = 0;
+    fc_free_ctx_allocations(c);
+    fc_uncharge(c->dev, fc_knobs()->ctx_bytes);
+    fc_ctx_count(c->dev, -1);
+}
+
+static void push(struct fc_ctx *c) {
+    if (depth < STACK_MAX) stack[depth++] = c;
+}
+
+FC_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_ctx *c = calloc(1, sizeof *c);
+    if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    r = ctx_activate(c, dev);
+    if (r) {
+        free(c);
+        return r;
+    }
+    c->handle = fc_handle_new(K_CTX, c);
+    push(c);
+    *pctx = c->handle;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+FC_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                               unsigned int flags, CUdevice dev) {
+    if (n < 0 || (n > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+FC_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                               CUdevice dev) {
+    if (params && params->numExecAffinityParams < 0) return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+FC_API CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_ctx *c = fc_ctx_of(ctx);
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = depth - 1; i >= 0; i--) {
+        if (stack[i] == c) {
+            memmove(&stack[i], &stack[i + 1], (size_t)(depth - i - 1) * sizeof stack[0]);
+            depth--;
+        }
+    }
+    ctx_deactivate(c);
+    fc_handle_free(ctx); /* the struct stays: other threads may still hold it */
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+
+FC_API CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = depth ? stack[depth - 1]->handle : NULL;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxSetCurrent(CUcontext ctx) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!ctx) {
+        if (depth) depth--;
+        return CUDA_SUCCESS;
+    }
+    struct fc_ctx *c = fc_ctx_of(ctx);
+    if (!c || !c->active) return CUDA_ERROR_INVALID_CONTEXT;
+    if (depth)
+        stack[depth - 1] = c;
+    else
+        push(c);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_ctx *c = fc_ctx_of(ctx);
+    if (!c || !c->active) return CUDA_ERROR_INVALID_CONTEXT;
+    if (depth >= STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
+    push(c);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+
+FC_API CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!depth) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fc_ctx *c = stack[--depth];
+    if (pctx) *pctx = c->handle;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
+
+FC_API CUresult cuCtxGetDevice(CUdevice *device) {
+    if (!device) {
+        CUresult r = fc_check_init();
+        return r ? r : CUDA_ERROR_INVALID_VALUE;
+    }
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    *device = c->dev;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
+    if (!ctx) return cuCtxGetDevice(device);
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_ctx *c = fc_ctx_of(ctx);
+    if (!c || !c->active) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = c->dev;
+    return CUDA_SUCCESS;
+}
+
+/* ---- primary contexts ---- */
+FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&primary_mutex);
+    struct fc_ctx *c = &primary[dev];
+    if (!c->handle) {
+        c->primary = 1;
+        c->dev = dev;
+        c->handle = fc_handle_new(K_CTX, c);
+    }
+    if (!c->active) r = ctx_activate(c, dev);
+    if (!r) {
+        primary_refs[dev]++;
+        *pctx = c->handle;
+    }
+    pthread_mutex_unlock(&primary_mutex);
+    return r;
+}
+
+FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    pthread_mutex_lock(&primary_mutex);
+    if (primary_refs[dev] == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    } else if (--primary_refs[dev] == 0) {
+        ctx_deactivate(&primary[dev]);
+    }
+    pthread_mutex_unlock(&primary_mutex);
+    return r;
+}
+
+FC_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    pthread_mutex_lock(&primary_mutex);
+    ctx_deactivate(&primary[dev]);
+    primary_refs[dev] = 0;
+    pthread_mutex_unlock(&primary_mutex);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
+FC_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    CUresult r = fc_check_dev(dev);
+    if (r) return r;
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&primary_mutex);
+    *flags = 0;
+    *active = primary[dev].active;
+    pthread_mutex_unlock(&primary_mutex);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId) {
+    (void)pExportTableId;
+    if (ppExportTable) *ppExportTable = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* ---- test-only exports ---- */
+FC_API void *fake_state_region(void) { return fc_state(); }
+
+FC_API unsigned long long fake_now_ns(void) { return fc_now(); }
+
+static int valid_dev(int dev) { return fc_state() && dev >= 0 && dev < fc_knobs()->ndev; }
+
+FC_API unsigned long long fake_busy_ns(int dev, int host_pid, unsigned long long t0,
+                                       unsigned long long t1) {
+    if (!valid_dev(dev) || t1 <= t0) return 0;
+    fc_lock();
+    uint64_t v = fc_busy_locked(dev, host_pid, t0, t1);
+    fc_unlock();
+    return v;
+}
+
+FC_API unsigned long long fake_timeline_oldest_ns(int dev) {
+    if (!valid_dev(dev)) return 0;
+    fc_lock();
+    uint64_t v = fc_oldest_locked(dev);
+    fc_unlock();
+    return v;
+}
+
+FC_API unsigned long long fake_device_used_bytes(int dev) {
+    if (!valid_dev(dev)) return 0;
+    fc_lock();
+    fc_reap_locked();
+    uint64_t v = fc_state()->dev[dev].used;
+    fc_unlock();
+    return v;
+}
+
+FC_API unsigned long long fake_managed_bytes(int host_pid) {
+    struct fc_shared *s = fc_state();
+    if (!s) return 0;
+    uint64_t v = 0;
+    fc_lock();
+    fc_reap_locked();
+    for (int i = 0; i < FC_MAX_PROCS; i++)
+        if (s->procs[i].pid && s->procs[i].host_pid == (uint32_t)host_pid) v += s->procs[i].managed;
+    fc_unlock();
+    return v;
+}
+
+__attribute__((destructor)) static void fc_at_exit(void) { fc_release_self(); }

@@ -1,0 +1,400 @@
+/* Fake NVML: identity, memory, processes and utilisation, read from the shared state of
+ * the fake driver (state.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "nvml_int.h"
+
+#define DRIVER_VERSION_STRING "570.124.06"
+
+static struct nvmlDevice_st devices[FC_MAX_DEV];
+static int init_count;
+static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+nvmlReturn_t fn_check_init(void) {
+    return __atomic_load_n(&init_count, __ATOMIC_ACQUIRE) > 0 ? NVML_SUCCESS
+                                                              : NVML_ERROR_UNINITIALIZED;
+}
+
+int fn_index(nvmlDevice_t d) {
+    if (!d) return -1;
+    for (int i = 0; i < fc_knobs()->ndev; i++)
+        if (d == &devices[i]) return i;
+    return -1;
+}
+
+nvmlDevice_t fn_handle(int index) { return &devices[index]; }
+
+FC_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    if (!fc_state()) return NVML_ERROR_DRIVER_NOT_LOADED;
+    pthread_mutex_lock(&init_mutex);
+    for (int i = 0; i < FC_MAX_DEV; i++) devices[i].index = i;
+    __atomic_add_fetch(&init_count, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&init_mutex);
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+FC_API nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+FC_API nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&init_mutex);
+    nvmlReturn_t r = init_count > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (init_count > 0) __atomic_sub_fetch(&init_count, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&init_mutex);
+    return r;
+}
+
+FC_API const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
+    case NVML_ERROR_NO_DATA: return "No data";
+    default: return "Unknown Error";
+    }
+}
+
+FC_API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    if (length < sizeof DRIVER_VERSION_STRING) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(version, DRIVER_VERSION_STRING, sizeof DRIVER_VERSION_STRING);
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    const char *v = "12." DRIVER_VERSION_STRING;
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    if (length < strlen(v) + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(version, v, strlen(v) + 1);
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    if (!v) return NVML_ERROR_INVALID_ARGUMENT;
+    *v = fc_knobs()->driver_version;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
+    return nvmlSystemGetCudaDriverVersion(v);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    nvmlReturn_t r = fn_check_init();
+    if (r) return r;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = (unsigned)fc_knobs()->ndev;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+FC_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    nvmlReturn_t r = fn_check_init();
+    if (r) return r;
+    if (!device || index >= (unsigned)fc_knobs()->ndev) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devices[index];
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    nvmlReturn_t r = fn_check_init();
+    if (r) return r;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < fc_knobs()->ndev; i++) {
+        char u[96];
+        fc_uuid_string(i, u, sizeof u);
+        if (strcmp(u, uuid) == 0) {
+            *device = &devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+static void bus_id(int i, char *buf, size_t len) { snprintf(buf, len, "00000000:%02X:00.0", (unsigned char)i); }
+
+FC_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device) {
+    nvmlReturn_t r = fn_check_init();
+    if (r) return r;
+    if (!pciBusId || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < fc_knobs()->ndev; i++) {
+        char b[32];
+        bus_id(i, b, sizeof b);
+        if (strcasecmp(b, pciBusId) == 0 || strcasecmp(b + 4, pciBusId) == 0) {
+            *device = &devices[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+#define DEVICE_ARG(d, i)                                 \
+    nvmlReturn_t r_ = fn_check_init();                   \
+    if (r_) return r_;                                   \
+    int i = fn_index(d);                                 \
+    if (i < 0) return NVML_ERROR_INVALID_ARGUMENT
+
+static nvmlReturn_t copy_string(const char *s, char *buf, unsigned int len) {
+    if (!buf) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(s) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(buf, s, strlen(s) + 1);
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    DEVICE_ARG(device, i);
+    char u[96];
+    fc_uuid_string(i, u, sizeof u);
+    return copy_string(u, uuid, length);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    DEVICE_ARG(device, i);
+    char n[96];
+    fc_device_name(i, n, sizeof n);
+    return copy_string(n, name, length);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    DEVICE_ARG(device, i);
+    if (!index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned)i;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    DEVICE_ARG(device, i);
+    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned)i;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    DEVICE_ARG(device, i);
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", (unsigned char)i);
+    bus_id(i, pci->busId, sizeof pci->busId);
+    pci->domain = 0;
+    pci->bus = (unsigned)i;
+    pci->device = 0;
+    pci->pciDeviceId = 0x20b010de; /* device id 0x20b0, vendor NVIDIA */
+    pci->pciSubSystemId = 0x134f10de;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node) {
+    DEVICE_ARG(device, i);
+    if (!node) return NVML_ERROR_INVALID_ARGUMENT;
+    *node = (unsigned)(i % 2);
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                            nvmlEnableState_t *isActive) {
+    (void)link;
+    DEVICE_ARG(device, i);
+    (void)i;
+    if (!isActive) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED; /* a PCIe card: no NVLink */
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                        unsigned int *pending) {
+    DEVICE_ARG(device, i);
+    (void)i;
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = 0; /* NVML_DEVICE_MIG_DISABLE */
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
+    DEVICE_ARG(device, i);
+    (void)i;
+    if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *major = 8;
+    *minor = 0;
+    return NVML_SUCCESS;
+}
+
+/* ---- memory ---- */
+static void memory_of(int i, unsigned long long *total, unsigned long long *used) {
+    struct fc_shared *s = fc_state();
+    fc_lock();
+    fc_reap_locked();
+    *total = s->dev[i].total;
+    *used = s->dev[i].used;
+    fc_unlock();
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    DEVICE_ARG(device, i);
+    if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
+    memory_of(i, &memory->total, &memory->used);
+    memory->free = memory->used < memory->total ? memory->total - memory->used : 0;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    DEVICE_ARG(device, i);
+    if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
+    if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory_of(i, &memory->total, &memory->used);
+    memory->reserved = 0;
+    memory->free = memory->used < memory->total ? memory->total - memory->used : 0;
+    return NVML_SUCCESS;
+}
+
+/* ---- processes ---- */
+struct proc_row {
+    unsigned int pid;
+    unsigned long long used;
+};
+
+static int processes_on(int i, struct proc_row *rows, int max) {
+    struct fc_shared *s = fc_state();
+    int n = 0;
+    fc_lock();
+    fc_reap_locked();
+    for (int k = 0; k < FC_MAX_PROCS && n < max; k++) {
+        struct fc_proc *p = &s->procs[k];
+        if (p->pid && (p->nctx[i] || p->used[i])) {
+            rows[n].pid = p->host_pid;
+            rows[n].used = p->used[i];
+            n++;
+        }
+    }
+    fc_unlock();
+    return n;
+}
+
+/* INSUFFICIENT_SIZE semantics: *count in = room, out = entries (or entries needed). */
+static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos,
+                                   int version) {
+    DEVICE_ARG(device, i);
+    if (!count || (!infos && *count)) return NVML_ERROR_INVALID_ARGUMENT;
+    static __thread struct proc_row rows[FC_MAX_PROCS];
+    int n = processes_on(i, rows, FC_MAX_PROCS);
+    if ((unsigned)n > *count) {
+        *count = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int k = 0; k < n; k++) {
+        if (version == 1) {
+            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + k;
+            o->pid = rows[k].pid;
+            o->usedGpuMemory = rows[k].used;
+        } else {
+            nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)infos + k;
+            o->pid = rows[k].pid;
+            o->usedGpuMemory = rows[k].used;
+            o->gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+            o->computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+        }
+    }
+    *count = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                           unsigned int *infoCount,
+                                                           nvmlProcessInfo_t *infos) {
+    return list_processes(device, infoCount, infos, 3);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                           unsigned int *infoCount,
+                                                           nvmlProcessInfo_t *infos) {
+    return list_processes(device, infoCount, infos, 2);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                        unsigned int *infoCount,
+                                                        nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, infoCount, infos, 1);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                            unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos) {
+    DEVICE_ARG(device, i);
+    (void)i, (void)infos;
+    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
+    *infoCount = 0; /* a compute-only fake */
+    return NVML_SUCCESS;
+}
+
+/* ---- utilisation (from the kernel timeline) ---- */
+#define SECOND_NS 1000000000ull
+
+FC_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
+    DEVICE_ARG(device, i);
+    if (!util) return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t now = fc_now(), t0 = now > SECOND_NS ? now - SECOND_NS : 0;
+    fc_lock();
+    uint64_t busy = fc_busy_locked(i, -1, t0, now);
+    fc_unlock();
+    util->gpu = (unsigned)((busy * 100 + (now - t0) / 2) / (now - t0));
+    util->memory = 0;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                   nvmlProcessUtilizationSample_t *utilization,
+                                                   unsigned int *processSamplesCount,
+                                                   unsigned long long lastSeenTimeStamp) {
+    DEVICE_ARG(device, i);
+    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t now = fc_now();
+    uint64_t t0 = lastSeenTimeStamp * 1000ull;
+    if (now > SECOND_NS && t0 < now - SECOND_NS) t0 = now - SECOND_NS;
+    if (t0 >= now) return NVML_ERROR_NOT_FOUND;
+    static __thread struct fc_pid_busy rows[FC_MAX_PROCS];
+    fc_lock();
+    int n = fc_busy_by_pid_locked(i, t0, now, rows, FC_MAX_PROCS);
+    fc_unlock();
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (!utilization || *processSamplesCount < (unsigned)n) {
+        *processSamplesCount = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    uint64_t window = now - t0;
+    for (int k = 0; k < n; k++) {
+        nvmlProcessUtilizationSample_t *o = &utilization[k];
+        memset(o, 0, sizeof *o);
+        o->pid = rows[k].host_pid;
+        o->timeStamp = now / 1000ull;
+        o->smUtil = (unsigned)((rows[k].ns * 100 + window / 2) / window);
+    }
+    *processSamplesCount = (unsigned)n;
+    return NVML_SUCCESS;
+}
