@@ -1,0 +1,106 @@
+/* Resolution of the real entry points, and the shim's one-time initialisation.
+ *
+ * Nothing runs at load time (no constructors: they run inside other people's
+ * processes before main and before the driver is wanted). The first hook that is
+ * called runs vg_init() through pthread_once: it dlopens libcuda.so.1, resolves
+ * every symbol of hooks.def with the real dlsym (a missing one stays NULL), reads
+ * the config and attaches the usage state. NVML is loaded later, on first need.
+ *
+ * The real dlsym comes from dlvsym(RTLD_NEXT, "dlsym", <glibc version>): dlvsym is
+ * not overridden, so this never recurses into our own dlsym. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+struct vg_real_table vg_real;
+VG_TLS int vg_tls_guard;
+
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym_ptr;
+static void *cuda_handle, *nvml_handle;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static int nvml_ok;
+
+VG_NO_SANITIZE static dlsym_fn find_real_dlsym(void)
+{
+    static const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    for (size_t i = 0; i < sizeof versions / sizeof *versions; i++) {
+        void *p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+        if (p) return (dlsym_fn)p;
+    }
+    return NULL;
+}
+
+VG_NO_SANITIZE void *vg_real_dlsym_fn(void)
+{
+    dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = find_real_dlsym();
+        if (f) __atomic_store_n(&real_dlsym_ptr, f, __ATOMIC_RELEASE);
+    }
+    return (void *)f;
+}
+
+VG_NO_SANITIZE void *vg_real_dlsym(void *handle, const char *name)
+{
+    dlsym_fn f = (dlsym_fn)vg_real_dlsym_fn();
+    return f ? f(handle, name) : NULL;
+}
+
+void *vg_cuda_handle(void) { return cuda_handle; }
+
+static void resolve(void *handle, int want_nvml)
+{
+#define HOOK(lib, name, ret, params, args) RESOLVE_##lib(name)
+#define REAL(lib, name, ret, params) RESOLVE_##lib(name)
+#define RESOLVE_CU(name) if (!want_nvml) *(void **)&vg_real.name = vg_real_dlsym(handle, #name);
+#define RESOLVE_NVML(name) if (want_nvml) *(void **)&vg_real.name = vg_real_dlsym(handle, #name);
+#include "hooks.def"
+#undef RESOLVE_CU
+#undef RESOLVE_NVML
+}
+
+static void do_init(void)
+{
+    int saved = vg_tls_guard;
+    vg_tls_guard = 1; /* the driver's own calls during dlopen pass straight through */
+    cuda_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
+    if (!cuda_handle) VG_ERROR("libcuda.so.1 not loadable: %s", dlerror());
+    else resolve(cuda_handle, 0);
+    /* NVML symbols too, so that dlsym/routing can recognise them; NVML itself is
+     * only initialised by vg_nvml_ready() */
+    nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NODELETE);
+    if (nvml_handle) resolve(nvml_handle, 1);
+    vg_config_load(&vg_cfg);
+    vg_state_attach(&vg_cfg);
+    vg_sm_setup();
+    vg_tls_guard = saved;
+}
+
+void vg_init(void)
+{
+    pthread_once(&init_once, do_init);
+}
+
+static void do_nvml(void)
+{
+    if (!vg_real.nvmlInit_v2) {
+        VG_INFO("NVML unavailable: SM limits and context measurement degrade");
+        return;
+    }
+    nvmlReturn_t r = vg_real.nvmlInit_v2();
+    nvml_ok = r == NVML_SUCCESS;
+    if (!nvml_ok) VG_WARN("nvmlInit_v2 failed (%d)", (int)r);
+}
+
+int vg_nvml_ready(void)
+{
+    vg_init();
+    pthread_once(&nvml_once, do_nvml);
+    return nvml_ok;
+}

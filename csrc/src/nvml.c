@@ -1,0 +1,180 @@
+/* NVML as the workload sees it: the memory of a limited device reads total =
+ * limit, used = the container's usage (the same numbers cuMemGetInfo gives; vLLM
+ * compares the two), and the compute process list shows the container's own
+ * processes, with their container PIDs and charged memory, when the host PIDs
+ * of the container's processes are known (pidmap.c). */
+#include <pthread.h>
+#include <string.h>
+
+#include "shim.h"
+
+static nvmlDevice_t handles[VG_MAX_DEVICES];
+static unsigned char resolved[VG_MAX_DEVICES];
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+nvmlDevice_t vg_nvml_device(int dev)
+{
+    if (dev < 0 || dev >= VG_MAX_DEVICES) return NULL;
+    if (__atomic_load_n(&resolved[dev], __ATOMIC_ACQUIRE)) return handles[dev];
+    if (!vg_nvml_ready()) return NULL;
+    pthread_mutex_lock(&mu);
+    if (!resolved[dev]) {
+        nvmlDevice_t h = NULL;
+        const char *uuid = vg_cfg.dev[dev].uuid;
+        if (uuid[0] && vg_real.nvmlDeviceGetHandleByUUID) {
+            if (vg_real.nvmlDeviceGetHandleByUUID(uuid, &h) != NVML_SUCCESS) h = NULL;
+        } else if (vg_real.nvmlDeviceGetHandleByIndex_v2) {
+            /* no UUID in the config: NVML index = CUDA ordinal (standalone use) */
+            if (vg_real.nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &h) != NVML_SUCCESS) h = NULL;
+        }
+        handles[dev] = h;
+        __atomic_store_n(&resolved[dev], 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&mu);
+    return handles[dev];
+}
+
+static int ordinal_of(nvmlDevice_t h)
+{
+    if (!h) return -1;
+    int n = vg_cfg.device_count > VG_MAX_DEVICES ? VG_MAX_DEVICES : vg_cfg.device_count;
+    for (int d = 0; d < n; d++)
+        if (vg_nvml_device(d) == h) return d;
+    return -1;
+}
+
+static int limited(int dev)
+{
+    return dev >= 0 && (vg_cfg.deny || vg_cfg.dev[dev].memory_limit);
+}
+
+static void slice(int dev, unsigned long long *total, unsigned long long *used,
+                  unsigned long long *free_b)
+{
+    uint64_t limit = vg_cfg.deny ? 0 : vg_cfg.dev[dev].memory_limit;
+    uint64_t u = vg_state_used(dev);
+    *total = limit;
+    *used = u;
+    *free_b = u < limit ? limit - u : 0;
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    nvmlReturn_t r = vg_real.nvmlDeviceGetMemoryInfo(device, memory);
+    if (r != NVML_SUCCESS || !memory) return r;
+    int dev = ordinal_of(device);
+    if (limited(dev)) slice(dev, &memory->total, &memory->used, &memory->free);
+    return r;
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    nvmlReturn_t r = vg_real.nvmlDeviceGetMemoryInfo_v2(device, memory);
+    if (r != NVML_SUCCESS || !memory) return r;
+    int dev = ordinal_of(device);
+    if (limited(dev)) {
+        slice(dev, &memory->total, &memory->used, &memory->free);
+        memory->reserved = 0;
+    }
+    return r;
+}
+
+/* The container's view of a device's process list, in a common form. */
+typedef struct { unsigned pid; unsigned long long mem; unsigned gi, ci; } proc_row;
+
+static int container_rows(nvmlDevice_t device, const proc_row *all, int n, proc_row *out)
+{
+    int dev = ordinal_of(device);
+    int cp[VG_MAX_SLOTS], hp[VG_MAX_SLOTS];
+    uint64_t used[VG_MAX_SLOTS];
+    int m = vg_state_processes(dev, cp, hp, used, VG_MAX_SLOTS), known = 0;
+    for (int i = 0; i < m; i++) known += hp[i] > 0;
+    if (dev < 0 || known == 0) { /* no mapping: the driver's list, unchanged */
+        memcpy(out, all, sizeof *out * (size_t)n);
+        return n;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++)
+            if (hp[j] > 0 && (unsigned)hp[j] == all[i].pid) {
+                out[k] = all[i];
+                out[k].pid = (unsigned)cp[j];
+                out[k].mem = used[j];
+                k++;
+                break;
+            }
+    return k;
+}
+
+#define MAXROWS 256
+
+static nvmlReturn_t finish(unsigned int *count, int k, void *infos, const proc_row *rows,
+                           int version)
+{
+    if (*count < (unsigned)k || (!infos && k > 0)) {
+        *count = (unsigned)k;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < k; i++) {
+        if (version == 1) {
+            nvmlProcessInfo_v1_t *o = (nvmlProcessInfo_v1_t *)infos + i;
+            o->pid = rows[i].pid;
+            o->usedGpuMemory = rows[i].mem;
+        } else {
+            nvmlProcessInfo_v2_t *o = (nvmlProcessInfo_v2_t *)infos + i;
+            o->pid = rows[i].pid;
+            o->usedGpuMemory = rows[i].mem;
+            o->gpuInstanceId = rows[i].gi;
+            o->computeInstanceId = rows[i].ci;
+        }
+    }
+    *count = (unsigned)k;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t list_v2(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *),
+                            nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_v2_t *infos)
+{
+    if (!count) return fn(device, count, infos);
+    nvmlProcessInfo_v2_t buf[MAXROWS];
+    unsigned int n = MAXROWS;
+    nvmlReturn_t r = fn(device, &n, buf);
+    if (r != NVML_SUCCESS) return fn(device, count, infos); /* the driver's own answer */
+    proc_row all[MAXROWS], rows[MAXROWS];
+    for (unsigned i = 0; i < n && i < MAXROWS; i++)
+        all[i] = (proc_row){buf[i].pid, buf[i].usedGpuMemory, buf[i].gpuInstanceId,
+                            buf[i].computeInstanceId};
+    int k = container_rows(device, all, (int)(n < MAXROWS ? n : MAXROWS), rows);
+    return finish(count, k, infos, rows, 2);
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                             unsigned int *infoCount,
+                                                             nvmlProcessInfo_t *infos)
+{
+    return list_v2(vg_real.nvmlDeviceGetComputeRunningProcesses_v3, device, infoCount, infos);
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                             unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos)
+{
+    return list_v2(vg_real.nvmlDeviceGetComputeRunningProcesses_v2, device, infoCount, infos);
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                          unsigned int *infoCount,
+                                                          nvmlProcessInfo_v1_t *infos)
+{
+    if (!infoCount) return vg_real.nvmlDeviceGetComputeRunningProcesses(device, infoCount, infos);
+    nvmlProcessInfo_v1_t buf[MAXROWS];
+    unsigned int n = MAXROWS;
+    nvmlReturn_t r = vg_real.nvmlDeviceGetComputeRunningProcesses(device, &n, buf);
+    if (r != NVML_SUCCESS)
+        return vg_real.nvmlDeviceGetComputeRunningProcesses(device, infoCount, infos);
+    proc_row all[MAXROWS], rows[MAXROWS];
+    for (unsigned i = 0; i < n && i < MAXROWS; i++)
+        all[i] = (proc_row){buf[i].pid, buf[i].usedGpuMemory, 0, 0};
+    int k = container_rows(device, all, (int)(n < MAXROWS ? n : MAXROWS), rows);
+    return finish(infoCount, k, infos, rows, 1);
+}

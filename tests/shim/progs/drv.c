@@ -1,0 +1,467 @@
+/* Driver-API test program for the shim tests. It reaches the driver one of several
+ * ways (--via), runs the ops given on the command line and prints one JSON object
+ * per op. Built twice: drv (dlopen; the shim reaches it through dlsym /
+ * cuGetProcAddress) and drv_direct (-DDIRECT: linked against libcuda.so.1 and
+ * libnvidia-ml.so.1 and calling the exported symbols, as old code does).
+ *
+ *   --via direct   exported symbols, resolved by the dynamic linker (drv_direct)
+ *   --via dlsym    dlopen("libcuda.so.1") + dlsym(handle, "cuMemAlloc_v2")
+ *   --via default  dlsym(RTLD_DEFAULT, ...)
+ *   --via next     dlsym(RTLD_NEXT, ...)
+ *   --via proc     cuGetProcAddress_v2(base name, 12080, default stream), as cudart
+ *   --via ptsz     cuGetProcAddress_v2(base name, 12080, per-thread default stream)
+ *   --via proc1    cuGetProcAddress (the 11.x entry point), cudaVersion 11030
+ *   --via procself cuGetProcAddress_v2 obtained from cuGetProcAddress_v2 itself
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vgpu_cuda.h"
+#include "vgpu_nvml.h"
+
+typedef struct CUmod_st *CUmodule;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams, **extra;
+    void *kern, *ctx;
+} KNODE_V2;
+
+/* name used with dlsym, base name used with cuGetProcAddress */
+#define FUNCS(X)                                                                           \
+    X(cuInit, "cuInit", CUresult, (unsigned))                                            \
+    X(cuDeviceGet, "cuDeviceGet", CUresult, (CUdevice *, int))                           \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUresult, (CUcontext *, CUdevice)) \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", CUresult, (CUcontext))                         \
+    X(cuCtxSynchronize, "cuCtxSynchronize", CUresult, (void))                            \
+    X(cuMemAlloc_v2, "cuMemAlloc", CUresult, (CUdeviceptr *, size_t))                    \
+    X(cuMemFree_v2, "cuMemFree", CUresult, (CUdeviceptr))                                \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", CUresult, (CUdeviceptr *, size_t *, size_t, size_t, unsigned)) \
+    X(cuMemAllocManaged, "cuMemAllocManaged", CUresult, (CUdeviceptr *, size_t, unsigned)) \
+    X(cuMemAllocAsync, "cuMemAllocAsync", CUresult, (CUdeviceptr *, size_t, CUstream))    \
+    X(cuMemFreeAsync, "cuMemFreeAsync", CUresult, (CUdeviceptr, CUstream))               \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", CUresult, (CUdeviceptr *, size_t, CUmemoryPool, CUstream)) \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", CUresult, (CUmemoryPool *, CUdevice)) \
+    X(cuStreamSynchronize, "cuStreamSynchronize", CUresult, (CUstream))                  \
+    X(cuMemCreate, "cuMemCreate", CUresult, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+    X(cuMemRelease, "cuMemRelease", CUresult, (CUmemGenericAllocationHandle))            \
+    X(cuArrayCreate_v2, "cuArrayCreate", CUresult, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *)) \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", CUresult, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *)) \
+    X(cuArrayDestroy, "cuArrayDestroy", CUresult, (CUarray))                             \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", CUresult, (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned)) \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", CUresult, (CUmipmappedArray))  \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", CUresult, (size_t *, size_t *))                   \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", CUresult, (size_t *, CUdevice))           \
+    X(cuModuleLoadData, "cuModuleLoadData", CUresult, (CUmodule *, const void *))        \
+    X(cuModuleGetFunction, "cuModuleGetFunction", CUresult, (CUfunction *, CUmodule, const char *)) \
+    X(cuLaunchKernel, "cuLaunchKernel", CUresult, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **)) \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", CUresult, (const CUlaunchConfig *, CUfunction, void **, void **)) \
+    X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", CUresult, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
+    X(cuGraphCreate, "cuGraphCreate", CUresult, (CUgraph *, unsigned))                   \
+    X(cuGraphAddKernelNode_v2, "cuGraphAddKernelNode", CUresult, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const KNODE_V2 *)) \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", CUresult, (CUgraphExec *, CUgraph, unsigned long long)) \
+    X(cuGraphLaunch, "cuGraphLaunch", CUresult, (CUgraphExec, CUstream))
+
+#define NVFUNCS(X)                                                                         \
+    X(nvmlInit_v2, nvmlReturn_t, (void))                                                 \
+    X(nvmlDeviceGetHandleByIndex_v2, nvmlReturn_t, (unsigned, nvmlDevice_t *))           \
+    X(nvmlDeviceGetMemoryInfo, nvmlReturn_t, (nvmlDevice_t, nvmlMemory_t *))             \
+    X(nvmlDeviceGetMemoryInfo_v2, nvmlReturn_t, (nvmlDevice_t, nvmlMemory_v2_t *))       \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *))
+
+#ifdef DIRECT
+#define X(name, base, ret, params) extern ret name params;
+FUNCS(X)
+#undef X
+#define X(name, ret, params) extern ret name params;
+NVFUNCS(X)
+#undef X
+#endif
+
+static struct {
+#define X(name, base, ret, params) ret(*name) params;
+    FUNCS(X)
+#undef X
+#define X(name, ret, params) ret(*name) params;
+    NVFUNCS(X)
+#undef X
+} f;
+
+static unsigned long long (*fake_now)(void);
+static unsigned long long (*fake_busy)(int, int, unsigned long long, unsigned long long);
+static unsigned long long (*fake_used)(int);
+static int dev = 0;
+
+__attribute__((unused)) static void *resolve(const char *via, void *h, const char *name, const char *base)
+{
+    void *p = NULL;
+    if (!strcmp(via, "dlsym")) return dlsym(h, name);
+    if (!strcmp(via, "default")) return dlsym(RTLD_DEFAULT, name);
+    if (!strcmp(via, "next")) return dlsym(RTLD_NEXT, name);
+    int ptsz = !strcmp(via, "ptsz");
+    CUdriverProcAddressQueryResult st;
+    if (!strcmp(via, "proc1")) {
+        CUresult (*gpa)(const char *, void **, int, cuuint64_t) = dlsym(h, "cuGetProcAddress");
+        if (!gpa || gpa(base, &p, 11030, 0) != CUDA_SUCCESS) return NULL;
+        return p;
+    }
+    CUresult (*gpa2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        dlsym(h, "cuGetProcAddress_v2");
+    if (!gpa2) return NULL;
+    if (!strcmp(via, "procself")) {
+        void *self = NULL;
+        if (gpa2("cuGetProcAddress", &self, 12000, 0, &st) != CUDA_SUCCESS || !self) return NULL;
+        gpa2 = self;
+    }
+    if (gpa2(base, &p, 12080, ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, &st) !=
+        CUDA_SUCCESS)
+        return NULL;
+    return p;
+}
+
+static void setup(const char *via)
+{
+#ifdef DIRECT
+    (void)via;
+#define X(name, base, ret, params) f.name = &name;
+    FUNCS(X)
+#undef X
+#define X(name, ret, params) f.name = &name;
+    NVFUNCS(X)
+#undef X
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+#else
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    void *nh = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        printf("{\"op\":\"setup\",\"error\":\"%s\"}\n", dlerror());
+        exit(2);
+    }
+#define X(name, base, ret, params) *(void **)&f.name = resolve(via, h, #name, base);
+    FUNCS(X)
+#undef X
+#define X(name, ret, params) *(void **)&f.name = nh ? dlsym(nh, #name) : NULL;
+    NVFUNCS(X)
+#undef X
+#endif
+    *(void **)&fake_now = dlsym(h, "fake_now_ns");
+    *(void **)&fake_used = dlsym(h, "fake_device_used_bytes");
+    *(void **)&fake_busy = dlsym(h, "fake_busy_ns");
+}
+
+typedef struct { int kind; unsigned long long v; size_t bytes; } item;
+enum { K_PTR, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP };
+static item items[100000];
+static int nitems;
+
+static void out(const char *op, CUresult rc, const char *extra)
+{
+    printf("{\"op\":\"%s\",\"rc\":%d%s%s}\n", op, (int)rc, extra && *extra ? "," : "",
+           extra ? extra : "");
+    fflush(stdout);
+}
+
+static int add_item(int kind, unsigned long long v, size_t bytes)
+{
+    items[nitems] = (item){kind, v, bytes};
+    return nitems++;
+}
+
+static CUresult free_item(int i)
+{
+    if (i < 0 || i >= nitems || !items[i].v) return CUDA_ERROR_INVALID_VALUE;
+    item *it = &items[i];
+    CUresult r;
+    switch (it->kind) {
+    case K_ASYNC: r = f.cuMemFreeAsync(it->v, NULL); if (!r) r = f.cuStreamSynchronize(NULL); break;
+    case K_VMM: r = f.cuMemRelease(it->v); break;
+    case K_ARRAY: r = f.cuArrayDestroy((CUarray)(uintptr_t)it->v); break;
+    case K_MIPMAP: r = f.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)it->v); break;
+    default: r = f.cuMemFree_v2(it->v); break;
+    }
+    if (r == CUDA_SUCCESS) it->v = 0;
+    return r;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void ctx(void)
+{
+    CUcontext c;
+    CUdevice d;
+    CUresult r = f.cuInit(0);
+    if (!r) r = f.cuDeviceGet(&d, dev);
+    if (!r) r = f.cuDevicePrimaryCtxRetain(&c, d);
+    if (!r) r = f.cuCtxSetCurrent(c);
+    out("ctx", r, NULL);
+}
+
+static void launch_loop(unsigned blocks, double seconds, const char *kind)
+{
+    CUmodule m;
+    CUfunction fn;
+    static const char image[] = "fake";
+    CUresult r = f.cuModuleLoadData(&m, image);
+    if (!r) r = f.cuModuleGetFunction(&fn, m, "k");
+    CUgraphExec exec = NULL;
+    if (!r && !strcmp(kind, "graph")) {
+        CUgraph g;
+        r = f.cuGraphCreate(&g, 0);
+        for (int i = 0; !r && i < 4; i++) {
+            CUgraphNode n;
+            KNODE_V2 p = {fn, blocks / 4 ? blocks / 4 : 1, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL, NULL};
+            r = f.cuGraphAddKernelNode_v2(&n, g, NULL, 0, &p);
+        }
+        if (!r) r = f.cuGraphInstantiateWithFlags(&exec, g, 0);
+    }
+    unsigned long long t0 = fake_now ? fake_now() : 0, n = 0;
+    double end = now_s() + seconds;
+    while (!r && now_s() < end) {
+        if (!strcmp(kind, "ex")) {
+            CUlaunchConfig cfg = {blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, 0};
+            r = f.cuLaunchKernelEx(&cfg, fn, NULL, NULL);
+        } else if (!strcmp(kind, "coop")) {
+            r = f.cuLaunchCooperativeKernel(fn, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL);
+        } else if (!strcmp(kind, "graph")) {
+            r = f.cuGraphLaunch(exec, NULL);
+        } else {
+            r = f.cuLaunchKernel(fn, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);
+        }
+        n++;
+    }
+    f.cuCtxSynchronize();
+    unsigned long long t1 = fake_now ? fake_now() : 0;
+    char buf[160];
+    snprintf(buf, sizeof buf, "\"launches\":%llu,\"t0\":%llu,\"t1\":%llu,\"pid\":%d", n, t0, t1,
+             (int)getpid());
+    out("launch", r, buf);
+}
+
+static void nulls(void)
+{
+    char buf[512];
+    size_t fr = 0, tot = 0;
+    CUresult a = f.cuMemGetInfo_v2(NULL, NULL);
+    CUresult b = f.cuMemGetInfo_v2(&fr, NULL);
+    CUresult c = f.cuMemGetInfo_v2(NULL, &tot);
+    CUresult d = f.cuMemAlloc_v2(NULL, 1024);
+    CUresult e = f.cuDeviceTotalMem_v2(NULL, dev);
+    CUresult g = f.cuMemCreate(NULL, 2 << 20, NULL, 0);
+    CUmemGenericAllocationHandle hh;
+    CUresult h = f.cuMemCreate(&hh, 2 << 20, NULL, 0);
+    CUresult i = f.cuArrayCreate_v2(NULL, NULL);
+    CUresult j = f.cuMemAllocPitch_v2(NULL, NULL, 16, 16, 4);
+    CUresult k = f.cuLaunchKernelEx(NULL, NULL, NULL, NULL);
+    CUresult l = f.cuMemFree_v2(0);
+    CUresult m = f.cuMemAllocAsync(NULL, 16, NULL);
+    nvmlReturn_t n = f.nvmlDeviceGetMemoryInfo ? f.nvmlDeviceGetMemoryInfo(NULL, NULL) : 0;
+    snprintf(buf, sizeof buf,
+             "\"info_nn\":%d,\"info_fn\":%d,\"info_nt\":%d,\"free\":%zu,\"total\":%zu,"
+             "\"alloc\":%d,\"totalmem\":%d,\"create_nh\":%d,\"create_np\":%d,\"array\":%d,"
+             "\"pitch\":%d,\"launchex\":%d,\"free0\":%d,\"async\":%d,\"nvmlmem\":%d",
+             a, b, c, fr, tot, d, e, g, h, i, j, k, l, m, (int)n);
+    out("nulls", CUDA_SUCCESS, buf);
+}
+
+int main(int argc, char **argv)
+{
+    const char *via = "dlsym";
+    int i = 1;
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--via") && i + 1 < argc) via = argv[++i];
+        else if (!strcmp(argv[i], "--dev") && i + 1 < argc) dev = atoi(argv[++i]);
+        else break;
+    }
+    setup(via);
+    char buf[512];
+    for (; i < argc; i++) {
+        const char *op = argv[i];
+#define ARG(k) (i + (k) < argc ? strtoull(argv[i + (k)], NULL, 0) : 0)
+        if (!strcmp(op, "resolve")) {
+            int missing = 0;
+#define X(name, base, ret, params) missing += !f.name;
+            FUNCS(X)
+#undef X
+            snprintf(buf, sizeof buf, "\"missing\":%d", missing);
+            out(op, CUDA_SUCCESS, buf);
+        } else if (!strcmp(op, "ctx")) {
+            ctx();
+        } else if (!strcmp(op, "alloc") || !strcmp(op, "managed") || !strcmp(op, "async") ||
+                   !strcmp(op, "pool")) {
+            size_t n = ARG(1);
+            i++;
+            CUdeviceptr p = 0;
+            CUresult r;
+            int kind = K_PTR;
+            if (!strcmp(op, "alloc")) r = f.cuMemAlloc_v2(&p, n);
+            else if (!strcmp(op, "managed")) r = f.cuMemAllocManaged(&p, n, CU_MEM_ATTACH_GLOBAL);
+            else if (!strcmp(op, "async")) {
+                kind = K_ASYNC;
+                r = f.cuMemAllocAsync(&p, n, NULL);
+            } else {
+                CUmemoryPool pool;
+                kind = K_ASYNC;
+                r = f.cuDeviceGetDefaultMemPool(&pool, dev);
+                if (!r) r = f.cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+            }
+            int id = r ? -1 : add_item(kind, p, n);
+            snprintf(buf, sizeof buf, "\"id\":%d,\"bytes\":%zu", id, n);
+            out(op, r, buf);
+        } else if (!strcmp(op, "pitch")) {
+            size_t w = ARG(1), h = ARG(2), pitch = 0;
+            i += 2;
+            CUdeviceptr p = 0;
+            CUresult r = f.cuMemAllocPitch_v2(&p, &pitch, w, h, 4);
+            int id = r ? -1 : add_item(K_PTR, p, pitch * h);
+            snprintf(buf, sizeof buf, "\"id\":%d,\"pitch\":%zu", id, pitch);
+            out(op, r, buf);
+        } else if (!strcmp(op, "vmm") || !strcmp(op, "vmmhost")) {
+            size_t n = ARG(1);
+            i++;
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = !strcmp(op, "vmm") ? CU_MEM_LOCATION_TYPE_DEVICE : 2 /* HOST */;
+            prop.location.id = !strcmp(op, "vmm") ? dev : 0;
+            CUmemGenericAllocationHandle hnd = 0;
+            CUresult r = f.cuMemCreate(&hnd, n, &prop, 0);
+            int id = r ? -1 : add_item(K_VMM, hnd, n);
+            snprintf(buf, sizeof buf, "\"id\":%d,\"bytes\":%zu", id, n);
+            out(op, r, buf);
+        } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
+            CUarray a = NULL;
+            CUmipmappedArray mm = NULL;
+            CUresult r;
+            int kind = K_ARRAY;
+            if (!strcmp(op, "array")) {
+                CUDA_ARRAY_DESCRIPTOR d = {ARG(1), ARG(2), CU_AD_FORMAT_FLOAT, 1};
+                i += 2;
+                r = f.cuArrayCreate_v2(&a, &d);
+            } else {
+                CUDA_ARRAY3D_DESCRIPTOR d = {ARG(1), ARG(2), ARG(3), CU_AD_FORMAT_FLOAT, 1, 0};
+                unsigned levels = (unsigned)ARG(3);
+                i += 3;
+                if (!strcmp(op, "array3d")) r = f.cuArray3DCreate_v2(&a, &d);
+                else { /* mipmap W H LEVELS */
+                    d.Depth = 0;
+                    kind = K_MIPMAP;
+                    r = f.cuMipmappedArrayCreate(&mm, &d, levels);
+                }
+            }
+            unsigned long long v = kind == K_MIPMAP ? (uintptr_t)mm : (uintptr_t)a;
+            int id = r ? -1 : add_item(kind, v, 0);
+            snprintf(buf, sizeof buf, "\"id\":%d", id);
+            out(op, r, buf);
+        } else if (!strcmp(op, "free")) {
+            int id = (int)ARG(1);
+            i++;
+            out(op, free_item(id), NULL);
+        } else if (!strcmp(op, "freeall")) {
+            CUresult r = CUDA_SUCCESS;
+            for (int k = 0; k < nitems; k++)
+                if (items[k].v && free_item(k)) r = CUDA_ERROR_UNKNOWN;
+            out(op, r, NULL);
+        } else if (!strcmp(op, "info")) {
+            size_t fr = 0, tot = 0;
+            CUresult r = f.cuMemGetInfo_v2(&fr, &tot);
+            snprintf(buf, sizeof buf, "\"free\":%zu,\"total\":%zu", fr, tot);
+            out(op, r, buf);
+        } else if (!strcmp(op, "total")) {
+            size_t tot = 0;
+            CUresult r = f.cuDeviceTotalMem_v2(&tot, dev);
+            snprintf(buf, sizeof buf, "\"total\":%zu", tot);
+            out(op, r, buf);
+        } else if (!strcmp(op, "nvml")) {
+            nvmlDevice_t h;
+            nvmlMemory_t m1 = {0};
+            nvmlMemory_v2_t m2 = {0};
+            m2.version = (unsigned)(sizeof(nvmlMemory_v2_t) | (2 << 24));
+            nvmlReturn_t r = f.nvmlInit_v2();
+            if (!r) r = f.nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &h);
+            nvmlReturn_t r1 = r ? r : f.nvmlDeviceGetMemoryInfo(h, &m1);
+            nvmlReturn_t r2 = r ? r : f.nvmlDeviceGetMemoryInfo_v2(h, &m2);
+            nvmlProcessInfo_t pi[64];
+            unsigned n = 64;
+            nvmlReturn_t r3 = r ? r : f.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, pi);
+            int len = snprintf(buf, sizeof buf,
+                               "\"r1\":%d,\"total\":%llu,\"used\":%llu,\"free\":%llu,\"r2\":%d,"
+                               "\"total2\":%llu,\"used2\":%llu,\"free2\":%llu,\"r3\":%d,\"procs\":[",
+                               r1, m1.total, m1.used, m1.free, r2, m2.total, m2.used, m2.free, r3);
+            for (unsigned k = 0; !r3 && k < n && len < 400; k++)
+                len += snprintf(buf + len, sizeof buf - (size_t)len, "%s[%u,%llu]", k ? "," : "",
+                                pi[k].pid, pi[k].usedGpuMemory);
+            snprintf(buf + len, sizeof buf - (size_t)len, "]");
+            out(op, (CUresult)r, buf);
+        } else if (!strcmp(op, "nulls")) {
+            nulls();
+        } else if (!strcmp(op, "physical")) {
+            snprintf(buf, sizeof buf, "\"bytes\":%llu", fake_used ? fake_used(dev) : 0ull);
+            out(op, CUDA_SUCCESS, buf);
+        } else if (!strcmp(op, "launch")) {
+            unsigned blocks = (unsigned)ARG(1);
+            double secs = atof(i + 2 < argc ? argv[i + 2] : "1");
+            const char *kind = i + 3 < argc ? argv[i + 3] : "kernel";
+            i += 3;
+            launch_loop(blocks, secs, kind);
+        } else if (!strcmp(op, "busy")) {
+            /* busy HOSTPID T0 T1 STEP: device time of HOSTPID (-1: all) per window */
+            int hp = (int)strtol(i + 1 < argc ? argv[i + 1] : "-1", NULL, 0);
+            unsigned long long t0 = ARG(2), t1 = ARG(3), step = ARG(4);
+            i += 4;
+            printf("{\"op\":\"busy\",\"rc\":0,\"windows\":[");
+            for (unsigned long long t = t0, k = 0; step && t + step <= t1; t += step, k++)
+                printf("%s%llu", k ? "," : "", fake_busy ? fake_busy(dev, hp, t, t + step) : 0ull);
+            printf("]}\n");
+            fflush(stdout);
+        } else if (!strcmp(op, "sleep")) {
+            usleep((useconds_t)ARG(1) * 1000);
+            i++;
+        } else if (!strcmp(op, "hold")) {
+            out(op, CUDA_SUCCESS, NULL);
+            for (;;) pause();
+        } else if (!strcmp(op, "random")) {
+            unsigned seed = (unsigned)ARG(1);
+            int n = (int)ARG(2);
+            size_t maxb = ARG(3);
+            i += 3;
+            srand(seed);
+            int ok = 0, oom = 0, other = 0, frees = 0;
+            for (int k = 0; k < n; k++) {
+                int live[1024], nl = 0;
+                for (int q = 0; q < nitems && nl < 1024; q++)
+                    if (items[q].v) live[nl++] = q;
+                if (nl && rand() % 100 < 40) {
+                    if (free_item(live[rand() % nl]) == CUDA_SUCCESS) frees++;
+                    else other++;
+                } else {
+                    CUdeviceptr p;
+                    size_t b = 1 + (size_t)rand() % maxb;
+                    CUresult r = f.cuMemAlloc_v2(&p, b);
+                    if (r == CUDA_SUCCESS) { ok++; add_item(K_PTR, p, b); }
+                    else if (r == CUDA_ERROR_OUT_OF_MEMORY) oom++;
+                    else other++;
+                }
+                if (k % 16 == 0) usleep(200);
+            }
+            snprintf(buf, sizeof buf, "\"ok\":%d,\"oom\":%d,\"other\":%d,\"frees\":%d", ok, oom,
+                     other, frees);
+            out(op, CUDA_SUCCESS, buf);
+        } else {
+            snprintf(buf, sizeof buf, "\"unknown\":\"%s\"", op);
+            out("error", CUDA_ERROR_INVALID_VALUE, buf);
+            return 2;
+        }
+    }
+    return 0;
+}

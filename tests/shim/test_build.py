@@ -1,0 +1,169 @@
+"""Build-level checks: C unit tests, the ABI against the official headers, the
+exported symbol set, no constructors, and the state-file layout vs the Python view."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import vgpud.shm as shm
+
+from .conftest import CSRC, ROOT, Built
+
+
+def test_c_unit_tests_pass(built: Built) -> None:
+    p = subprocess.run(["make", "-s", "-C", str(CSRC), "check"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(r"\d+ checks, 0 failures", p.stdout)
+
+
+def _official_include() -> Path:
+    import nvidia  # the nvidia-cuda-runtime / nvidia-nvml-dev wheels
+
+    for base in nvidia.__path__:
+        inc = Path(base) / "cu13" / "include"
+        if (inc / "cuda.h").exists() and (inc / "nvml.h").exists():
+            return inc
+    raise AssertionError("official cuda.h / nvml.h not found in the nvidia wheels")
+
+
+def test_declarations_match_official_headers(tmp_path: Path) -> None:
+    probe = CSRC / "tests/abi_probe.c"
+    ours, official = tmp_path / "ours", tmp_path / "official"
+    flags = ["-std=gnu11", "-Wall", "-Werror", f"-I{CSRC / 'src'}"]
+    subprocess.run(
+        ["gcc", *flags, f"-I{CSRC / 'include'}", str(probe), "-o", str(ours)], check=True
+    )
+    # the official build also _Static_asserts every hooks.def prototype
+    subprocess.run(
+        [
+            "gcc",
+            *flags,
+            "-DVG_PROBE_OFFICIAL",
+            f"-I{_official_include()}",
+            str(probe),
+            "-o",
+            str(official),
+        ],
+        check=True,
+    )
+    a = subprocess.run([str(ours)], capture_output=True, text=True, check=True).stdout
+    b = subprocess.run([str(official)], capture_output=True, text=True, check=True).stdout
+    assert a.count("\n") > 80
+    assert a == b
+
+
+def _hook_names() -> set[str]:
+    text = (CSRC / "src/hooks.def").read_text()
+    return set(re.findall(r"^HOOK\(\w+, (\w+),", text, re.M))
+
+
+def test_exports_exactly_the_hooks(built: Built) -> None:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(built.lib)], capture_output=True, text=True, check=True
+    ).stdout
+    exported = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+    assert exported == _hook_names() | {"dlsym"}
+    assert "cuMemAlloc_v2" in exported and "cuGetProcAddress_v2" in exported
+
+
+def test_no_constructors_and_versioned_file(built: Built) -> None:
+    real = built.lib.resolve()
+    assert re.fullmatch(r"libvgpu\.so\.\d+\.\d+\.\d+", real.name)
+    out = subprocess.run(
+        ["readelf", "-W", "-S", str(real)], capture_output=True, text=True, check=True
+    ).stdout
+    sizes = [
+        int(m.group(1), 16)
+        for m in re.finditer(r"\.init_array\s+INIT_ARRAY\s+\S+\s+\S+\s+(\S+)", out)
+    ]
+    assert sizes in ([], [8])  # only the compiler's frame_dummy, nothing of ours
+    dyn = subprocess.run(
+        ["readelf", "-W", "-d", str(real)], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"[{real.name}]" in dyn  # soname = the versioned name
+
+
+LAYOUT_PROBE = r"""
+#include <stdio.h>
+#include <stddef.h>
+#include "vgpu_state_abi.h"
+#define P(k, T, f) printf(k " %s %zu %zu\n", #f, offsetof(T, f), sizeof(((T *)0)->f));
+#define H(f) P("header", vg_state_header, f)
+#define S(f) P("slot", vg_state_slot, f)
+int main(void) {
+  printf("const magic %llu\nconst version %u\nconst max_devices %d\nconst max_slots %d\n",
+         (unsigned long long)VG_STATE_MAGIC, VG_STATE_VERSION, VG_MAX_DEVICES, VG_MAX_SLOTS);
+  printf("const header_size %zu\nconst slot_size %zu\nconst file_size %zu\n",
+         sizeof(vg_state_header), sizeof(vg_state_slot), sizeof(vg_state_file));
+  printf("const file_name %s\n", VG_STATE_FILE);
+  H(magic) H(version) H(header_size) H(slot_size) H(max_slots) H(max_devices)
+  H(device_count) H(generation) H(limit) H(core_limit) H(used) H(spilled) H(sm_tokens)
+  H(sm_refill) H(sm_rate) H(lock)
+  S(pid) S(host_pid) S(start_time) S(last_seen) S(used) S(context) S(spilled)
+  return 0;
+}
+"""
+
+
+def test_state_layout_matches_python_view(tmp_path: Path) -> None:
+    import struct
+
+    src = tmp_path / "layout.c"
+    src.write_text(LAYOUT_PROBE)
+    exe = tmp_path / "layout"
+    subprocess.run(
+        [
+            "gcc",
+            "-std=gnu11",
+            "-Wall",
+            "-Werror",
+            f"-I{CSRC / 'include'}",
+            str(src),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    consts: dict[str, str] = {}
+    fields: dict[tuple[str, str], tuple[int, int]] = {}
+    for line in lines.splitlines():
+        kind, name, *rest = line.split()
+        if kind == "const":
+            consts[name] = rest[0]
+        else:
+            fields[(kind, name)] = (int(rest[0]), int(rest[1]))
+    assert int(consts["magic"]) == shm.MAGIC
+    assert int(consts["version"]) == shm.VERSION
+    assert int(consts["max_devices"]) == shm.MAX_DEVICES
+    assert int(consts["max_slots"]) == shm.MAX_SLOTS
+    assert int(consts["header_size"]) == shm.HEADER_SIZE
+    assert int(consts["slot_size"]) == shm.SLOT_SIZE
+    assert int(consts["file_size"]) == shm.FILE_SIZE
+    assert consts["file_name"] == shm.STATE_FILE
+    for kind, table in (("header", shm.HEADER_FIELDS), ("slot", shm.SLOT_FIELDS)):
+        c_names = {n for (k, n) in fields if k == kind}
+        assert set(table) == c_names, (kind, set(table) ^ c_names)
+        for name, (offset, fmt) in table.items():
+            assert fields[(kind, name)] == (offset, struct.calcsize(fmt)), (kind, name)
+
+
+def test_python_view_rejects_foreign_files(tmp_path: Path) -> None:
+    import pytest
+
+    bad = tmp_path / "usage.v1"
+    bad.write_bytes(b"\0" * shm.FILE_SIZE)
+    with pytest.raises(shm.StateFileError, match="not a version-1"):
+        shm.read_usage(tmp_path)
+    bad.write_bytes(b"short")
+    with pytest.raises(shm.StateFileError, match="shorter"):
+        shm.read_usage(bad)
+    with pytest.raises(shm.StateFileError):
+        shm.read_usage(tmp_path / "missing")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests/shim")]))

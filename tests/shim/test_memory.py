@@ -1,0 +1,301 @@
+"""Memory limits, as a workload sees them, against the fake driver, with the
+ASan/UBSan build of the shim."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from vgpud.shm import read_usage
+
+from .conftest import Shim
+
+OOM = 2
+MIB = 1 << 20
+VIAS = ["direct", "dlsym", "default", "next", "proc", "ptsz", "proc1", "procself"]
+
+
+def by_op(out: list[dict], op: str) -> list[dict]:
+    return [o for o in out if o["op"] == op]
+
+
+@pytest.mark.parametrize("via", VIAS)
+def test_limit_is_exact_whatever_the_way_to_the_driver(shim: Shim, via: str) -> None:
+    limit = 1_000_000
+    shim.config(device__0__memory_limit=str(limit))
+    out, _ = shim.run(
+        "resolve",
+        "ctx",
+        "alloc",
+        600_000,
+        "alloc",
+        400_000,
+        "alloc",
+        1,
+        "info",
+        "total",
+        "nvml",
+        "free",
+        0,
+        "info",
+        "nvml",
+        via=via,
+    )
+    assert out[0]["missing"] == (2 if via == "proc1" else 0)  # Ex/instantiate are 12.x/11.4
+    allocs = by_op(out, "alloc")
+    assert [a["rc"] for a in allocs] == [0, 0, OOM]  # exactly at the limit, then refused
+    info = by_op(out, "info")
+    assert (info[0]["total"], info[0]["free"]) == (limit, 0)
+    assert (info[1]["total"], info[1]["free"]) == (limit, 600_000)
+    assert by_op(out, "total")[0]["total"] == limit
+    nvml = by_op(out, "nvml")
+    for n, used in zip(nvml, (limit, 400_000), strict=True):
+        assert (n["total"], n["used"], n["free"]) == (limit, used, limit - used)
+        assert (n["total2"], n["used2"], n["free2"]) == (limit, used, limit - used)
+
+
+# (ops that allocate, bytes the shim must charge)
+PATHS = {
+    "alloc": (["alloc", 65536], 65536),
+    "pitch": (["pitch", 1000, 10], 1024 * 10),
+    "managed": (["managed", 65536], 65536),
+    "async": (["async", 65536], 65536),
+    "pool": (["pool", 65536], 65536),
+    "vmm": (["vmm", 2 * MIB], 2 * MIB),
+    "array": (["array", 100, 10], 100 * 10 * 4),
+    "array3d": (["array3d", 10, 10, 10], 10 * 10 * 10 * 4),
+    "mipmap": (["mipmap", 8, 8, 4], (64 + 16 + 4 + 1) * 4),
+}
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("via", ["dlsym", "proc"])
+def test_every_allocation_path_is_charged_and_released(shim: Shim, path: str, via: str) -> None:
+    ops, charged = PATHS[path]
+    limit = charged + 100
+    shim.config(device__0__memory_limit=str(limit))
+    out, _ = shim.run("ctx", *ops, "info", "alloc", 101, "alloc", 100, "free", 0, "info", via=via)
+    assert out[1]["rc"] == 0, out[1]
+    info = by_op(out, "info")
+    assert info[0]["free"] == limit - charged
+    assert [a["rc"] for a in by_op(out, "alloc")][-2:] == [OOM, 0]
+    assert by_op(out, "free")[0]["rc"] == 0
+    assert info[1]["free"] == limit - 100  # the path's bytes came back, the 100 are held
+
+
+def test_path_refused_when_over_limit(shim: Shim) -> None:
+    shim.config(device__0__memory_limit=str(MIB))
+    out, _ = shim.run(
+        "ctx",
+        "vmm",
+        2 * MIB,
+        "async",
+        2 * MIB,
+        "pool",
+        2 * MIB,
+        "managed",
+        2 * MIB,
+        "pitch",
+        4096,
+        512,
+        "array3d",
+        512,
+        512,
+        2,
+        "info",
+    )
+    assert [o["rc"] for o in out[1:-1]] == [OOM] * 6
+    assert out[-1]["free"] == MIB
+
+
+def test_vmm_host_location_is_not_device_memory(shim: Shim) -> None:
+    shim.config(device__0__memory_limit=str(MIB))
+    out, _ = shim.run("ctx", "vmmhost", 2 * MIB, "info")
+    assert out[1]["rc"] != OOM  # whatever the driver says, the shim did not refuse it
+    assert out[2]["free"] == MIB
+
+
+def test_null_arguments_never_crash_and_keep_driver_codes(shim: Shim) -> None:
+    shim.config(device__0__memory_limit=str(MIB))
+    with_shim, _ = shim.run("ctx", "nulls")
+    without, _ = shim.run("ctx", "nulls", preload=False)
+    a, b = with_shim[1], without[1]
+    for key in (
+        "alloc",
+        "totalmem",
+        "create_nh",
+        "create_np",
+        "array",
+        "pitch",
+        "launchex",
+        "async",
+        "free0",
+    ):
+        assert a[key] == b[key], key
+    # NVML with a NULL device: an error either way (the shim may have initialised NVML,
+    # so UNINITIALIZED can become INVALID_ARGUMENT)
+    assert a["nvmlmem"] != 0 and b["nvmlmem"] != 0
+    assert a["alloc"] != 0 and a["totalmem"] != 0
+    # cuMemGetInfo with NULL outputs: success, and the non-NULL one still filled (HC#333)
+    assert (a["info_nn"], a["info_fn"], a["info_nt"]) == (0, 0, 0)
+    assert a["total"] == MIB and a["free"] == MIB
+
+
+def test_no_config_file_uses_env(shim: Shim) -> None:
+    env = {
+        "VGPUD_CONFIG": str(shim.tmp / "absent"),
+        "VGPUD_MEMORY_LIMIT": "1m",
+        "VGPUD_MEMORY_LIMIT_1": "2m",
+        "VGPUD_STATE_DIR": str(shim.state_dir),
+    }
+    out, _ = shim.run("ctx", "alloc", MIB, "alloc", 1, "info", env=env)
+    assert [o["rc"] for o in out] == [0, 0, OOM, 0] and out[3]["total"] == MIB
+    out, _ = shim.run("ctx", "alloc", 2 * MIB, "alloc", 1, "info", env=env, dev=1)
+    assert [o["rc"] for o in out] == [0, 0, OOM, 0] and out[3]["total"] == 2 * MIB
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "version=1\ndevice.0.memory_limit=12x\n",
+        "device.0.memory_limit=1048576\n",
+        "version=9\ndevice.0.memory_limit=1048576\n",
+        "version=1\ndevice.0.memory_limit=1048576\n\x00\x01garbage\n",
+        "version=1\ndevice.0.core_limit=30\n",
+    ],
+)
+def test_garbled_config_denies_and_ignores_env(shim: Shim, text: str) -> None:
+    shim.config(text)
+    env = {"VGPUD_MEMORY_LIMIT": "1g"}  # must not lift anything
+    out, err = shim.run("ctx", "alloc", 4096, "info", "total", env=env)
+    assert out[1]["rc"] == OOM
+    assert (out[2]["total"], out[2]["free"]) == (0, 0)
+    assert out[3]["total"] == 0
+    lines = [line for line in err.splitlines() if "rejected" in line]
+    assert len(lines) == 1 and "config" in lines[0] and "refused" in lines[0]
+
+
+def test_unreadable_config_denies(shim: Shim) -> None:
+    (shim.tmp / "config").mkdir()
+    out, err = shim.run("ctx", "alloc", 4096)
+    assert out[1]["rc"] == OOM
+    assert "rejected" in err
+
+
+def test_oversubscription_spills_into_managed_memory(shim: Shim) -> None:
+    shim.config(device__0__memory_limit=str(MIB), device__0__oversubscribe="1")
+    out, _ = shim.run(
+        "ctx",
+        "alloc",
+        MIB,
+        "alloc",
+        4 * MIB,
+        "async",
+        MIB,
+        "info",
+        "physical",
+        "free",
+        1,
+        "free",
+        2,
+        "free",
+        0,
+        "info",
+    )
+    assert [o["rc"] for o in out] == [0] * 10
+    assert (out[4]["total"], out[4]["free"]) == (MIB, 0)  # spill is beyond the slice
+    assert out[5]["bytes"] == MIB  # only the first MiB is on the device
+    assert out[-1]["free"] == MIB
+    # the same without oversubscription: refused
+    shim.config(device__0__memory_limit=str(MIB))
+    out, _ = shim.run("ctx", "alloc", MIB, "alloc", 4 * MIB)
+    assert out[2]["rc"] == OOM
+
+
+def _spawn_hold(
+    shim: Shim, *ops: str | int, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    p = subprocess.Popen(
+        shim.cmd(*ops, "hold"),
+        env=shim.env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None
+    for line in p.stdout:
+        if '"hold"' in line:
+            return p
+    raise AssertionError(p.stderr.read() if p.stderr else "no output")
+
+
+def test_limit_is_shared_by_processes_and_dead_usage_reclaimed(shim: Shim) -> None:
+    shim.config(device__0__memory_limit="1000000")
+    holder = _spawn_hold(shim, "ctx", "alloc", 600_000)
+    try:
+        snap = read_usage(shim.state_dir)
+        assert snap.used(0) == 600_000 and snap.devices[0].limit == 1_000_000
+        assert [p.pid for p in snap.processes] == [holder.pid]
+        out, _ = shim.run("ctx", "alloc", 600_000, "alloc", 400_000, "info")
+        assert [o["rc"] for o in out] == [0, OOM, 0, 0]
+        assert out[3]["free"] == 0
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert read_usage(shim.state_dir).used(0) == 600_000  # until someone reclaims it
+    out, _ = shim.run("ctx", "alloc", 600_000, "info")
+    assert out[1]["rc"] == 0 and out[2]["free"] == 400_000
+    snap = read_usage(shim.state_dir)
+    assert snap.used(0) == 0 and snap.processes == ()
+
+
+def _fake_host_proc(root: Path, pid: int, host_pid: int) -> None:
+    d = root / str(host_pid)
+    d.mkdir(parents=True, exist_ok=True)
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    (d / "stat").write_text(f"{host_pid}{stat[len(str(pid)) :]}")
+    (d / "cgroup").write_text(Path(f"/proc/{pid}/cgroup").read_text())
+    (d / "status").write_text(f"Name:\tdrv\nPid:\t{host_pid}\nNSpid:\t{host_pid}\t{pid}\n")
+
+
+def test_context_memory_is_charged_through_the_pid_mapping(shim: Shim) -> None:
+    offset = 100000
+    host_proc = shim.tmp / "hostproc"
+    host_proc.mkdir()
+    shim.config(device__0__memory_limit=str(1 << 30), host_proc=str(host_proc))
+    env = {"FAKECUDA_CTX_MIB": "300", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+    # another process with the same container pid in another container must not match
+    _fake_host_proc(host_proc, os.getpid(), os.getpid() + 2 * offset)
+    p = subprocess.Popen(
+        shim.cmd("ctx", "sleep", 700, "alloc", MIB, "info", "nvml"),
+        env=shim.env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _fake_host_proc(host_proc, p.pid, p.pid + offset)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 0, stderr
+    import json
+
+    out = [json.loads(x) for x in stdout.splitlines()]
+    ctx = 300 * MIB
+    assert out[2]["free"] == (1 << 30) - ctx - MIB
+    nvml = out[3]
+    assert nvml["used"] == ctx + MIB
+    # the process list shows the container's pid, not the host's
+    assert nvml["procs"] == [[p.pid, ctx + MIB]]
+
+
+def test_without_pid_mapping_context_is_not_guessed(shim: Shim) -> None:
+    shim.config(device__0__memory_limit=str(1 << 30))
+    env = {"FAKECUDA_CTX_MIB": "300", "FAKECUDA_HOST_PID_OFFSET": "100000"}
+    t0 = time.monotonic()
+    out, _ = shim.run("ctx", "alloc", MIB, "info", env=env)
+    assert out[2]["free"] == (1 << 30) - MIB  # NVML never saw "our" pid: nothing charged
+    assert time.monotonic() - t0 < 30
