@@ -94,8 +94,10 @@ class Scheduler:
         self.starts += 1
         log = (self.tmp / f"scheduler-{self.starts}.log").open("wb")
         env = {**os.environ, "VGPUD_LOG_LEVEL": "warning"}
+        prefix = os.environ.get("VGPUD_SCHEDULER_PREFIX", "").split()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vgpud", "scheduler", "--kubeconfig", str(self.kubeconfig),
+            [sys.executable, *prefix, "-m", "vgpud", "scheduler",
+             "--kubeconfig", str(self.kubeconfig),
              "--listen", f"127.0.0.1:{self.port}", "--config", str(cfg)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()

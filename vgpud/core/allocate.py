@@ -120,7 +120,7 @@ class Allocator:
             failed[names[i]] = reason
         return Filtered([names[i] for i in feasible.tolist()], failed)
 
-    def _scores(self, pod: PodRequest, res: FilterResult, nodes: npt.NDArray[np.int64],
+    def _scores(self, pod: PodRequest, res: FilterResult | None, nodes: npt.NDArray[np.int64],
                 ) -> npt.NDArray[np.float64]:
         c = self.cluster
         cap_mem = c.node_cap_mem[nodes]
@@ -144,19 +144,25 @@ class Allocator:
         policy = util if pod.node_policy is Policy.BINPACK else 1.0 - util
         scores: npt.NDArray[np.float64] = policy * MAX_SCORE
         if any(x.number > 1 for x in main):
+            if res is None:
+                res = filter_nodes(c, pod, nodes, reasons=False)
             scores = 0.7 * scores + 0.3 * topology_fit(c, res, nodes) * MAX_SCORE
         return scores
 
     def prioritize(self, pod: PodRequest, nodes: Sequence[str]) -> dict[str, float]:
         """Scores in [0, 10] (floats; the extender rounds them) for the given nodes."""
+        known, scores = self.score_array(pod, nodes)
+        return dict(zip(known, scores.tolist(), strict=True))
+
+    def score_array(self, pod: PodRequest, nodes: Sequence[str],
+                    ) -> tuple[list[str], npt.NDArray[np.float64]]:
+        """The nodes this allocator knows, in the given order, and their scores."""
         if not nodes:
-            return {}
-        idx, _ = self._indices(nodes)
+            return [], np.zeros(0)
+        idx, unknown = self._indices(nodes)
         assert idx is not None
-        res = filter_nodes(self.cluster, pod, idx, reasons=False)
-        scores = self._scores(pod, res, idx)
-        names = self.cluster.node_names
-        return {names[i]: s for i, s in zip(idx.tolist(), scores.tolist(), strict=True)}
+        known = list(nodes) if not unknown else [n for n in nodes if n not in unknown]
+        return known, self._scores(pod, None, idx)
 
     def place(self, pod: PodRequest, node: str) -> Placement | Reason:
         return place(self.cluster, pod, node)

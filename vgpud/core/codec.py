@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from vgpud.core.model import (
@@ -127,9 +128,9 @@ def decode_gpu(d: object, where: str, *, split_default: int | None = None) -> Gp
     split = (_count(d, "split", where, low=1, high=1024) if split_default is None
              else _count(d, "split", where, low=1, high=1024, default=split_default))
     return Gpu(
-        uuid=uuid,
+        uuid=sys.intern(uuid),
         index=_count(d, "index", where, high=4096),
-        model=_opt(d, "model", str, "", where),
+        model=sys.intern(_opt(d, "model", str, "", where)),
         memory=_count(d, "memory", where, low=1, high=1 << 24),
         split=split,
         numa=_count(d, "numa", where, low=-1, high=1024, default=0),
@@ -200,15 +201,17 @@ def decode_assignment(raw: str | bytes | object) -> Placement:
             uuid = _field(d, "uuid", str, dw)
             if not uuid:
                 raise CodecError(f"{dw}.uuid: must not be empty")
-            devices.append(DeviceGrant(uuid=uuid, memory=_count(d, "memory", dw, high=1 << 30),
+            devices.append(DeviceGrant(uuid=sys.intern(uuid),
+                                       memory=_count(d, "memory", dw, high=1 << 30),
                                        cores=_count(d, "cores", dw, high=100 * 100)))
         if len({d.uuid for d in devices}) != len(devices):
             raise CodecError(f"{where}.devices: a container's vGPUs must be distinct GPUs")
-        containers.append(ContainerGrant(name=name, init=_opt(c, "init", bool, False, where),
+        containers.append(ContainerGrant(name=sys.intern(name),
+                                         init=_opt(c, "init", bool, False, where),
                                          devices=tuple(devices),
                                          sidecar=_opt(c, "sidecar", bool, False, where)))
     return Placement(
-        node=node,
+        node=sys.intern(node),
         containers=tuple(containers),
         compute_policy=policy,
         priority=_opt(doc, "priority", int, 0, ASSIGNMENT),

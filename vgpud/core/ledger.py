@@ -41,7 +41,6 @@ class Entry:
     uid: str
     key: str  # namespace/name, for messages
     placement: Placement
-    charge: dict[str, GpuUsage]
     state: State
     deadline: float | None
 
@@ -105,7 +104,7 @@ class Ledger:
         if why is not None:
             return why
         deadline = now + self.ttl
-        self._add(Entry(uid, key, placement, held, State.ASSUMED, deadline))
+        self._add(Entry(uid, key, placement, State.ASSUMED, deadline), held)
         heapq.heappush(self._deadlines, (deadline, uid))
         return None
 
@@ -119,7 +118,7 @@ class Ledger:
                                                  placement=placement)
                 return
             self._drop(old)
-        self._add(Entry(uid, key, placement, charge(placement), State.CONFIRMED, None))
+        self._add(Entry(uid, key, placement, State.CONFIRMED, None))
 
     def forget(self, uid: str) -> bool:
         """Release whatever ``uid`` holds; True if it held something."""
@@ -144,7 +143,7 @@ class Ledger:
         """Every broken invariant, recomputed from the entries (for tests and /debug)."""
         totals: dict[tuple[str, str], GpuUsage] = {}
         for e in self._entries.values():
-            for uuid, c in e.charge.items():
+            for uuid, c in charge(e.placement).items():
                 k = (e.placement.node, uuid)
                 t = totals.get(k, GpuUsage())
                 totals[k] = GpuUsage(t.vgpus + c.vgpus, t.memory + c.memory, t.cores + c.cores,
@@ -164,10 +163,12 @@ class Ledger:
                 out.append(f"{node}/{uuid}: an exclusive holder is not alone ({t.vgpus} vGPUs)")
         return out
 
-    def _add(self, e: Entry) -> None:
+    def _add(self, e: Entry, held: dict[str, GpuUsage] | None = None) -> None:
         self._entries[e.uid] = e
-        self.cluster.add_usage(e.placement.node, e.charge, +1)
+        self.cluster.add_usage(e.placement.node, held or charge(e.placement), +1)
 
     def _drop(self, e: Entry) -> None:
+        # The charge is derived again rather than stored: 50,000 entries' dicts cost
+        # more memory than recomputing one on release costs time.
         del self._entries[e.uid]
-        self.cluster.add_usage(e.placement.node, e.charge, -1)
+        self.cluster.add_usage(e.placement.node, charge(e.placement), -1)

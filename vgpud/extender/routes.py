@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import structlog
 
 from vgpud.core.allocate import MAX_SCORE, Allocator
@@ -26,8 +27,9 @@ from vgpud.extender.wire import (
     BindingResultJson,
     ExtenderArgs,
     FilterResultJson,
-    HostPriorityJson,
+    RawJson,
     filter_result,
+    host_priorities,
 )
 from vgpud.kube.errors import KubeError, NotFound
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodWriter
@@ -110,16 +112,22 @@ class Extender:
 
     # -- prioritize -------------------------------------------------------------------------
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriorityJson]:
+    def prioritize(self, args: ExtenderArgs) -> RawJson:
+        """The HostPriorityList, rendered here: 5,000 dicts would cost more than the
+        scoring itself."""
         try:
             req = self._parse(args.pod)
         except RequestError:
-            return [{"Host": n, "Score": 0} for n in args.node_names]
+            return host_priorities(list(args.node_names), [0] * len(args.node_names))
         if not req.wants_gpu:
-            return [{"Host": n, "Score": 0} for n in args.node_names]
-        scores = self.alloc.prioritize(req, args.node_names)
-        return [{"Host": n, "Score": max(0, min(MAX_SCORE, round(scores.get(n, 0.0))))}
-                for n in args.node_names]
+            return host_priorities(list(args.node_names), [0] * len(args.node_names))
+        known, scores = self.alloc.score_array(req, args.node_names)
+        ints = np.clip(np.rint(scores), 0, MAX_SCORE).astype(np.int64).tolist()
+        if len(known) != len(args.node_names):  # nodes without inventory score 0
+            by_name = dict(zip(known, ints, strict=True))
+            known = list(args.node_names)
+            ints = [by_name.get(n, 0) for n in known]
+        return host_priorities(known, ints)
 
     # -- bind -------------------------------------------------------------------------------
 

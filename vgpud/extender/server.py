@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vgpud.extender.routes import Extender, timed
-from vgpud.extender.wire import WireError, parse_binding_args, parse_extender_args
+from vgpud.extender.wire import RawJson, WireError, parse_binding_args, parse_extender_args
 
 log = structlog.get_logger()
 
@@ -26,8 +26,8 @@ MAX_BODY = 64 << 20  # 5,000 full Node objects fit comfortably
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(doc, separators=(",", ":")), status=status,
-                        content_type="application/json")
+    body = doc if isinstance(doc, RawJson) else json.dumps(doc, separators=(",", ":"))
+    return web.Response(text=body, status=status, content_type="application/json")
 
 
 def make_app(ext: Extender, ready: Callable[[], bool]) -> web.Application:

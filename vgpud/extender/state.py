@@ -15,6 +15,7 @@ tens of MiB. Decoding is the core's; this module only routes.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +30,8 @@ from vgpud.core.codec import (
     decode_assignment,
     decode_node_devices,
 )
-from vgpud.core.model import Node, PodRequest
-from vgpud.kube.cache import Added, Deleted, Event, Synced
+from vgpud.core.model import Node, NodeInventory, Placement, PodRequest
+from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 
 log = structlog.get_logger()
 
@@ -39,13 +40,17 @@ TERMINAL = frozenset({"Succeeded", "Failed"})
 
 @dataclass(frozen=True, slots=True)
 class PodInfo:
+    """What the scheduler keeps of a pod. The assignment is decoded here, once, and
+    the same :class:`Placement` object is what the ledger holds."""
+
     uid: str
     namespace: str
     name: str
     node: str
     phase: str
     resource_version: str
-    assignment: str | None
+    placement: Placement | None
+    assignment_error: str | None = None
 
     @property
     def key(self) -> str:
@@ -56,20 +61,29 @@ class PodInfo:
 class NodeInfo:
     name: str
     labels: tuple[tuple[str, str], ...]
-    devices: str | None
+    inventory: NodeInventory | None
+    error: str | None = None
 
 
 def project_pod(obj: dict[str, Any]) -> PodInfo:
     meta = obj.get("metadata") or {}
     ann = meta.get("annotations") or {}
+    raw = ann.get(ASSIGNMENT)
+    placement, error = None, None
+    if raw is not None:
+        try:
+            placement = decode_assignment(raw)
+        except CodecError as e:
+            error = str(e)
     return PodInfo(
         uid=str(meta.get("uid") or ""),
-        namespace=str(meta.get("namespace") or "default"),
+        namespace=sys.intern(str(meta.get("namespace") or "default")),
         name=str(meta.get("name") or ""),
-        node=str((obj.get("spec") or {}).get("nodeName") or ""),
-        phase=str((obj.get("status") or {}).get("phase") or ""),
+        node=sys.intern(str((obj.get("spec") or {}).get("nodeName") or "")),
+        phase=sys.intern(str((obj.get("status") or {}).get("phase") or "")),
         resource_version=str(meta.get("resourceVersion") or ""),
-        assignment=ann.get(ASSIGNMENT) if isinstance(ann.get(ASSIGNMENT), str) else None,
+        placement=placement,
+        assignment_error=error,
     )
 
 
@@ -77,10 +91,16 @@ def project_node(obj: dict[str, Any]) -> NodeInfo:
     meta = obj.get("metadata") or {}
     ann = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
+    name = sys.intern(str(meta.get("name") or ""))
     raw = ann.get(NODE_DEVICES)
-    return NodeInfo(str(meta.get("name") or ""),
-                    tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-                    raw if isinstance(raw, str) else None)
+    inventory, error = None, None
+    if raw is not None:
+        try:
+            inventory = decode_node_devices(raw)
+        except CodecError as e:
+            error = str(e)
+    return NodeInfo(name, tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                    inventory, error)
 
 
 class SchedulerState:
@@ -116,19 +136,20 @@ class SchedulerState:
             self.bad_nodes.pop(event.key, None)
             return
         info = event.obj if isinstance(event, Added) else event.new
-        if info.devices is None:
-            self.alloc.remove_node(info.name)
-            return
-        try:
-            inv = decode_node_devices(info.devices)
-        except CodecError as e:
-            if self.bad_nodes.get(info.name) != str(e):
-                log.warning("node_inventory_invalid", node=info.name, error=str(e))
-            self.bad_nodes[info.name] = str(e)
+        if info.error is not None:
+            if self.bad_nodes.get(info.name) != info.error:
+                log.warning("node_inventory_invalid", node=info.name, error=info.error)
+            self.bad_nodes[info.name] = info.error
             self.alloc.remove_node(info.name)
             return
         self.bad_nodes.pop(info.name, None)
-        self.alloc.set_node(Node(info.name, inv, info.labels))
+        if info.inventory is None:
+            self.alloc.remove_node(info.name)
+            return
+        if isinstance(event, Modified) and event.old.inventory == info.inventory \
+                and event.old.labels == info.labels:
+            return  # a heartbeat or status change: nothing the allocator reads
+        self.alloc.set_node(Node(info.name, info.inventory, info.labels))
 
     def on_pod(self, event: Event[PodInfo]) -> None:
         if isinstance(event, Synced):
@@ -136,30 +157,29 @@ class SchedulerState:
         if isinstance(event, Deleted):
             info = event.obj
             self.pods.pop(info.uid, None)
-            if self.by_key.get(info.key) == info.uid:
-                del self.by_key[info.key]
+            if self.by_key.get(event.key) == info.uid:
+                del self.by_key[event.key]
             self._requests.pop(info.uid, None)
             if self.alloc.forget(info.uid):
                 log.debug("pod_released", pod=info.key, why="deleted")
             return
         info = event.obj if isinstance(event, Added) else event.new
         self.pods[info.uid] = info
-        self.by_key[info.key] = info.uid
+        self.by_key[event.key] = info.uid
         if info.phase in TERMINAL:
             if self.alloc.forget(info.uid):
                 log.debug("pod_released", pod=info.key, why=info.phase)
             self._requests.pop(info.uid, None)
             return
-        if info.assignment is None or not info.node:
-            return
-        try:
-            placement = decode_assignment(info.assignment)
-        except CodecError as e:
+        if info.assignment_error is not None:
             if info.uid not in self.bad_assignments:
-                log.warning("pod_assignment_invalid", pod=info.key, error=str(e))
+                log.warning("pod_assignment_invalid", pod=info.key, error=info.assignment_error)
             self.bad_assignments.add(info.uid)
             return
         self.bad_assignments.discard(info.uid)
+        placement = info.placement
+        if placement is None or not info.node:
+            return
         if placement.node != info.node:
             log.warning("pod_assignment_other_node", pod=info.key, bound=info.node,
                         assigned=placement.node)

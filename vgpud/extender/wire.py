@@ -10,6 +10,7 @@ Requests are parsed here into frozen values; anything malformed raises
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -116,6 +117,23 @@ def parse_binding_args(raw: bytes) -> BindingArgs:
             raise WireError(f"'{key}' is missing")
     return BindingArgs(values["PodName"], values["PodNamespace"] or "default",
                        values["PodUID"], values["Node"])
+
+
+class RawJson(str):
+    """A response body already rendered as JSON."""
+
+
+_SAFE_NAMES = re.compile(r"[a-z0-9.\-]*")  # DNS-1123 subdomains need no JSON escaping
+
+
+def host_priorities(names: list[str], scores: list[int]) -> RawJson:
+    """``[{"Host": name, "Score": n}, ...]`` rendered directly (names escaped when needed)."""
+    if _SAFE_NAMES.fullmatch("".join(names)):
+        quoted = [f'"{n}"' for n in names]
+    else:
+        quoted = [json.dumps(n) for n in names]
+    return RawJson("[" + ",".join(f'{{"Host":{q},"Score":{s}}}'
+                                  for q, s in zip(quoted, scores, strict=True)) + "]")
 
 
 def filter_result(args: ExtenderArgs, feasible: list[str], failed: dict[str, str],

@@ -1,0 +1,200 @@
+"""``vgpud scheduler`` over HTTP at scale, against the API stand-in.
+
+    python benchmarks/scheduler.py            # 5,000 nodes x 8 GPUs, 50,000 pods
+    python benchmarks/scheduler.py --quick    # CI: 500 nodes, 5,000 pods
+
+The stand-in and the scheduler run as their own processes; a driver plays
+kube-scheduler (filter with every node name, prioritize the feasible ones, bind the
+best). Prints filter / prioritize / bind latency p50 and p99, end-to-end pods per
+second, the 40-pod Job's time, the time to become ready (ledger rebuilt from every
+pod's annotation) and the scheduler's peak RSS, each with its target. Figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.e2e.cluster import Driver, Scheduler, gpu_node, gpu_pod, standin
+from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
+
+GPUS = 8
+MEMORY = 81920
+
+
+def bound_pods(n_nodes: int, n_pods: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Pods already running, each with its assignment: what a restart must rebuild."""
+    out = []
+    for i in range(n_pods):
+        node = f"node-{i % n_nodes:05d}"
+        gpu = (i // n_nodes) % GPUS
+        p = gpu_pod(f"running-{i:06d}", {"nvidia.com/vgpu-number": 1,
+                                         "nvidia.com/vgpu-memory": 4000,
+                                         "nvidia.com/vgpu-cores": 10})
+        a = Placement(node, (ContainerGrant("main", False, (
+            DeviceGrant(f"GPU-{node}-{gpu}", rng.choice([2000, 4000, 8000]), 10),)),),
+            time="2026-11-21T00:00:00Z")
+        p["metadata"]["annotations"][ASSIGNMENT] = encode_assignment(a)
+        p["spec"]["nodeName"] = node
+        p["status"] = {"phase": "Running"}
+        out.append(p)
+    return out
+
+
+def feasible_to_find(n: int, percentage: int = 0) -> int:
+    """kube-scheduler's numFeasibleNodesToFind: how many names reach the extender.
+
+    Below 100 nodes, all; otherwise percentageOfNodesToScore, whose default (0) is
+    adaptive, 50 % minus 1 % per 125 nodes, at least 5 %; never fewer than 100 nodes.
+    """
+    if n < 100 or percentage >= 100:
+        return n
+    if percentage <= 0:
+        percentage = max(5, 50 - n // 125)
+    return max(100, n * percentage // 100)
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * q))] * 1000
+
+
+async def main(args: argparse.Namespace) -> None:
+    n_nodes, n_pods = (500, 5000) if args.quick else (args.nodes, args.pods)
+    n_new = 100 if args.quick else args.new
+    rng = random.Random(3)
+    with tempfile.TemporaryDirectory() as tmp, standin(Path(tmp)) as (url, kubeconfig):
+        async with aiohttp.ClientSession() as s:
+            d = Driver(s, url, "")
+            nodes = [gpu_node(f"node-{i:05d}", GPUS, MEMORY, split=10) for i in range(n_nodes)]
+            for i in range(0, n_nodes, 2000):
+                await d._post(f"{url}/_standin/objects", {"items": nodes[i:i + 2000]})
+            running = bound_pods(n_nodes, n_pods, rng)
+            for i in range(0, n_pods, 5000):
+                await d._post(f"{url}/_standin/objects", {"items": running[i:i + 5000]})
+            sched = Scheduler(kubeconfig, Path(tmp))
+            sched.start()
+            try:
+                ready = await sched.wait_ready(within=600)
+                d.ext = sched.url
+                proc = psutil.Process(sched.proc.pid)  # type: ignore[union-attr]
+                rss_ready = proc.memory_info().rss / 2**20
+                names = [n["metadata"]["name"] for n in nodes]
+                fresh = [gpu_pod(f"new-{i:05d}", {
+                    "nvidia.com/vgpu-number": rng.choice([1, 1, 1, 2]),
+                    "nvidia.com/vgpu-memory": rng.choice([1000, 3000, 6000]),
+                    "nvidia.com/vgpu-cores": rng.choice([0, 10, 20])}) for i in range(n_new)]
+                await d._post(f"{url}/_standin/objects", {"items": fresh})
+                created = {p["metadata"]["name"]: p for p in await d.pods()
+                           if p["metadata"]["name"].startswith("new-")}
+                bound = 0
+                errors: list[str] = []
+                limiter = anyio.Semaphore(args.concurrency)
+
+                async def bind(p: dict[str, Any], node: str) -> None:
+                    nonlocal bound
+                    async with limiter:
+                        doc = await d._verb("bind", {
+                            "PodName": p["metadata"]["name"], "PodNamespace": "default",
+                            "PodUID": p["metadata"]["uid"], "Node": node})
+                        bound += not doc["Error"]
+                        if doc["Error"]:
+                            errors.append(doc["Error"])
+
+                # kube-scheduler's shape: one scheduling cycle at a time (filter,
+                # prioritize, pick), binding cycles in parallel behind it; the extender
+                # gets the first numFeasibleNodesToFind nodes from a rotating start.
+                k = feasible_to_find(n_nodes, args.percentage)
+                start = 0
+                t0 = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for p in created.values():
+                        cands = (names[start:] + names[:start])[:k]
+                        start = (start + k) % n_nodes
+                        f = await d._verb("filter", {"Pod": p, "NodeNames": cands})
+                        if not f["NodeNames"]:
+                            continue
+                        scores = await d._verb("prioritize", {"Pod": p,
+                                                              "NodeNames": f["NodeNames"]})
+                        best = max(scores, key=lambda h: h["Score"])["Host"]
+                        tg.start_soon(bind, p, best)
+                e2e = time.perf_counter() - t0
+                lat = d.latency
+                job = [gpu_pod(f"job-{i}", {"nvidia.com/vgpu-number": 1,
+                                            "nvidia.com/vgpu-memory": 2000})
+                       for i in range(40)]
+                await d._post(f"{url}/_standin/objects", {"items": job})
+                job_pods = [p for p in await d.pods() if p["metadata"]["name"].startswith("job-")]
+                target = names[-1]
+                t0 = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for p in job_pods:
+                        tg.start_soon(d.schedule, p, [target])
+                job_time = time.perf_counter() - t0
+                job_bound = sum(1 for p in await d.pods()
+                                if p["metadata"]["name"].startswith("job-")
+                                and p["spec"].get("nodeName") == target)
+                rss = proc.memory_info().rss / 2**20
+                peak = _peak_rss_mib(proc.pid)
+            finally:
+                sched.stop()
+    print(f"vgpud scheduler benchmark: {n_nodes} nodes x {GPUS} GPUs, {n_pods} running pods, "
+          f"{n_new} new pods (serial scheduling cycles, {args.concurrency} binds in flight), "
+          f"{k} candidate nodes per pod (percentageOfNodesToScore "
+          f"{args.percentage or 'adaptive'}), over HTTP")
+    print(f"  ready after {ready:.1f} s (caches synced, ledger rebuilt from {n_pods} pods), "
+          f"RSS then {rss_ready:.0f} MiB")
+    for verb, target_ms in (("filter", 10.0), ("prioritize", None), ("bind", None)):
+        v = lat[verb]
+        if v:
+            tgt = f" | target p99 <= {target_ms:.0f} ms: {pct(v, .99) / target_ms:.2f} of it" \
+                if target_ms else ""
+            print(f"  {verb:<10} p50 {pct(v, .5):7.2f} ms  p99 {pct(v, .99):7.2f} ms  "
+                  f"(n={len(v)}){tgt}")
+    print(f"  end to end: {bound}/{n_new} bound in {e2e:.2f} s = {bound / e2e:6.0f} pods/s "
+          f"| target >= 200 pods/s: {bound / e2e / 200:.2f}x")
+    for e in sorted(set(errors))[:3]:
+        print(f"  bind error ({errors.count(e)}x): {e}")
+    print(f"  40-pod Job onto one node: {job_bound}/40 bound in {job_time:.2f} s "
+          f"| target <= 2 s: {job_time / 2:.2f} of it (HAMi: 15-30 min, HAMi#1367)")
+    print(f"  scheduler RSS {rss:.0f} MiB, peak {peak:.0f} MiB with {n_pods} pods "
+          f"| target <= 200 MiB: {peak / 200:.2f} of it")
+    print(f"  median filter+prioritize+bind per pod: "
+          f"{statistics.median(lat['filter']) * 1000 + statistics.median(lat['bind']) * 1000:.1f}"
+          " ms")
+
+
+def _peak_rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--pods", type=int, default=50000)
+    ap.add_argument("--new", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--percentage", type=int, default=0,
+                    help="kube-scheduler's percentageOfNodesToScore (0: its adaptive default; "
+                         "100: every node, the worst case)")
+    anyio.run(main, ap.parse_args())
