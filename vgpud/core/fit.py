@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -87,7 +88,12 @@ class FilterResult:
     failed: dict[int, Reason]  # filled only when reasons were asked for
     exact: bool  # True when ``feasible`` needs no per-node confirmation
     masks: tuple[tuple[ContainerRequest, npt.NDArray[np.bool_]], ...]  # per shape: GPUs that fit
-    slot_node: npt.NDArray[np.int64]  # node index of each slot (dead: past the end)
+    slot_node: npt.NDArray[np.int64]  # node index of each slot looked at (dead: past the end)
+    slots: npt.NDArray[np.int64] | None  # the slots looked at (None: all of them)
+
+    def take(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """A per-slot cluster array, restricted to the slots this result looked at."""
+        return values[: len(self.slot_node)] if self.slots is None else values[self.slots]
 
 
 _Stage = tuple[str, str, bool]  # code, message template, resolvable
@@ -165,32 +171,52 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     With ``reasons=False`` the rejected nodes are only left out (the simulator's and
     the benchmark's path); the extender asks for the reasons.
     """
-    n = cluster.slots
     n_nodes = len(cluster.node_names)
     cand_mask = np.zeros(n_nodes + 1, dtype=np.bool_)
-    if candidates is None:
-        cand_mask[:n_nodes] = True
-        for i in cluster.free_node_indices():
-            cand_mask[i] = False
+    slots: npt.NDArray[np.int64] | None
+    if candidates is None or 2 * len(candidates) > cluster.n_nodes():
+        # All (or most) nodes: a slice of every array beats gathering their slots.
+        if candidates is None:
+            cand_mask[:n_nodes] = True
+            for i in cluster.free_node_indices():
+                cand_mask[i] = False
+        else:
+            cand_mask[candidates] = True
+        slots = None
+        n = cluster.slots
+
+        def take(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            return values[:n]
     else:
+        # Only the candidates' GPUs: kube-scheduler sends a tenth of a large cluster.
         cand_mask[candidates] = True
-    node_of = cluster.node_of[:n]
-    slot_node = np.where(cluster.alive[:n], node_of, n_nodes).astype(np.int64)
+        sel = slots = cluster.slots_of(candidates)
+        n = len(sel)
+
+        def take(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            return values[sel]
+    alive = take(cluster.alive)
+    slot_node = np.where(alive, take(cluster.node_of), n_nodes).astype(np.int64)
     slot_node = np.where(cand_mask[slot_node], slot_node, n_nodes)
-    cap_mem = cluster.cap_mem[:n]
-    cap_cores = cluster.cap_cores[:n]
-    free_mem = cap_mem - cluster.used_mem[:n]
-    free_cores = cap_cores - cluster.used_cores[:n]
-    free_split = cluster.cap_split[:n] - cluster.used_split[:n]
+    cap_mem = take(cluster.cap_mem)
+    cap_cores = take(cluster.cap_cores)
+    cap_split = take(cluster.cap_split)
+    used_split = take(cluster.used_split)
+    excl = take(cluster.excl)
+    free_mem = cap_mem - take(cluster.used_mem)
+    free_cores = cap_cores - take(cluster.used_cores)
+    free_split = cap_split - used_split
+    numa_of = take(cluster.numa)
     filt: npt.NDArray[np.bool_] | None = None
     lut = _lut(cluster, pod)
     if lut is not None:
-        filt = lut[cluster.type_id[:n]]
-    um = _uuid_mask(cluster, pod, n)
+        filt = lut[take(cluster.type_id)]
+    um = _uuid_mask(cluster, pod, cluster.slots)
     if um is not None:
+        um = take(um)
         filt = um if filt is None else filt & um
     static: list[npt.NDArray[np.bool_] | None] = [
-        slot_node < n_nodes, cluster.healthy[:n], ~cluster.mig[:n], filt]
+        slot_node < n_nodes, take(cluster.healthy), ~take(cluster.mig), filt]
 
     ok_nodes = cand_mask[:n_nodes].copy()
     failed: dict[int, Reason] = {}
@@ -206,10 +232,10 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
             c.memory if c.memory is not None else cap_mem * (c.memory_percent or 100) // 100)
         stages = [
             *static,
-            (cap_mem >= need_mem) & (cap_cores >= c.cores) & (cluster.cap_split[:n] >= 1),
+            (cap_mem >= need_mem) & (cap_cores >= c.cores) & (cap_split >= 1),
             free_split >= 1,
-            cluster.excl[:n] == 0,
-            (cluster.used_split[:n] == 0) if c.exclusive else None,
+            excl == 0,
+            (used_split == 0) if c.exclusive else None,
             free_mem >= need_mem,
             free_cores >= c.cores,
         ]
@@ -221,7 +247,7 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
             cumulative.append(running)
         masks.append((c, running))
         if numa and c.number > 1:
-            counts = _numa_counts(cluster, slot_node, running, n_nodes)
+            counts = _numa_counts(numa_of, slot_node, running, n_nodes)
         else:
             counts = np.bincount(slot_node[running], minlength=n_nodes + 1)[:n_nodes]
         short = ok_nodes & (counts < c.number)
@@ -235,7 +261,7 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
         have = np.stack([np.bincount(slot_node[m], minlength=n_nodes + 1)[short_idx]
                          for m in cumulative])
         if numa and c.number > 1:
-            have = np.vstack([have, _numa_counts(cluster, slot_node, cumulative[4],
+            have = np.vstack([have, _numa_counts(numa_of, slot_node, cumulative[4],
                                                  n_nodes)[short_idx][None, :],
                               counts[short_idx][None, :]])
             stage_list = (*_STAGES, _NUMA_STATIC, _NUMA)
@@ -250,7 +276,7 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     feasible = np.flatnonzero(ok_nodes).astype(np.int64)
     exact = (len(pod.containers) == 1 and pod.topology is not TopologyMode.LINK)
     return FilterResult(feasible=feasible, failed=failed, exact=exact, masks=tuple(masks),
-                        slot_node=slot_node)
+                        slot_node=slot_node, slots=slots)
 
 
 def topology_fit(cluster: Cluster, res: FilterResult, nodes: npt.NDArray[np.int64],
@@ -259,21 +285,21 @@ def topology_fit(cluster: Cluster, res: FilterResult, nodes: npt.NDArray[np.int6
     half for having enough fitting GPUs with NVLink peers to link them all."""
     n_nodes = len(cluster.node_names)
     score = np.ones(len(nodes), dtype=np.float64)
-    n = cluster.slots
+    numa_of = res.take(cluster.numa)
+    degree = res.take(cluster.link_degree)
     for c, mask in res.masks:
         if c.number < 2:
             continue
-        numa_ok = _numa_counts(cluster, res.slot_node, mask, n_nodes)[nodes] >= c.number
-        linked = mask & (cluster.link_degree[:n] >= c.number - 1)
+        numa_ok = _numa_counts(numa_of, res.slot_node, mask, n_nodes)[nodes] >= c.number
+        linked = mask & (degree >= c.number - 1)
         link_ok = np.bincount(res.slot_node[linked], minlength=n_nodes + 1)[nodes] >= c.number
         score = np.minimum(score, 0.5 * numa_ok + 0.5 * link_ok)
     return score
 
 
-def _numa_counts(cluster: Cluster, slot_node: npt.NDArray[np.int64],
+def _numa_counts(numa: npt.NDArray[np.int32], slot_node: npt.NDArray[np.int64],
                  mask: npt.NDArray[np.bool_], n_nodes: int) -> npt.NDArray[np.int64]:
-    n = cluster.slots
-    bucket = np.clip(cluster.numa[:n] + 1, 0, NUMA_BUCKETS - 1)
+    bucket = np.clip(numa + 1, 0, NUMA_BUCKETS - 1)
     key = slot_node * NUMA_BUCKETS + bucket
     per = np.bincount(key[mask], minlength=(n_nodes + 1) * NUMA_BUCKETS)
     out: npt.NDArray[np.int64] = per.reshape(n_nodes + 1, NUMA_BUCKETS).max(axis=1)[:n_nodes]

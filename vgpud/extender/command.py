@@ -17,7 +17,11 @@ def scheduler(
     kubeconfig: Annotated[str | None, typer.Option(
         help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")] = None,
     listen: Annotated[str, typer.Option(
-        help="HOST:PORT to serve the extender on")] = "0.0.0.0:8888",
+        help="HOST:PORT for the extender's verbs (filter/prioritize/bind); keep it on "
+             "localhost beside kube-scheduler")] = "127.0.0.1:8888",
+    metrics_listen: Annotated[str | None, typer.Option(
+        help="HOST:PORT for /healthz, /readyz and /metrics (default: the --listen address)",
+    )] = None,
     config: Annotated[Path | None, typer.Option(help="settings file (YAML or JSON)")] = None,
     leader_elect: Annotated[bool, typer.Option(
         help="take a coordination.k8s.io Lease so only one replica binds")] = False,
@@ -30,12 +34,15 @@ def scheduler(
     try:
         settings = load_settings(config, env=os.environ)
         parse_listen(listen)
+        if metrics_listen:
+            parse_listen(metrics_listen)
     except (ConfigError, ValueError) as e:
         typer.echo(f"vgpud: {e}", err=True)
         raise typer.Exit(2) from None
     configure(settings.logLevel, settings.logFormat)
     try:
         anyio.run(lambda: run_scheduler(settings, kubeconfig=kubeconfig, listen=listen,
+                                        metrics_listen=metrics_listen,
                                         leader_elect=leader_elect,
                                         lease_namespace=lease_namespace))
     except KubeConfigError as e:

@@ -60,9 +60,13 @@ async def _signals(scope: anyio.CancelScope) -> None:
 
 
 async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: str,
-                        leader_elect: bool = False, lease_namespace: str = "kube-system",
+                        metrics_listen: str | None = None, leader_elect: bool = False,
+                        lease_namespace: str = "kube-system",
                         lease_name: str = "vgpud-scheduler") -> None:
+    """Serve the verbs on ``listen`` and health/metrics on ``metrics_listen`` (on
+    ``listen`` too when that is not given)."""
     host, port = parse_listen(listen)
+    ops_at = parse_listen(metrics_listen) if metrics_listen else None
     alloc = Allocator(settings.defaults(), clock=time.monotonic)
     state = SchedulerState(alloc)
     metrics = Metrics(alloc)
@@ -82,12 +86,20 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
             ext = Extender(state, writer=PodWriter(kube), events=events, metrics=metrics,
                            is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
                            spawn=tg.start_soon)
-            app = make_app(ext, ready=lambda: nodes.has_synced and pods.has_synced)
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
-            await runner.setup()
+            def ready() -> bool:
+                return nodes.has_synced and pods.has_synced
+
+            runners = [web.AppRunner(make_app(ext, ready, ops=ops_at is None), access_log=None,
+                                     handle_signals=False)]
+            if ops_at is not None:
+                runners.append(web.AppRunner(make_app(ext, ready, verbs=False), access_log=None,
+                                             handle_signals=False))
             try:
-                await web.TCPSite(runner, host, port, reuse_address=True).start()
-                log.info("scheduler_listening", host=host, port=port)
+                for runner, (h, p) in zip(runners, [(host, port), *([ops_at] if ops_at else [])],
+                                          strict=True):
+                    await runner.setup()
+                    await web.TCPSite(runner, h, p, reuse_address=True).start()
+                log.info("scheduler_listening", verbs=listen, ops=metrics_listen or listen)
                 tg.start_soon(_signals, tg.cancel_scope)
                 await tg.start(nodes.run)
                 await tg.start(pods.run)
@@ -101,9 +113,10 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                 # collection walks them all and stalls the loop for tens of ms (p99).
                 gc.collect()
                 gc.freeze()
-                log.info("scheduler_ready", nodes=alloc.cluster.node_count(),
+                log.info("scheduler_ready", nodes=alloc.cluster.n_nodes(),
                          pods_holding_gpus=len(alloc.ledger))
                 await anyio.sleep_forever()
             finally:
                 with anyio.CancelScope(shield=True):
-                    await runner.cleanup()
+                    for runner in runners:
+                        await runner.cleanup()

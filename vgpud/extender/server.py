@@ -1,10 +1,15 @@
-"""The extender's HTTP server (aiohttp).
+"""The extender's HTTP servers (aiohttp).
 
-``POST /filter``, ``/prioritize``, ``/bind`` speak kube-scheduler's extender v1 JSON;
-``GET /healthz`` (alive), ``/readyz`` (caches synced and the ledger rebuilt),
-``/metrics`` (Prometheus). Bodies are bounded; a malformed body gets ``400`` and a
-JSON ``{"Error": ...}`` that says what was wrong; an unexpected failure is logged
-and answered in ``Error`` (never a 5xx, never a dropped connection).
+The *verbs* app: ``POST /filter``, ``/prioritize``, ``/bind`` in kube-scheduler's
+extender v1 JSON. Until the caches have synced every verb answers an ``Error``
+("not ready"): a filter before the ledger is rebuilt would see GPUs as empty.
+The *ops* app: ``GET /healthz`` (alive), ``/readyz`` (caches synced and the ledger
+rebuilt), ``/metrics`` (Prometheus). They listen apart so the verbs can stay on
+localhost beside kube-scheduler while probes and Prometheus reach the ops port.
+
+Bodies are bounded; a malformed body gets ``400`` and a JSON ``{"Error": ...}`` that
+says what was wrong; an unexpected failure is logged and answered in ``Error``
+(never a 5xx, never a dropped connection).
 """
 
 from __future__ import annotations
@@ -30,7 +35,11 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     return web.Response(text=body, status=status, content_type="application/json")
 
 
-def make_app(ext: Extender, ready: Callable[[], bool]) -> web.Application:
+NOT_READY = "vgpud scheduler is still syncing its caches (the ledger is not rebuilt yet)"
+
+
+def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
+             ops: bool = True) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
 
     def verb(name: str, handle: Callable[[bytes], Awaitable[Any]]) -> Callable[
@@ -39,6 +48,9 @@ def make_app(ext: Extender, ready: Callable[[], bool]) -> web.Application:
             done = timed(ext.metrics, name)
             try:
                 raw = await request.read()
+                if not ready():
+                    ext.metrics.requests.labels(name, "not_ready").inc()
+                    return _json({"Error": NOT_READY})
                 doc = await handle(raw)
                 outcome = "error" if isinstance(doc, dict) and doc.get("Error") else "ok"
                 ext.metrics.requests.labels(name, outcome).inc()
@@ -79,10 +91,12 @@ def make_app(ext: Extender, ready: Callable[[], bool]) -> web.Application:
         body = generate_latest(ext.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app.router.add_post("/filter", verb("filter", do_filter))
-    app.router.add_post("/prioritize", verb("prioritize", do_prioritize))
-    app.router.add_post("/bind", verb("bind", do_bind))
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    if verbs:
+        app.router.add_post("/filter", verb("filter", do_filter))
+        app.router.add_post("/prioritize", verb("prioritize", do_prioritize))
+        app.router.add_post("/bind", verb("bind", do_bind))
+    if ops:
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
     return app

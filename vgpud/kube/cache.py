@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 import structlog
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -271,6 +272,10 @@ class Informer(Generic[T]):
         ) as events:
             async for event in events:
                 received += 1
+                if received % 8 == 0:
+                    # Buffered lines are read without a task switch; a burst of events
+                    # must not hold the loop (the extender's latency) for its whole length.
+                    await anyio.lowlevel.checkpoint()
                 rv = event.resource_version
                 if event.type == "BOOKMARK":
                     self.resource_version = rv or self.resource_version

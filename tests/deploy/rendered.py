@@ -1,0 +1,211 @@
+"""The rendered manifests as objects, and what the code itself asks of the API server.
+
+``Manifests`` wraps one rendered YAML stream (the committed ``manifests/vgpud.yaml`` or
+a fresh ``helm template``). ``api_needs`` reads vgpud's source (AST, no imports) and
+lists the (resource, verb) pairs each role's code can issue, so RBAC is checked against
+the code rather than against a second hand-written list.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
+
+from vgpud.kube import resources
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "manifests" / "vgpud.yaml"
+SCHEDULER_CONFIG = ROOT / "manifests" / "kube-scheduler-config.yaml"
+CHART = ROOT / "helm" / "vgpud"
+
+Rule = tuple[str, str, tuple[str, ...]]  # (apiGroup, resource, resourceNames)
+
+
+@dataclass(frozen=True)
+class Manifests:
+    text: str
+    docs: tuple[dict[str, Any], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Manifests:
+        docs = tuple(d for d in yaml.safe_load_all(text) if d)
+        return cls(text, docs)
+
+    @classmethod
+    def committed(cls) -> Manifests:
+        return cls.parse(MANIFEST.read_text())
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def one(self, kind: str, name: str) -> dict[str, Any]:
+        found = [d for d in self.of_kind(kind) if d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+        return found[0]
+
+    def workload(self, kind: str) -> dict[str, Any]:
+        found = self.of_kind(kind)
+        assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+        return found[0]
+
+    def pod_spec(self, kind: str) -> dict[str, Any]:
+        spec: dict[str, Any] = self.workload(kind)["spec"]["template"]["spec"]
+        return spec
+
+    def container(self, kind: str, name: str) -> dict[str, Any]:
+        found: list[dict[str, Any]] = [
+            c for c in self.pod_spec(kind)["containers"] if c["name"] == name]
+        assert len(found) == 1, f"{kind} has no container {name}"
+        return found[0]
+
+    def configmap_file(self, name: str, key: str) -> str:
+        return str(self.one("ConfigMap", name)["data"][key])
+
+    def scheduler_config(self) -> dict[str, Any]:
+        found = [yaml.safe_load(d["data"]["config.yaml"]) for d in self.of_kind("ConfigMap")
+                 if "config.yaml" in (d.get("data") or {})]
+        assert len(found) == 1
+        cfg: dict[str, Any] = found[0]
+        return cfg
+
+    def rules(self, kind: str, name: str) -> dict[Rule, set[str]]:
+        """A (Cluster)Role's rules as {(group, resource, resourceNames): verbs}."""
+        out: dict[Rule, set[str]] = {}
+        for r in self.one(kind, name).get("rules") or []:
+            names = tuple(sorted(r.get("resourceNames") or ()))
+            for g in r.get("apiGroups") or [""]:
+                for res in r.get("resources") or []:
+                    out.setdefault((g, res, names), set()).update(r.get("verbs") or [])
+        return out
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value of ``--name=value`` in a container's args/command, or None."""
+    for a in args:
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def cli_params(args: list[str]) -> dict[str, Any]:
+    """Parse a container's args (``[role, --flag=value, ...]``) with vgpud's own CLI, the
+    way the container's entrypoint will; raises a usage error ("No such option") on an
+    unknown flag. (typer carries its own copy of click, hence the duck typing.)"""
+    import typer.main
+
+    from vgpud.cli import app
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    role, *rest = args
+    ctx = commands[role].make_context(role, list(rest))
+    return dict(ctx.params)
+
+
+def port_of(listen: str) -> int:
+    return int(listen.rpartition(":")[2])
+
+
+GO_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+def seconds(duration: str) -> float:
+    """A Go duration ("1m30s", "60s") in seconds."""
+    assert GO_DURATION.match(duration), f"{duration!r} is not a Go duration"
+    unit = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * unit[u] for n, _, u in re.findall(r"(\d+(\.\d+)?)(ns|us|µs|ms|s|m|h)",
+                                                             duration))
+
+
+# -- what the code asks of the API server ---------------------------------------------------
+
+VGPUD = ROOT / "vgpud"
+_API = {name for api in (CoreV1Api, CoordinationV1Api) for name in dir(api)
+        if not name.startswith("_") and not name.endswith("_with_http_info")}
+_VERBS = {"read": "get", "list": "list", "patch": "patch", "create": "create",
+          "replace": "update", "delete": "delete"}
+# kubernetes_asyncio's object part of a method name -> the RBAC resource.
+_RESOURCES = {"pod": "pods", "pod_binding": "pods/binding", "node": "nodes",
+              "node_status": "nodes/status", "event": "events", "lease": "leases"}
+
+
+class UnmappedCall(AssertionError):
+    pass
+
+
+def _as_rbac(method: str) -> tuple[str, str]:
+    verb, _, rest = method.partition("_")
+    rest = rest.removeprefix("namespaced_").removesuffix("_for_all_namespaces")
+    if verb not in _VERBS or rest not in _RESOURCES:
+        raise UnmappedCall(f"API call {method}: add it to tests/deploy/rendered.py and to the "
+                           "chart's RBAC")
+    return _RESOURCES[rest], _VERBS[verb]
+
+
+def _trees(paths: list[Path]) -> Iterator[ast.AST]:
+    for p in paths:
+        yield ast.parse(p.read_text(), str(p))
+
+
+def _api_methods(node: ast.AST) -> set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr in _API}
+
+
+def _kube_classes() -> dict[str, set[str]]:
+    """API methods used inside each class of vgpud/kube (PodWriter, LeaderElector, ...)."""
+    out: dict[str, set[str]] = {}
+    for tree in _trees(sorted((VGPUD / "kube").glob("*.py"))):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                out[node.name] = _api_methods(node)
+    return out
+
+
+def _called_name(call: ast.Call) -> str | None:
+    f = call.func
+    if isinstance(f, ast.Subscript):  # Informer[NodeInfo](...)
+        f = f.value
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute):
+        return f.attr
+    return None
+
+
+def _on_kube(call: ast.Call) -> bool:
+    """``kube.request(...)`` / ``self.kube.watch_lines(...)``: a raw call on a KubeClient."""
+    f = call.func
+    if not isinstance(f, ast.Attribute):
+        return False
+    v = f.value
+    return (isinstance(v, ast.Name) and v.id == "kube") or (
+        isinstance(v, ast.Attribute) and v.attr == "kube")
+
+
+def api_needs(package: str) -> set[tuple[str, str]]:
+    """(resource, verb) pairs the code of ``vgpud/<package>`` can issue: its own calls of
+    the generated API, the vgpud.kube classes it constructs, and its informers."""
+    files = [p for p in sorted((VGPUD / package).rglob("*.py")) if "_pb" not in p.parts]
+    classes = _kube_classes()
+    methods: set[str] = set()
+    needs: set[tuple[str, str]] = set()
+    for tree in _trees(files):
+        methods |= _api_methods(tree)
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
+            name = _called_name(call)
+            if name == "Informer":
+                res = call.args[1]
+                assert isinstance(res, ast.Name), "Informer resource must be a constant"
+                plural = getattr(resources, res.id).plural
+                needs |= {(plural, "list"), (plural, "watch")}
+            elif name in classes:
+                methods |= classes[name]
+            elif name in ("request", "watch_lines") and _on_kube(call):
+                raise UnmappedCall(f"raw API request in vgpud/{package}: map it to RBAC")
+    return needs | {_as_rbac(m) for m in methods}

@@ -1,0 +1,43 @@
+"""Offline schema validation of every rendered object with kubernetes-validate (the
+official OpenAPI schemas, strict: unknown fields are errors). The package is ~108 MB
+installed, so these tests skip where it is not installed. (kube-scheduler's own
+configuration has no schema there; test_manifests.py checks its shape.)"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.deploy.rendered import Manifests
+
+kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
+
+M = Manifests.committed()
+# The chart's floor (Chart.yaml kubeVersion) and the version it is rendered for.
+VERSIONS = ["1.25.0", "1.30.0"]
+
+
+def _id(doc: dict[str, Any]) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("doc", M.docs, ids=_id)
+def test_object_matches_the_kubernetes_schema(doc: dict[str, Any], version: str) -> None:
+    kv.validate(doc, version, strict=True)
+
+
+def test_validator_rejects_an_unknown_field() -> None:
+    daemonset = copy.deepcopy(M.workload("DaemonSet"))
+    daemonset["spec"]["template"]["spec"]["containers"][0]["securityContxt"] = {}
+    with pytest.raises(kv.ValidationError, match="securityContxt"):
+        kv.validate(daemonset, VERSIONS[-1], strict=True)
+
+
+def test_validator_rejects_a_wrong_type() -> None:
+    deployment = copy.deepcopy(M.workload("Deployment"))
+    deployment["spec"]["replicas"] = "one"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(deployment, VERSIONS[-1], strict=True)
