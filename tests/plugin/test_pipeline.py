@@ -1,38 +1,45 @@
-"""50 pods of different shapes placed by the core allocator, bound concurrently through
-the Kubernetes layer, admitted by the fake kubelet in another order and started
+"""50 pods of different shapes bound concurrently onto one node by the scheduler
+(the real extender: informers, ledger and verbs over HTTP, driven the way
+kube-scheduler drives it), admitted by the fake kubelet in another order and started
 concurrently: every container's limits file is its own pod's assignment.
-
-The ``schedule`` step is the scheduler's bind step in miniature (core placement →
-assignment patch with precondition → Binding); swap in the extender's bind handler
-when it exists.
 """
 
 from __future__ import annotations
 
 import random
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import aiohttp
 import anyio
 import pytest
+from aiohttp import web
 
+from tests.e2e.cluster import Driver
 from tests.fakekubelet import FakePod
-from tests.plugin.harness import NODE, Harness, node_harness, pod_manifest
-from vgpud.core.choose import charge, place
-from vgpud.core.cluster import Cluster
-from vgpud.core.codec import ASSIGNMENT, decode_assignment, decode_node_devices, encode_assignment
+from tests.plugin.harness import NODE, node_harness, pod_manifest
+from vgpud.core.allocate import Allocator
+from vgpud.core.codec import ASSIGNMENT, decode_assignment, decode_node_devices
 from vgpud.core.container import render_shim_config
-from vgpud.core.model import ContainerRequest, Node, Placement, PodRequest
+from vgpud.core.model import ContainerRequest, PodRequest
+from vgpud.extender.metrics import Metrics
+from vgpud.extender.routes import Extender
+from vgpud.extender.server import make_app
+from vgpud.extender.state import SchedulerState, project_node, project_pod
+from vgpud.kube.cache import Informer
+from vgpud.kube.client import KubeClient
+from vgpud.kube.resources import NODES, PODS
 from vgpud.kube.writes import PodWriter
 from vgpud.plugin.allocations import AllocationStore
 from vgpud.plugin.replicas import parse_id
 
 pytestmark = pytest.mark.anyio
-PODS = 50
+PODS_N = 50
 
 
 def shapes(rng: random.Random) -> list[PodRequest]:
     out = []
-    for i in range(PODS):
+    for i in range(PODS_N):
         kind = i % 5
         if kind == 3:  # two containers
             cs = (ContainerRequest("a", 1, memory=rng.randrange(500, 2000, 100), cores=10),
@@ -46,16 +53,49 @@ def shapes(rng: random.Random) -> list[PodRequest]:
     return out
 
 
-async def schedule(h: Harness, writer: PodWriter, cluster: Cluster, pod: PodRequest,
-                   decided: dict[str, Placement]) -> None:
-    p = place(cluster, pod, NODE)
-    assert isinstance(p, Placement), p
-    cluster.add_usage(NODE, charge(p), +1)  # the scheduler's ledger assumes it
-    decided[pod.name] = p
-    obj = await writer.read_pod(pod.namespace, pod.name)
-    await writer.patch_annotations(pod.namespace, pod.name, {ASSIGNMENT: encode_assignment(p)},
-                                   resource_version=obj["metadata"]["resourceVersion"])
-    await writer.bind(pod.namespace, pod.name, NODE)
+def manifest(p: PodRequest) -> dict[str, Any]:
+    m = pod_manifest(p.name, {c.name: c.number for c in p.containers}, None)
+    del m["spec"]["nodeName"]
+    for c, spec in zip(p.containers, m["spec"]["containers"], strict=True):
+        spec["resources"]["limits"].update({"nvidia.com/vgpu-memory": str(c.memory),
+                                            "nvidia.com/vgpu-cores": str(c.cores)})
+    return m
+
+
+async def bind_all_with_the_scheduler(kube: KubeClient, api_url: str,
+                                      pods: list[PodRequest]) -> None:
+    """Run the extender in-process over HTTP and schedule every pod concurrently."""
+    alloc = Allocator()
+    state = SchedulerState(alloc)
+    nodes: Informer[Any] = Informer(kube, NODES, project=project_node)
+    pod_inf: Informer[Any] = Informer(kube, PODS, project=project_pod)
+    nodes.subscribe(state.on_node)
+    pod_inf.subscribe(state.on_pod)
+    ext = Extender(state, writer=PodWriter(kube), events=None, metrics=Metrics(alloc))
+    runner = web.AppRunner(make_app(ext, ready=lambda: nodes.has_synced and pod_inf.has_synced))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        async with anyio.create_task_group() as tg, aiohttp.ClientSession() as s:
+            await tg.start(nodes.run)
+            await tg.start(pod_inf.run)
+            driver = Driver(s, api_url, url)
+            outcomes = {}
+
+            async def one(p: PodRequest) -> None:
+                obj = await driver.pod("default", p.name)
+                outcomes[p.name] = await driver.schedule(obj, [NODE], retries=3)
+
+            async with anyio.create_task_group() as binds:
+                for p in pods:
+                    binds.start_soon(one, p)
+            tg.cancel_scope.cancel()
+    finally:
+        await runner.cleanup()
+    assert all(o.node == NODE for o in outcomes.values()), outcomes
+    assert alloc.ledger.violations() == []
 
 
 async def test_fifty_pods_no_mixups() -> None:
@@ -63,19 +103,18 @@ async def test_fifty_pods_no_mixups() -> None:
     async with node_harness(8) as h:
         node = h.api.get("nodes", NODE, "")
         inv = decode_node_devices(node["metadata"]["annotations"]["vgpud.io/node-devices"])
-        cluster = Cluster()
-        cluster.set_node(Node(NODE, inv))
         pods = shapes(rng)
         for p in pods:
-            m = pod_manifest(p.name, {c.name: c.number for c in p.containers}, None)
-            del m["spec"]["nodeName"]
-            h.api.create("pods", m, "default")
-        writer = PodWriter(h.kube)
-        decided: dict[str, Placement] = {}
-        async with anyio.create_task_group() as tg:
-            for p in pods:
-                tg.start_soon(schedule, h, writer, cluster, p, decided)
+            h.api.create("pods", manifest(p), "default")
+        await bind_all_with_the_scheduler(h.kube, h.api.url, pods)
         assert all(h.api.get("pods", p.name)["spec"]["nodeName"] == NODE for p in pods)
+        decided = {p.name: decode_assignment(
+            h.api.get("pods", p.name)["metadata"]["annotations"][ASSIGNMENT]) for p in pods}
+        for p in pods:  # the scheduler gave each container what it asked for
+            for c in p.containers:
+                grant = decided[p.name].container(c.name)
+                assert grant is not None and len(grant.devices) == c.number
+                assert all(d.memory == c.memory and d.cores == c.cores for d in grant.devices)
 
         order = list(pods)
         rng.shuffle(order)

@@ -1,0 +1,71 @@
+"""The settings model: file, then environment, then flags; errors name the key."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vgpud.config import ConfigError, load_settings
+from vgpud.core.model import ComputePolicy, Policy
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    s = load_settings()
+    assert (s.deviceSplitCount, s.deviceMemoryScaling, s.defaultMem, s.defaultCores) == \
+        (10, 1.0, 0, 0)
+    assert s.resourcePreset == "vgpu-manager" and s.schedulerName == "vgpu-scheduler"
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    f = tmp_path / "vgpud.yaml"
+    f.write_text("deviceSplitCount: 4\ndefaultCores: 20\nnodeSchedulerPolicy: spread\n"
+                 "nodeConfigs: [{name: big, deviceMemoryScaling: 2.0}]\n")
+    s = load_settings(f, env={"VGPUD_DEFAULT_CORES": "30", "VGPUD_COMPUTE_POLICY": "balance"},
+                      overrides={"defaultCores": 40})
+    assert s.deviceSplitCount == 4 and s.defaultCores == 40
+    assert s.nodeSchedulerPolicy is Policy.SPREAD and s.computePolicy is ComputePolicy.BALANCE
+    assert s.for_node("big") == (4, 2.0, 1.0) and s.for_node("other") == (4, 1.0, 1.0)
+    d = s.defaults()
+    assert d.split == 4 and d.default_cores == 40 and d.node_policy is Policy.SPREAD
+
+
+def test_json_files_work(tmp_path: Path) -> None:
+    f = tmp_path / "vgpud.json"
+    f.write_text('{"resourcePreset": "hami", "compatPresets": ["tke"]}')
+    s = load_settings(f)
+    assert s.resourcePreset == "hami" and s.compatPresets == ("tke",)
+
+
+@pytest.mark.parametrize(("content", "env", "fragment"), [
+    ("deviceSplitCount: 0", {}, "deviceSplitCount: Input should be greater than or equal to 1"),
+    ("deviceSplitcount: 3", {}, "deviceSplitcount: unknown key"),
+    ("deviceMemoryScaling: .nan", {}, "deviceMemoryScaling"),
+    ("resourcePreset: k8s", {}, "unknown preset 'k8s'"),
+    ("defaultCores: 101", {}, "defaultCores"),
+    ("- a\n- b", {}, "expected a mapping of settings"),
+    ("a: [", {}, "not valid YAML"),
+    ("nodeConfigs: [{name: a}, {name: a}]", {}, "configured twice"),
+    ("", {"VGPUD_DEVICE_SPLIT_COUNT": "many"}, "with VGPUD_DEVICE_SPLIT_COUNT"),
+])
+def test_bad_settings_say_which_key(tmp_path: Path, content: str, env: dict[str, str],
+                                    fragment: str) -> None:
+    f = tmp_path / "vgpud.yaml"
+    f.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        load_settings(f, env=env)
+    assert fragment in str(e.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_cli_reports_bad_config_without_a_traceback(tmp_path: Path) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text("deviceSplitCount: -2\n")
+    out = subprocess.run([sys.executable, "-m", "vgpud", "scheduler", "--config", str(f)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "deviceSplitCount" in out.stderr and "Traceback" not in out.stderr
