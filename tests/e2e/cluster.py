@@ -282,7 +282,7 @@ async def ledger_from_metrics(session: aiohttp.ClientSession, ext: str,
         text = await r.text()
     out = {}
     for line in text.splitlines():
-        if line.startswith("vgpud_gpu_memory_allocated_mib{"):
+        if line.startswith("vgpud_scheduler_gpu_memory_allocated_mib{"):
             labels, value = line.rsplit(" ", 1)
             parts = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(","))
             out[(parts["node"].strip('"'), parts["uuid"].strip('"'))] = int(float(value))

@@ -147,7 +147,7 @@ async def test_metrics(server: tuple[str, Allocator]) -> None:
     async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
         text = await r.text()
     assert 'vgpud_extender_requests_total{outcome="ok",verb="filter"}' in text
-    assert 'vgpud_gpu_memory_capacity_mib{model="Tesla V100-PCIE-32GB",node="big"' in text
+    assert 'vgpud_scheduler_gpu_memory_capacity_mib{model="Tesla V100-PCIE-32GB",node="big"' in text
     assert "vgpud_extender_latency_seconds_bucket" in text
 
 

@@ -21,14 +21,14 @@ class _Allocation(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         labels = ["node", "uuid", "model"]
-        mem = GaugeMetricFamily("vgpud_gpu_memory_allocated_mib",
+        mem = GaugeMetricFamily("vgpud_scheduler_gpu_memory_allocated_mib",
                                 "Device memory held by pods on a GPU (MiB)", labels=labels)
-        cap = GaugeMetricFamily("vgpud_gpu_memory_capacity_mib",
+        cap = GaugeMetricFamily("vgpud_scheduler_gpu_memory_capacity_mib",
                                 "Schedulable memory of a GPU (physical x scaling, MiB)",
                                 labels=labels)
-        cores = GaugeMetricFamily("vgpud_gpu_cores_allocated_percent",
+        cores = GaugeMetricFamily("vgpud_scheduler_gpu_cores_allocated_percent",
                                   "SM percent held by pods on a GPU", labels=labels)
-        vgpus = GaugeMetricFamily("vgpud_gpu_vgpus_allocated", "vGPUs (containers) on a GPU",
+        vgpus = GaugeMetricFamily("vgpud_scheduler_gpu_vgpus_allocated", "vGPUs (containers) on a GPU",
                                   labels=labels)
         c = self.alloc.cluster
         for name in list(c.node_index):
@@ -39,7 +39,7 @@ class _Allocation(Collector):
                 cap.add_metric(lv, v.cap_memory)
                 cores.add_metric(lv, u.cores)
                 vgpus.add_metric(lv, u.vgpus)
-        ledger = GaugeMetricFamily("vgpud_ledger_entries", "Pods holding GPUs, by state",
+        ledger = GaugeMetricFamily("vgpud_scheduler_ledger_entries", "Pods holding GPUs, by state",
                                    labels=["state"])
         counts: dict[str, int] = {}
         for e in self.alloc.ledger.entries():
@@ -59,6 +59,6 @@ class Metrics:
         self.rejections = Counter("vgpud_extender_node_rejections",
                                   "Nodes rejected by filter, by reason code", ["code"],
                                   registry=self.registry)
-        self.expired = Counter("vgpud_ledger_expired", "Assumed placements never confirmed",
+        self.expired = Counter("vgpud_scheduler_ledger_expired", "Assumed placements never confirmed",
                                registry=self.registry)
         self.registry.register(_Allocation(alloc))
