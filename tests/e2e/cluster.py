@@ -81,12 +81,18 @@ class Scheduler:
     tmp: Path
     config: dict[str, Any] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
+    ops_port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ops_url(self) -> str:
+        """Health, readiness and metrics (the same port unless ``ops_port`` is set)."""
+        return f"http://127.0.0.1:{self.ops_port or self.port}"
 
     def start(self) -> None:
         cfg = self.tmp / "vgpud.yaml"
@@ -98,7 +104,8 @@ class Scheduler:
         self.proc = subprocess.Popen(
             [sys.executable, *prefix, "-m", "vgpud", "scheduler",
              "--kubeconfig", str(self.kubeconfig),
-             "--listen", f"127.0.0.1:{self.port}", "--config", str(cfg)],
+             "--listen", f"127.0.0.1:{self.port}", "--config", str(cfg),
+             *(["--metrics-listen", f"127.0.0.1:{self.ops_port}"] if self.ops_port else [])],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
 
@@ -129,7 +136,7 @@ class Scheduler:
             while True:
                 assert self.proc is not None and self.proc.poll() is None, self.log()
                 with contextlib.suppress(aiohttp.ClientError):
-                    async with s.get(f"{self.url}/readyz") as r:
+                    async with s.get(f"{self.ops_url}/readyz") as r:
                         if r.status == 200:
                             return time.monotonic() - start
                 if time.monotonic() - start > within:
@@ -278,7 +285,7 @@ def overcommitted(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> li
 async def ledger_from_metrics(session: aiohttp.ClientSession, ext: str,
                               ) -> dict[tuple[str, str], int]:
     """Per (node, GPU) memory the scheduler holds, read from its /metrics."""
-    async with session.get(f"{ext}/metrics") as r:
+    async with session.get(f"{ext}/metrics") as r:  # the ops URL
         text = await r.text()
     out = {}
     for line in text.splitlines():
