@@ -147,7 +147,8 @@ async def test_metrics(server: tuple[str, Allocator]) -> None:
     async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
         text = await r.text()
     assert 'vgpud_extender_requests_total{outcome="ok",verb="filter"}' in text
-    assert 'vgpud_scheduler_gpu_memory_capacity_mib{model="Tesla V100-PCIE-32GB",node="big"' in text
+    assert ('vgpud_scheduler_gpu_memory_capacity_mib{node="big",uuid="GPU-big-0",'
+            'model="Tesla V100-PCIE-32GB"} 40000') in text
     assert "vgpud_extender_latency_seconds_bucket" in text
 
 
@@ -196,3 +197,25 @@ async def test_verbs_and_ops_can_listen_apart() -> None:
     finally:
         for r in (verbs, ops):
             await r.cleanup()
+
+
+def test_per_gpu_exposition_parses_and_escapes() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vgpud.extender.metrics import render_allocation, snapshot
+
+    alloc = Allocator()
+    alloc.set_node(node("n1", 2, 16000, model='Odd "GPU"\\ name'))
+    alloc.set_node(node("n2", 1, 8000))
+    alloc.remove_node("n2")
+    assert alloc.schedule(parse_pod(pod("a", memory=3000, cores=20), alloc.defaults)).placement
+    families = {f.name: f for f in text_string_to_metric_families(
+        render_allocation(snapshot(alloc)))}
+    mem = {s.labels["uuid"]: s.value
+           for s in families["vgpud_scheduler_gpu_memory_allocated_mib"].samples}
+    assert mem == {"GPU-n1-0": 3000, "GPU-n1-1": 0}  # the removed node is gone
+    sample = families["vgpud_scheduler_gpu_cores_allocated_percent"].samples[0]
+    assert sample.labels["model"] == 'Odd "GPU"\\ name'
+    states = {s.labels["state"]: s.value
+              for s in families["vgpud_scheduler_ledger_entries"].samples}
+    assert states == {"assumed": 1, "confirmed": 0}

@@ -18,10 +18,12 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vgpud.extender.metrics import render_allocation, snapshot
 from vgpud.extender.routes import Extender, timed
 from vgpud.extender.wire import RawJson, WireError, parse_binding_args, parse_extender_args
 
@@ -88,7 +90,9 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
         return web.Response(text="caches not synced yet", status=503)
 
     async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(ext.metrics.registry)
+        snap = snapshot(ext.alloc)  # on the loop: consistent, a few ms of copies
+        per_gpu = await anyio.to_thread.run_sync(render_allocation, snap)
+        body = generate_latest(ext.metrics.registry) + per_gpu.encode()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     if verbs:
