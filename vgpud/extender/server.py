@@ -23,7 +23,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vgpud.extender.metrics import render_allocation, snapshot
+from vgpud.extender.metrics import allocation_chunks, snapshot
 from vgpud.extender.routes import Extender, timed
 from vgpud.extender.wire import RawJson, WireError, parse_binding_args, parse_extender_args
 
@@ -89,11 +89,16 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
             return web.Response(text="ok")
         return web.Response(text="caches not synced yet", status=503)
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics(request: web.Request) -> web.StreamResponse:
         snap = snapshot(ext.alloc)  # on the loop: consistent, a few ms of copies
-        per_gpu = await anyio.to_thread.run_sync(render_allocation, snap)
-        body = generate_latest(ext.metrics.registry) + per_gpu.encode()
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+        await resp.prepare(request)
+        await resp.write(generate_latest(ext.metrics.registry))
+        chunks = allocation_chunks(snap)
+        while (chunk := await anyio.to_thread.run_sync(next, chunks, None)) is not None:
+            await resp.write(chunk.encode())
+        await resp.write_eof()
+        return resp
 
     if verbs:
         app.router.add_post("/filter", verb("filter", do_filter))
