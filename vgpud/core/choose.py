@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from vgpud.core.cluster import Cluster, GpuView
 from vgpud.core.fit import gpu_reason, needed_memory
@@ -202,7 +202,3 @@ def charge(p: Placement) -> dict[str, GpuUsage]:
                 max(o.vgpus, u.vgpus), max(o.memory, u.memory), max(o.cores, u.cores),
                 max(o.exclusive, u.exclusive))
     return out
-
-
-def with_time(p: Placement, time: str) -> Placement:
-    return replace(p, time=time)

@@ -157,6 +157,7 @@ class SchedulerState:
         if isinstance(event, Deleted):
             info = event.obj
             self.pods.pop(info.uid, None)
+            self.bad_assignments.discard(info.uid)
             if self.by_key.get(event.key) == info.uid:
                 del self.by_key[event.key]
             self._requests.pop(info.uid, None)
