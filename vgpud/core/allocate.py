@@ -125,7 +125,7 @@ class Allocator:
         c = self.cluster
         cap_mem = c.node_cap_mem[nodes]
         cap_cores = c.node_cap_cores[nodes]
-        gpus = c.node_gpus[nodes]
+        gpus = c.node_count[nodes].astype(np.float64)
         mean_cap = np.divide(cap_mem, gpus, out=np.zeros_like(cap_mem), where=gpus > 0)
         main = [x for x in pod.containers if x.sidecar or not x.init]
         want_mem = np.zeros(len(nodes))

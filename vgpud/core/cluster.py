@@ -49,8 +49,6 @@ class Cluster:
         self.node_index: dict[str, int] = {}
         self.nodes: list[Node | None] = []
         self.node_labels: list[Mapping[str, str]] = []
-        self._node_start: list[int] = []
-        self._node_count: list[int] = []
         self._usage: dict[str, dict[str, GpuUsage]] = {}  # node -> uuid -> total held
         self._uuid_slot: list[dict[str, int]] = []
         self._free_nodes: list[int] = []
@@ -65,9 +63,9 @@ class Cluster:
         self.node_used_mem = np.zeros(16, dtype=np.float64)
         self.node_cap_cores = np.zeros(16, dtype=np.float64)
         self.node_used_cores = np.zeros(16, dtype=np.float64)
-        self.node_gpus = np.zeros(16, dtype=np.float64)
-        self.node_start = np.zeros(16, dtype=np.int64)  # first slot of each node
-        self.node_count = np.zeros(16, dtype=np.int64)  # its number of slots
+        # Each node's slots: the one record of where a node's GPUs live in the arrays.
+        self.node_start = np.zeros(16, dtype=np.int64)
+        self.node_count = np.zeros(16, dtype=np.int64)
 
     # -- storage ---------------------------------------------------------------------------------
 
@@ -139,8 +137,6 @@ class Cluster:
                 self.node_names.append(node.name)
                 self.nodes.append(node)
                 self.node_labels.append(dict(node.labels))
-                self._node_start.append(0)
-                self._node_count.append(0)
                 self._uuid_slot.append({})
             self.node_index[node.name] = idx
         else:
@@ -154,7 +150,7 @@ class Cluster:
             return
         cap = max(need, 2 * len(self.node_cap_mem))
         for name in ("node_cap_mem", "node_used_mem", "node_cap_cores", "node_used_cores",
-                     "node_gpus", "node_start", "node_count"):
+                     "node_start", "node_count"):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: len(old)] = old
@@ -167,9 +163,6 @@ class Cluster:
         self.node_used_mem[idx] = float(self.used_mem[s].sum())
         self.node_cap_cores[idx] = float(self.cap_cores[s].sum())
         self.node_used_cores[idx] = float(self.used_cores[s].sum())
-        self.node_gpus[idx] = float(len(r))
-        self.node_start[idx] = r.start
-        self.node_count[idx] = len(r)
 
     def remove_node(self, name: str) -> None:
         """Forget a node; usage held on it is dropped with it."""
@@ -184,21 +177,21 @@ class Cluster:
         self.generation += 1
 
     def _kill_slots(self, idx: int) -> None:
-        s, n = self._node_start[idx], self._node_count[idx]
-        self.alive[s : s + n] = False
-        self.node_of[s : s + n] = -1
-        self._node_count[idx] = 0
+        r = self.node_slots(idx)
+        self.alive[r.start : r.stop] = False
+        self.node_of[r.start : r.stop] = -1
+        self.node_count[idx] = 0
 
     def _place_slots(self, idx: int, inv: NodeInventory) -> None:
         n = len(inv.devices)
-        if n != self._node_count[idx]:
+        if n != self.node_count[idx]:
             self._kill_slots(idx)
             if self._n + n > self._cap:
                 self._compact(extra=n)
-            self._node_start[idx] = self._n
-            self._node_count[idx] = n
+            self.node_start[idx] = self._n
+            self.node_count[idx] = n
             self._n += n
-        s = self._node_start[idx]
+        s = int(self.node_start[idx])
         slot_of: dict[str, int] = {}
         usage = self._usage.get(self.node_names[idx], {})
         for i, g in enumerate(inv.devices):
@@ -224,12 +217,12 @@ class Cluster:
 
     def _compact(self, extra: int) -> None:
         live = [i for i, node in enumerate(self.nodes) if node is not None]
-        need = sum(self._node_count[i] for i in live) + extra
+        need = int(sum(self.node_count[i] for i in live)) + extra
         cap = max(64, self._cap)
         while cap < need * 2:
             cap *= 2
         order = np.concatenate(
-            [np.arange(self._node_start[i], self._node_start[i] + self._node_count[i])
+            [np.arange(self.node_start[i], self.node_start[i] + self.node_count[i])
              for i in live] or [np.zeros(0, dtype=np.int64)]
         ).astype(np.int64)
         arrays = ("node_of", "alive", "healthy", "mig", "type_id", "numa", "cap_mem",
@@ -243,12 +236,11 @@ class Cluster:
             getattr(self, name)[: len(values)] = values
         pos = 0
         for i in live:
-            self._node_start[i] = pos
             self.node_start[i] = pos
             node = self.nodes[i]
             assert node is not None
             self._uuid_slot[i] = {g.uuid: pos + off for off, g in enumerate(node.inventory.devices)}
-            pos += self._node_count[i]
+            pos += int(self.node_count[i])
         self._n = pos
 
     # -- usage -----------------------------------------------------------------------------------
@@ -298,8 +290,8 @@ class Cluster:
     # -- views -----------------------------------------------------------------------------------
 
     def node_slots(self, idx: int) -> range:
-        s = self._node_start[idx]
-        return range(s, s + self._node_count[idx])
+        s = int(self.node_start[idx])
+        return range(s, s + int(self.node_count[idx]))
 
     def gpus(self, node: str) -> list[GpuView]:
         """The node's GPUs with their free capacity, in index order."""

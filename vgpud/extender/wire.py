@@ -27,11 +27,6 @@ class FilterResultJson(TypedDict, total=False):
     Error: str
 
 
-class HostPriorityJson(TypedDict):
-    Host: str
-    Score: int
-
-
 class BindingResultJson(TypedDict):
     Error: str
 
