@@ -66,9 +66,9 @@ async def bind_all_with_the_scheduler(kube: KubeClient, api_url: str,
                                       pods: list[PodRequest]) -> None:
     """Run the extender in-process over HTTP and schedule every pod concurrently."""
     alloc = Allocator()
-    state = SchedulerState(alloc)
     nodes: Informer[Any] = Informer(kube, NODES, project=project_node)
     pod_inf: Informer[Any] = Informer(kube, PODS, project=project_pod)
+    state = SchedulerState(alloc, pod_lookup=pod_inf.get)
     nodes.subscribe(state.on_node)
     pod_inf.subscribe(state.on_pod)
     ext = Extender(state, writer=PodWriter(kube), events=None, metrics=Metrics(alloc))

@@ -68,12 +68,12 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
     host, port = parse_listen(listen)
     ops_at = parse_listen(metrics_listen) if metrics_listen else None
     alloc = Allocator(settings.defaults(), clock=time.monotonic)
-    state = SchedulerState(alloc)
     metrics = Metrics(alloc)
     async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
                                   burst=settings.kubeBurst) as kube:
         nodes: Informer[NodeInfo] = Informer(kube, NODES, project=project_node)
         pods: Informer[PodInfo] = Informer(kube, PODS, project=project_pod)
+        state = SchedulerState(alloc, pod_lookup=pods.get)
         nodes.subscribe(state.on_node)
         pods.subscribe(state.on_pod)
         events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)

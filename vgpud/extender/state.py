@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +107,12 @@ def project_node(obj: dict[str, Any]) -> NodeInfo:
 class SchedulerState:
     """The allocator, fed by node and pod events; the extender's routes read it."""
 
-    def __init__(self, alloc: Allocator, *, request_cache: int = 20_000) -> None:
+    def __init__(self, alloc: Allocator, *, request_cache: int = 20_000,
+                 pod_lookup: Callable[[str], PodInfo | None] = lambda key: None) -> None:
+        """``pod_lookup`` finds a pod's projection by ``namespace/name``: the pod
+        informer's own cache (``Informer.get``), so pods are not indexed twice."""
         self.alloc = alloc
-        self.pods: dict[str, PodInfo] = {}  # by uid
-        self.by_key: dict[str, str] = {}  # namespace/name -> uid
+        self.pod_lookup = pod_lookup
         self.bad_assignments: set[str] = set()
         self.bad_nodes: dict[str, str] = {}
         self._requests: OrderedDict[str, PodRequest] = OrderedDict()
@@ -156,17 +159,12 @@ class SchedulerState:
             return
         if isinstance(event, Deleted):
             info = event.obj
-            self.pods.pop(info.uid, None)
             self.bad_assignments.discard(info.uid)
-            if self.by_key.get(event.key) == info.uid:
-                del self.by_key[event.key]
             self._requests.pop(info.uid, None)
             if self.alloc.forget(info.uid):
                 log.debug("pod_released", pod=info.key, why="deleted")
             return
         info = event.obj if isinstance(event, Added) else event.new
-        self.pods[info.uid] = info
-        self.by_key[event.key] = info.uid
         if info.phase in TERMINAL:
             if self.alloc.forget(info.uid):
                 log.debug("pod_released", pod=info.key, why=info.phase)
@@ -188,5 +186,4 @@ class SchedulerState:
         self.alloc.confirm(info.uid, info.key, placement)
 
     def pod_by_name(self, namespace: str, name: str) -> PodInfo | None:
-        uid = self.by_key.get(f"{namespace}/{name}")
-        return None if uid is None else self.pods.get(uid)
+        return self.pod_lookup(f"{namespace}/{name}")
