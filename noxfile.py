@@ -25,6 +25,15 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """The property tests with random seeds and many more examples (the default run is
+    derandomized). Keep every example it finds as an ``@example`` or a regression test."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", "-m", "property", "-q", *session.posargs,
+                env={"VGPUD_HYPOTHESIS": "fuzz"})
+
+
+@nox.session
 def shim(session: nox.Session) -> None:
     """Build the shim (and its sanitizer build) with gcc and make."""
     session.run("make", "-C", "csrc", external=True)

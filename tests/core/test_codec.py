@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fuzz import examples
 from vgpud.core.codec import (
     CodecError,
     decode_assignment,
@@ -87,7 +88,8 @@ json_values = st.recursive(
     max_leaves=20)
 
 
-@settings(max_examples=400, deadline=None)
+@pytest.mark.property
+@settings(max_examples=examples(400, 5000))
 @given(json_values, st.booleans())
 def test_codecs_raise_only_their_own_error(value: object, as_text: bool) -> None:
     raw = json.dumps(value) if as_text else value
@@ -98,7 +100,8 @@ def test_codecs_raise_only_their_own_error(value: object, as_text: bool) -> None
             pass
 
 
-@settings(max_examples=200, deadline=None)
+@pytest.mark.property
+@settings(max_examples=examples(200, 5000))
 @given(st.binary(max_size=64) | st.text(max_size=64))
 def test_codecs_on_random_bytes(raw: bytes | str) -> None:
     for decode in (decode_node_devices, decode_assignment):

@@ -1,13 +1,15 @@
 """The ledger's state machine and its invariants under random operation sequences."""
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tests.core.builders import container, node, pod
+from tests.fuzz import examples
 from vgpud.core.allocate import Allocator
 from vgpud.core.ledger import State
-from vgpud.core.model import Defaults
+from vgpud.core.model import Defaults, GpuUsage
 from vgpud.core.requests import parse_pod
 
 
@@ -86,6 +88,26 @@ def test_a_shrunk_inventory_keeps_holders_and_admits_nothing_more() -> None:
     assert any("exceeds capacity" in v for v in a.ledger.violations())
     got = a.filter(parse_pod(pod("b", memory=1), a.defaults), ["n"])
     assert got.feasible == [] and got.failed["n"].resolvable
+
+
+def test_an_exclusive_init_container_shares_its_gpu_only_with_its_own_phases() -> None:
+    """Found by hypothesis (issue 8): an init container asking for a whole GPU and two
+    app containers asking for 1 MiB each land on one GPU. The pod holds the maximum of
+    its phases (2 vGPUs, the whole memory, 100 % cores, exclusively) — its phases never
+    run together, so that is no violation; another pod still cannot join."""
+    a = Allocator()
+    a.set_node(node("n", 1, 10000))
+    r = parse_pod(pod("a", containers=[container("c0", memory=1), container("c1", memory=1)],
+                      init=[container("i0", cores=100)]), a.defaults)
+    d = a.schedule(r)
+    assert d.placement is not None
+    assert {dev.uuid for c in d.placement.containers for dev in c.devices} == {"GPU-n-0"}
+    assert a.cluster.usage("n", "GPU-n-0") == GpuUsage(vgpus=2, memory=10000, cores=100,
+                                                       exclusive=1)
+    assert a.ledger.violations() == []
+    other = a.schedule(parse_pod(pod("b", memory=1), a.defaults))
+    assert other.placement is None and other.reason is not None
+    assert "held whole" in other.reason.message
 
 
 shapes = st.fixed_dictionaries({
@@ -179,6 +201,6 @@ class LedgerMachine(RuleBasedStateMachine):
         assert self.alloc.ledger.violations() == []
 
 
-LedgerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=30,
-                                           deadline=None)
-TestLedger = LedgerMachine.TestCase
+LedgerMachine.TestCase.settings = settings(max_examples=examples(150, 2000),
+                                           stateful_step_count=30)
+TestLedger = pytest.mark.property(LedgerMachine.TestCase)

@@ -160,10 +160,19 @@ def _api_methods(node: ast.AST) -> set[str]:
 def _kube_classes() -> dict[str, set[str]]:
     """API methods used inside each class of vgpud/kube (PodWriter, LeaderElector, ...)."""
     out: dict[str, set[str]] = {}
+    bases: dict[str, list[str]] = {}
     for tree in _trees(sorted((VGPUD / "kube").glob("*.py"))):
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 out[node.name] = _api_methods(node)
+                bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    for name in out:  # a subclass can issue what its bases issue
+        todo = list(bases[name])
+        while todo:
+            base = todo.pop()
+            if base in out:
+                out[name] |= out[base]
+                todo += bases[base]
     return out
 
 

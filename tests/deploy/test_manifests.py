@@ -55,7 +55,7 @@ EXPECTED_RULES: dict[tuple[str, str], dict[Rule, set[str]]] = {
     ("ClusterRole", "vgpud-plugin"): {
         ("", "nodes", ()): {"get", "patch"},
         ("", "pods", ()): {"get", "list", "patch"},
-        ("", "events", ()): {"create"},
+        ("", "events", ()): {"create", "patch"},
     },
 }
 

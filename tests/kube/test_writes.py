@@ -1,4 +1,4 @@
-"""PodWriter and EventRecorder against the stand-in."""
+"""PodWriter, PodBinder and EventRecorder against the stand-in."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.kube.clocks import JumpClock
 from tests.standin import ApiServer
 from vgpud.kube import errors
 from vgpud.kube.client import KubeClient
-from vgpud.kube.writes import EventRecorder, ObjectRef, PodWriter, RetryPolicy
+from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder, RetryPolicy
 
 pytestmark = pytest.mark.anyio
 
@@ -30,11 +30,11 @@ def clock() -> JumpClock:
 
 
 @pytest.fixture
-def writer(kube: KubeClient, clock: JumpClock) -> PodWriter:
-    return PodWriter(kube, retry=RetryPolicy(attempts=4, jitter=0), clock=clock)
+def writer(kube: KubeClient, clock: JumpClock) -> PodBinder:
+    return PodBinder(kube, retry=RetryPolicy(attempts=4, jitter=0), clock=clock)
 
 
-async def test_patch_with_fresh_resource_version(api: ApiServer, writer: PodWriter) -> None:
+async def test_patch_with_fresh_resource_version(api: ApiServer, writer: PodBinder) -> None:
     pod = api.create("pods", _pod("p"))
     patched = await writer.patch_annotations(
         "default", "p", {ASSIGNMENT: '{"v":1}'}, resource_version=pod["metadata"]["resourceVersion"]
@@ -44,7 +44,7 @@ async def test_patch_with_fresh_resource_version(api: ApiServer, writer: PodWrit
 
 
 async def test_stale_resource_version_conflicts_then_retries(
-    api: ApiServer, writer: PodWriter
+    api: ApiServer, writer: PodBinder
 ) -> None:
     pod = api.create("pods", _pod("p"))
     stale = pod["metadata"]["resourceVersion"]
@@ -59,7 +59,7 @@ async def test_stale_resource_version_conflicts_then_retries(
 
 
 async def test_conflict_on_a_replaced_or_bound_pod_is_not_retried(
-    api: ApiServer, writer: PodWriter
+    api: ApiServer, writer: PodBinder
 ) -> None:
     pod = api.create("pods", _pod("p"))
     rv, uid = pod["metadata"]["resourceVersion"], pod["metadata"]["uid"]
@@ -81,7 +81,7 @@ async def test_conflict_on_a_replaced_or_bound_pod_is_not_retried(
 
 
 async def test_server_errors_are_retried_with_backoff(
-    api: ApiServer, writer: PodWriter, clock: JumpClock
+    api: ApiServer, writer: PodBinder, clock: JumpClock
 ) -> None:
     pod = api.create("pods", _pod("p"))
     api.fail("patch", "pods", 500, times=2)
@@ -97,7 +97,7 @@ async def test_server_errors_are_retried_with_backoff(
 
 
 async def test_throttling_honours_retry_after(
-    api: ApiServer, writer: PodWriter, clock: JumpClock
+    api: ApiServer, writer: PodBinder, clock: JumpClock
 ) -> None:
     api.create("pods", _pod("p"))
     api.fail("create", "pods/binding", 429, times=1, retry_after=2)
@@ -106,7 +106,7 @@ async def test_throttling_honours_retry_after(
     assert api.get("pods", "p")["spec"]["nodeName"] == "n1"
 
 
-async def test_bind_avoids_the_client_binding_bug(api: ApiServer, writer: PodWriter) -> None:
+async def test_bind_avoids_the_client_binding_bug(api: ApiServer, writer: PodBinder) -> None:
     pod = api.create("pods", _pod("p"))
     await writer.bind("default", "p", "gpu-node-1", uid=pod["metadata"]["uid"])
     assert api.get("pods", "p")["spec"]["nodeName"] == "gpu-node-1"
@@ -121,7 +121,7 @@ async def test_bind_avoids_the_client_binding_bug(api: ApiServer, writer: PodWri
 
 
 async def test_bind_whose_answer_was_lost_is_confirmed_by_reading(
-    api: ApiServer, writer: PodWriter
+    api: ApiServer, writer: PodBinder
 ) -> None:
     api.create("pods", _pod("p"))
     api.fail("create", "pods/binding", 500, times=1, after=True)  # bound, answer lost

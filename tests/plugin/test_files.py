@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from vgpud.core.model import DeviceGrant
 from vgpud.plugin.allocations import AllocationStore, Owner
 from vgpud.plugin.fakegpus import FakeDevicesError, parse_fake_devices
 from vgpud.plugin.shim import ShimError, install
@@ -22,16 +23,24 @@ def test_store_prepare_configure_and_reload(tmp_path: Path) -> None:
     assert a.owner is None and not a.config.exists() and a.state.is_dir()
     assert s.prepare(list(reversed(ids))).dir == a.dir  # idempotent, order-insensitive
     owner = Owner("ns", "p", "c", "uid-1")
-    s.configure(ids, owner, "version=1\n")
+    granted = (DeviceGrant("GPU-a", 1000, 0), DeviceGrant("GPU-b", 2000, 100))
+    s.configure(ids, owner, "version=1\n", granted)
     (a.state / "usage").write_text("x")
-    s.configure(ids, owner, "version=1\n")  # same owner again: state kept
+    s.configure(ids, owner, "version=1\n", granted)  # same owner again: state kept
     assert (a.state / "usage").exists()
-    s.configure(ids, Owner("ns", "q", "c", "uid-2"), "version=1\n")  # a new owner: fresh state
-    assert not (a.state / "usage").exists()
-    (got,) = AllocationStore(tmp_path).all()
+    s.configure(ids, Owner("ns", "q", "c", "uid-2"), "version=1\n", granted)  # a new owner
+    assert not (a.state / "usage").exists()  # ... gets a fresh state directory
+    assert [x.owner for x in s.configured()] == [Owner("ns", "q", "c", "uid-2")]
+    restarted = AllocationStore(tmp_path)
+    assert restarted.configured() == []
+    (got,) = restarted.all()
     assert got.owner == Owner("ns", "q", "c", "uid-2") and got.ids == tuple(sorted(ids))
+    assert got.devices == granted  # what was granted, as values: no-limit and 100 % kept
+    assert restarted.configured() == [got]
     assert got.config.read_text() == "version=1\n"
     assert not [p for p in a.etc.iterdir() if p.name.startswith(".")]  # no temp files left
+    s.remove(got.key)
+    assert s.configured() == [] and not a.dir.exists()
 
 
 @pytest.mark.parametrize(("text", "why"), [

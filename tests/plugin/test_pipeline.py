@@ -20,7 +20,7 @@ from tests.fakekubelet import FakePod
 from tests.plugin.harness import NODE, node_harness, pod_manifest
 from vgpud.core.allocate import Allocator
 from vgpud.core.codec import ASSIGNMENT, decode_assignment, decode_node_devices
-from vgpud.core.container import render_shim_config
+from vgpud.core.container import limits_for, render
 from vgpud.core.model import ContainerRequest, PodRequest
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
@@ -29,7 +29,7 @@ from vgpud.extender.state import SchedulerState, project_node, project_pod
 from vgpud.kube.cache import Informer
 from vgpud.kube.client import KubeClient
 from vgpud.kube.resources import NODES, PODS
-from vgpud.kube.writes import PodWriter
+from vgpud.kube.writes import PodBinder
 from vgpud.plugin.allocations import AllocationStore
 from vgpud.plugin.replicas import parse_id
 
@@ -71,7 +71,7 @@ async def bind_all_with_the_scheduler(kube: KubeClient, api_url: str,
     state = SchedulerState(alloc, pod_lookup=pod_inf.get)
     nodes.subscribe(state.on_node)
     pod_inf.subscribe(state.on_pod)
-    ext = Extender(state, writer=PodWriter(kube), events=None, metrics=Metrics(alloc))
+    ext = Extender(state, writer=PodBinder(kube), events=None, metrics=Metrics(alloc))
     runner = web.AppRunner(make_app(ext, ready=lambda: nodes.has_synced and pod_inf.has_synced))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -140,8 +140,8 @@ async def test_fifty_pods_no_mixups() -> None:
                 grant = final.container(cname)
                 assert grant is not None
                 assert sorted(parse_id(i)[0] for i in ids) == sorted(d.uuid for d in grant.devices)
-                want = render_shim_config(grant, inv, compute_policy=final.compute_policy,
-                                          priority=final.priority, state_dir="/var/run/vgpud")
-                assert (store.path(ids) / "etc" / "config").read_text() == want.text
+                want = render(limits_for(grant, inv, compute_policy=final.compute_policy,
+                                         priority=final.priority, state_dir="/var/run/vgpud"))
+                assert (store.path(ids) / "etc" / "config").read_text() == want
         assert len(all_ids) == len(set(all_ids))  # replicas exclusive
         assert len(all_ids) == sum(c.number for p in pods for c in p.containers)

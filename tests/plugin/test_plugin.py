@@ -12,8 +12,8 @@ from tests.fakekubelet import AdmitError, FakePod
 from tests.fakekubelet.kubelet import mount_of
 from tests.plugin.harness import NODE, node_harness, placement, uuid_of, write_devices
 from vgpud.core.codec import NODE_DEVICES, decode_assignment, decode_node_devices
-from vgpud.core.container import render_shim_config
-from vgpud.core.model import ComputePolicy
+from vgpud.core.container import limits_for, render
+from vgpud.core.model import ComputePolicy, DeviceGrant
 from vgpud.plugin.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
@@ -92,13 +92,13 @@ async def test_allocate_and_prestart_write_the_assigned_limits() -> None:
         assert not state.read_only
         inv = decode_node_devices(h.api.get("nodes", NODE, "")["metadata"]["annotations"]
                                   [NODE_DEVICES])
-        want = render_shim_config(p.containers[0], inv, compute_policy=ComputePolicy.FIXED,
-                                  priority=0, state_dir="/var/run/vgpud")
-        assert config_of(h, ids) == want.text
-        assert "device.0.memory_limit=3145728000" in want.text
+        want = render(limits_for(p.containers[0], inv, compute_policy=ComputePolicy.FIXED,
+                                 priority=0, state_dir="/var/run/vgpud"))
+        assert config_of(h, ids) == want
+        assert "device.0.memory_limit=3145728000" in want
         # idempotent: kubelet repeats both calls (a container restart) → same result
         await h.kubelet_call(h.kubelet.start, a)
-        assert config_of(h, ids) == want.text
+        assert config_of(h, ids) == want
 
 
 async def test_kubelet_choice_reconciled_when_the_gpu_has_room() -> None:
@@ -178,7 +178,8 @@ async def test_plugin_restart_keeps_files_and_state() -> None:
         await h.kubelet_call(h.kubelet.wait_registered, 2)
         assert (cfg.read_text(), cfg.stat().st_mtime_ns, cfg.stat().st_ino) == before
         assert marker.read_text() == "shim state"
-        assert [g.owner.pod for g in running.service.granted.values()] == ["p1"]
+        assert [(g.owner.pod, g.devices) for g in running.service.store.configured()
+                if g.owner is not None] == [("p1", (DeviceGrant(uuid_of(0), 1000, 10),))]
         async with aiohttp.ClientSession() as s, s.get(
                 f"http://127.0.0.1:{running.metrics_port}/metrics") as r:
             text = await r.text()

@@ -76,7 +76,7 @@ def test_reconcile_moves_to_a_gpu_with_room() -> None:
     (GpuUsage(vgpus=1, memory=9500, cores=0), "MiB free"),
     (GpuUsage(vgpus=4, memory=0, cores=0), "no free vGPU"),
     (GpuUsage(vgpus=1, memory=0, cores=95), "cores free"),
-    (GpuUsage(vgpus=1, memory=0, cores=0, exclusive=1), "exclusive"),
+    (GpuUsage(vgpus=1, memory=0, cores=0, exclusive=1), "held whole"),
 ])
 def test_reconcile_refuses_a_full_gpu(held: GpuUsage, why: str) -> None:
     p = placement({"main": [(0, 1000, 10)]})

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from vgpud.core.choose import place
+from vgpud.core.choose import never_fits, place
 from vgpud.core.cluster import Cluster
 from vgpud.core.fit import FilterResult, filter_nodes, topology_fit
 from vgpud.core.ledger import Entry, Ledger
-from vgpud.core.model import Defaults, Node, Placement, PodRequest, Policy, Reason
+from vgpud.core.model import Defaults, Node, Placement, PodRequest, Policy, Reason, phases
 
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 
@@ -109,7 +109,31 @@ class Allocator:
                 else:
                     keep.append(i)
             feasible = np.array(keep, dtype=np.int64)
+            if reasons:
+                self._settle(pod, res.failed, failed)
         return res, feasible, failed
+
+    def _settle(self, pod: PodRequest, vector: dict[int, Reason],
+                failed: dict[int, Reason]) -> None:
+        """The vector filter checks a pod's containers one at a time; for a pod it is not
+        exact for, a node it refused as *resolvable* may still never fit the pod as a
+        whole. Decided by a placement on the empty node, once per hardware shape."""
+        by_shape: dict[int, str | None] = {}
+        per_uuid = bool(pod.include_uuids or pod.exclude_uuids)
+        names = self.cluster.node_names
+        for i, r in vector.items():
+            if not r.resolvable:
+                continue
+            shape = self.cluster.node_shape[i]
+            if per_uuid or shape not in by_shape:
+                why = never_fits(self.cluster, pod, names[i])
+                if not per_uuid:
+                    by_shape[shape] = why
+            else:
+                why = by_shape[shape]
+            if why is not None:
+                failed[i] = Reason("never-fits", f"{why} (even with no other pod on the node)",
+                                   False)
 
     def filter(self, pod: PodRequest, candidates: Sequence[str] | None = None) -> Filtered:
         """Every feasible candidate and why each other one is not (all nodes if None)."""
@@ -127,7 +151,7 @@ class Allocator:
         cap_cores = c.node_cap_cores[nodes]
         gpus = c.node_count[nodes].astype(np.float64)
         mean_cap = np.divide(cap_mem, gpus, out=np.zeros_like(cap_mem), where=gpus > 0)
-        main = [x for x in pod.containers if x.sidecar or not x.init]
+        main = phases(pod.containers)[0]
         want_mem = np.zeros(len(nodes))
         want_cores = 0.0
         for x in main:

@@ -6,18 +6,18 @@ containers together with every sidecar. Containers of one phase may share a GPU,
 but one container's vGPUs are distinct GPUs. A sidecar keeps the GPUs it got in the
 last phase through every earlier phase.
 
-:func:`charge` turns a placement back into what it holds per GPU: the maximum over
-its phases, since phases never run at the same time. The ledger holds exactly that.
+:meth:`~vgpud.core.model.Placement.charge` turns a placement back into what it holds
+per GPU: the maximum over its phases, since phases never run at the same time. The
+ledger holds exactly that.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vgpud.core.cluster import Cluster, GpuView
-from vgpud.core.fit import gpu_reason, needed_memory
+from vgpud.core.fit import GpuState, demand, gpu_reason, gpu_selected
 from vgpud.core.model import (
     ContainerGrant,
     ContainerRequest,
@@ -28,6 +28,7 @@ from vgpud.core.model import (
     Policy,
     Reason,
     TopologyMode,
+    phases,
 )
 
 MAX_LINK_SEARCH = 20_000  # combinations tried for an NVLink clique before giving up
@@ -35,41 +36,35 @@ MAX_LINK_SEARCH = 20_000  # combinations tried for an NVLink clique before givin
 
 @dataclass(slots=True)
 class _Free:
-    """Mutable free amounts of one GPU while a pod is being placed."""
+    """What is held on one GPU while a pod is being placed (others' and this pod's)."""
 
     view: GpuView
-    memory: int
-    cores: int
-    split: int
-    vgpus: int
-    exclusive: bool
+    held: GpuUsage
+    selected: bool
 
     @classmethod
-    def of(cls, g: GpuView, *, pristine: bool = False) -> _Free:
-        if pristine:
-            return cls(g, g.cap_memory, g.cap_cores, g.gpu.split, 0, False)
-        return cls(g, g.free_memory, g.free_cores, g.free_split, g.used_vgpus, g.exclusive)
+    def of(cls, g: GpuView, pod: PodRequest, *, pristine: bool = False) -> _Free:
+        held = GpuUsage() if pristine else GpuUsage(
+            vgpus=g.used_vgpus, memory=g.cap_memory - g.free_memory,
+            cores=g.cap_cores - g.free_cores, exclusive=1 if g.exclusive else 0)
+        return cls(g, held, gpu_selected(pod, g.gpu.model, g.gpu.uuid))
 
-    def take(self, memory: int, cores: int, exclusive: bool, sign: int = 1) -> None:
-        self.memory -= sign * memory
-        self.cores -= sign * cores
-        self.split -= sign
-        self.vgpus += sign
-        if exclusive:
-            self.exclusive = sign > 0
+    @property
+    def memory(self) -> int:
+        return self.view.cap_memory - self.held.memory
 
+    @property
+    def vgpus(self) -> int:
+        return self.held.vgpus
 
-def phases(containers: Sequence[ContainerRequest]) -> list[list[ContainerRequest]]:
-    """The containers that run together, main phase first, then each init container's."""
-    main = [c for c in containers if c.sidecar or not c.init]
-    out = [main]
-    sidecars: list[ContainerRequest] = []
-    for c in containers:
-        if c.sidecar:
-            sidecars.append(c)
-        elif c.init:
-            out.append([*sidecars, c])
-    return out
+    def state(self) -> GpuState:
+        g = self.view
+        cap = GpuUsage(vgpus=g.gpu.split, memory=g.cap_memory, cores=g.cap_cores, exclusive=1)
+        return GpuState.of(g.gpu.uuid, cap, self.held, healthy=g.gpu.healthy,
+                           whole=not g.gpu.mig, selected=self.selected)
+
+    def take(self, usage: GpuUsage) -> None:
+        self.held = self.held + usage
 
 
 def _order(cands: list[_Free], policy: Policy) -> list[_Free]:
@@ -111,17 +106,15 @@ def _pick(c: ContainerRequest, cands: list[_Free], pod: PodRequest) -> list[_Fre
 
 
 def _place_container(c: ContainerRequest, state: list[_Free], pod: PodRequest,
-                     ) -> tuple[ContainerGrant, list[tuple[_Free, int, int]]] | str:
+                     ) -> ContainerGrant | str:
     cands = []
     reasons: dict[str, int] = {}
     for f in state:
-        why = gpu_reason(pod, c, f.view, free_memory=f.memory, free_cores=f.cores,
-                         free_split=f.split, used_vgpus=f.vgpus, exclusive=f.exclusive)
+        why = gpu_reason(f.state(), demand(c, f.view.cap_memory))
         if why is None:
             cands.append(f)
         else:
-            key = why.split(",")[0] if "free" in why else why
-            reasons[key] = reasons.get(key, 0) + 1
+            reasons[why.code] = reasons.get(why.code, 0) + 1
     chosen = _pick(c, cands, pod)
     if chosen is None:
         detail = "; ".join(f"{k} ({v})" for k, v in sorted(reasons.items()))
@@ -129,15 +122,12 @@ def _place_container(c: ContainerRequest, state: list[_Free], pod: PodRequest,
                 TopologyMode.NONE: ""}[pod.topology]
         return (f"container {c.name}: {len(cands)} GPUs fit, needs {c.number}{mode}"
                 + (f" — others: {detail}" if detail else ""))
-    taken = []
     devices = []
     for f in sorted(chosen, key=lambda f: f.view.gpu.index):
-        mem = needed_memory(c, f.view.cap_memory)
-        f.take(mem, c.cores, c.exclusive)
-        taken.append((f, mem, c.cores))
-        devices.append(DeviceGrant(uuid=f.view.gpu.uuid, memory=mem, cores=c.cores))
-    return ContainerGrant(name=c.name, init=c.init, devices=tuple(devices),
-                          sidecar=c.sidecar), taken
+        d = demand(c, f.view.cap_memory)
+        f.take(d)
+        devices.append(DeviceGrant(uuid=f.view.gpu.uuid, memory=d.memory, cores=c.cores))
+    return ContainerGrant(name=c.name, init=c.init, devices=tuple(devices), sidecar=c.sidecar)
 
 
 def _place_all(pod: PodRequest, views: list[GpuView], *, pristine: bool,
@@ -145,23 +135,23 @@ def _place_all(pod: PodRequest, views: list[GpuView], *, pristine: bool,
     grants: dict[str, ContainerGrant] = {}
     ph = phases(pod.containers)
     main = sorted(ph[0], key=lambda c: (-c.number, -(c.memory or 0), -c.cores))
-    state = [_Free.of(g, pristine=pristine) for g in views]
+    state = [_Free.of(g, pod, pristine=pristine) for g in views]
     by_uuid = {f.view.gpu.uuid: i for i, f in enumerate(state)}
     for c in main:
         got = _place_container(c, state, pod)
         if isinstance(got, str):
             return got
-        grants[c.name] = got[0]
+        grants[c.name] = got
     for phase in ph[1:]:
-        state = [_Free.of(g, pristine=pristine) for g in views]
+        state = [_Free.of(g, pod, pristine=pristine) for g in views]
         *sidecars, init = phase
         for s in sidecars:  # they keep the GPUs they got in the main phase
             for d in grants[s.name].devices:
-                state[by_uuid[d.uuid]].take(d.memory, d.cores, s.exclusive)
+                state[by_uuid[d.uuid]].take(d.usage)
         got = _place_container(init, state, pod)
         if isinstance(got, str):
             return got
-        grants[init.name] = got[0]
+        grants[init.name] = got
     return [grants[c.name] for c in pod.containers]
 
 
@@ -178,27 +168,7 @@ def place(cluster: Cluster, pod: PodRequest, node: str) -> Placement | Reason:
                      priority=pod.priority)
 
 
-def charge(p: Placement) -> dict[str, GpuUsage]:
-    """What a placement holds per GPU uuid: the maximum over its phases."""
-    main = [c for c in p.containers if c.sidecar or not c.init]
-    groups = [main]
-    sidecars: list[ContainerGrant] = []
-    for c in p.containers:
-        if c.sidecar:
-            sidecars.append(c)
-        elif c.init:
-            groups.append([*sidecars, c])
-    out: dict[str, GpuUsage] = {}
-    for group in groups:
-        per: dict[str, GpuUsage] = {}
-        for c in group:
-            for d in c.devices:
-                u = per.get(d.uuid, GpuUsage())
-                per[d.uuid] = GpuUsage(u.vgpus + 1, u.memory + d.memory, u.cores + d.cores,
-                                       u.exclusive + (1 if d.cores >= 100 else 0))
-        for uuid, u in per.items():
-            o = out.get(uuid)
-            out[uuid] = u if o is None else GpuUsage(
-                max(o.vgpus, u.vgpus), max(o.memory, u.memory), max(o.cores, u.cores),
-                max(o.exclusive, u.exclusive))
-    return out
+def never_fits(cluster: Cluster, pod: PodRequest, node: str) -> str | None:
+    """Why ``pod`` cannot fit ``node`` even with no other pod there; None when it would."""
+    got = _place_all(pod, cluster.gpus(node), pristine=True)
+    return got if isinstance(got, str) else None

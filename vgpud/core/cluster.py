@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from vgpud.core.model import Gpu, GpuUsage, Node, NodeInventory
+from vgpud.core.model import ZERO, Gpu, GpuUsage, Node, NodeInventory
 
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
@@ -50,6 +50,10 @@ class Cluster:
         self.nodes: list[Node | None] = []
         self.node_labels: list[Mapping[str, str]] = []
         self._usage: dict[str, dict[str, GpuUsage]] = {}  # node -> uuid -> total held
+        # Nodes with the same hardware share a shape id (uuids aside): what a pod can
+        # never fit is decided once per shape.
+        self.node_shape: list[int] = []
+        self._shape_ids: dict[tuple[object, ...], int] = {}
         self._uuid_slot: list[dict[str, int]] = []
         self._free_nodes: list[int] = []
         self.type_names: list[str] = []
@@ -134,6 +138,7 @@ class Cluster:
             else:
                 idx = len(self.node_names)
                 self._grow_nodes(idx + 1)
+                self.node_shape.append(-1)
                 self.node_names.append(node.name)
                 self.nodes.append(node)
                 self.node_labels.append(dict(node.labels))
@@ -143,7 +148,18 @@ class Cluster:
             self.nodes[idx] = node
             self.node_labels[idx] = dict(node.labels)
         self._place_slots(idx, node.inventory)
+        self.node_shape[idx] = self._shape(node.inventory)
         self.generation += 1
+
+    def _shape(self, inv: NodeInventory) -> int:
+        pos = {g.uuid: i for i, g in enumerate(inv.devices)}
+        key = (inv.memory_scaling, inv.core_scaling, tuple(
+            (g.model, g.memory, g.split, g.numa, g.healthy, g.mig,
+             tuple(sorted(pos.get(u, -1) for u in g.links))) for g in inv.devices))
+        sid = self._shape_ids.get(key)
+        if sid is None:
+            sid = self._shape_ids[key] = len(self._shape_ids)
+        return sid
 
     def _grow_nodes(self, need: int) -> None:
         if need <= len(self.node_cap_mem):
@@ -203,11 +219,12 @@ class Cluster:
             self.mig[k] = g.mig
             self.type_id[k] = self._type(g.model)
             self.numa[k] = g.numa
-            self.cap_mem[k] = int(g.memory * inv.memory_scaling)
-            self.cap_cores[k] = round(100 * inv.core_scaling)
-            self.cap_split[k] = g.split
+            cap = inv.capacity(g)
+            self.cap_mem[k] = cap.memory
+            self.cap_cores[k] = cap.cores
+            self.cap_split[k] = cap.vgpus
             self.link_degree[k] = len(g.links)
-            u = usage.get(g.uuid, _ZERO)
+            u = usage.get(g.uuid, ZERO)
             self.used_mem[k] = u.memory
             self.used_cores[k] = u.cores
             self.used_split[k] = u.vgpus
@@ -254,10 +271,9 @@ class Cluster:
         idx = self.node_index.get(node)
         slots = self._uuid_slot[idx] if idx is not None else {}
         for uuid, c in charges.items():
-            old = usage.get(uuid, _ZERO)
-            new = GpuUsage(old.vgpus + sign * c.vgpus, old.memory + sign * c.memory,
-                           old.cores + sign * c.cores, old.exclusive + sign * c.exclusive)
-            if new == _ZERO:
+            old = usage.get(uuid, ZERO)
+            new = old + c if sign > 0 else old - c
+            if new == ZERO:
                 usage.pop(uuid, None)
             else:
                 usage[uuid] = new
@@ -274,15 +290,16 @@ class Cluster:
             del self._usage[node]
 
     def usage(self, node: str, uuid: str) -> GpuUsage:
-        return self._usage.get(node, {}).get(uuid, _ZERO)
+        return self._usage.get(node, {}).get(uuid, ZERO)
 
-    def capacity(self, node: str, uuid: str) -> tuple[int, int, int] | None:
-        """(memory MiB, cores, split) of one GPU, or None if the node lacks it."""
+    def capacity(self, node: str, uuid: str) -> GpuUsage | None:
+        """One GPU's capacity, or None if the node lacks it."""
         idx = self.node_index.get(node)
         k = None if idx is None else self._uuid_slot[idx].get(uuid)
         if k is None:
             return None
-        return int(self.cap_mem[k]), int(self.cap_cores[k]), int(self.cap_split[k])
+        return GpuUsage(vgpus=int(self.cap_split[k]), memory=int(self.cap_mem[k]),
+                        cores=int(self.cap_cores[k]), exclusive=1)
 
     def has_node(self, node: str) -> bool:
         return node in self.node_index
@@ -332,5 +349,3 @@ class Cluster:
         """Node indices left by removed nodes (not candidates)."""
         return self._free_nodes
 
-
-_ZERO = GpuUsage()

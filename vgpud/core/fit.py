@@ -1,23 +1,29 @@
-"""Which nodes and GPUs can hold a pod, and why the others cannot.
+"""Whether a GPU can take a vGPU, and why not: the one fit vocabulary.
 
-Two forms of the same predicates:
+:data:`PREDICATES` is the one table of the rules, in the order they are reported: a
+code, whether a failure is *resolvable* (the pod would fit if other pods left) or not,
+the test, and the messages. A test is one expression over the GPU's *columns*
+(:class:`GpuState` names them) and a *demand* (a :class:`~vgpud.core.model.GpuUsage`:
+vGPUs, MiB, cores and exclusivity asked of that GPU). The expressions use only
+comparisons, ``&`` and ``|``, so the same test runs
 
-* :func:`filter_nodes` evaluates them for every GPU of every candidate node at once
-  (numpy), counts per node the GPUs that pass, and names for each rejected node the
-  first predicate that left it short. For a pod with one GPU container and no NVLink
-  constraint this count *is* the answer; otherwise it is a necessary condition and
-  the exact answer comes from :func:`vgpud.core.choose.place` on the survivors.
-* :func:`gpu_reason` checks one GPU for one container (used while choosing devices).
+* on one GPU, with plain integers: :func:`gpu_reason` (device choice in
+  :mod:`vgpud.core.choose`), :func:`room` (the ledger's admission check and the
+  plugin's re-check of kubelet's choice), each over the subset of the table it needs;
+* on every GPU of every candidate node at once, with numpy arrays:
+  :func:`filter_nodes`, which counts per node the GPUs that pass and names, for each
+  rejected node, the first rule that left it short. For a pod with one GPU container
+  and no NVLink constraint this count *is* the answer; otherwise it is a necessary
+  condition and the exact answer comes from :func:`vgpud.core.choose.place`.
 
-Predicates come in two kinds. *Static* ones (health, MIG, type and uuid filters,
-capacity) fail whatever else runs on the node: the reason is unresolvable. *Dynamic*
-ones (free split slots, free memory, free cores, idle GPU) would pass if other pods
-left: the reason is resolvable.
+*Static* rules (health, MIG, the pod's type/uuid filters, capacity) fail whatever else
+runs on the node: unresolvable. *Dynamic* ones (a free vGPU slot, not held whole,
+idle for a whole-GPU request, free memory, free cores) are resolvable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,17 +31,25 @@ import numpy as np
 import numpy.typing as npt
 
 from vgpud.core.cluster import Cluster, GpuView
-from vgpud.core.model import ContainerRequest, PodRequest, Reason, TopologyMode
+from vgpud.core.model import ContainerRequest, GpuUsage, PodRequest, Reason, TopologyMode
 
 NUMA_BUCKETS = 9  # NUMA ids -1..7 are told apart; larger ids share the last bucket
 
 
-def needed_memory(c: ContainerRequest, cap_memory: int) -> int:
-    """MiB one vGPU of this container takes on a GPU of this capacity."""
+def needed_memory(c: ContainerRequest, cap_memory: Any) -> Any:
+    """MiB one vGPU of ``c`` takes on a GPU of capacity ``cap_memory`` (an int, or an
+    array of capacities)."""
     if c.memory is not None:
         return c.memory
     pct = c.memory_percent if c.memory_percent is not None else 100
     return cap_memory * pct // 100
+
+
+def demand(c: ContainerRequest, cap_memory: Any) -> GpuUsage:
+    """What one vGPU of ``c`` asks of a GPU of capacity ``cap_memory``. (With an array
+    of capacities, ``memory`` is an array: the vectorised filter's demand.)"""
+    return GpuUsage(vgpus=1, memory=needed_memory(c, cap_memory), cores=c.cores,
+                    exclusive=1 if c.exclusive else 0)
 
 
 def type_matches(model: str, patterns: Sequence[str]) -> bool:
@@ -44,7 +58,8 @@ def type_matches(model: str, patterns: Sequence[str]) -> bool:
     return any(p.lower() in m for p in patterns)
 
 
-def gpu_static_ok(pod: PodRequest, model: str, uuid: str) -> bool:
+def gpu_selected(pod: PodRequest, model: str, uuid: str) -> bool:
+    """The pod's include/exclude filters on GPU type and uuid let this GPU through."""
     if pod.include_types and not type_matches(model, pod.include_types):
         return False
     if pod.exclude_types and type_matches(model, pod.exclude_types):
@@ -54,30 +69,119 @@ def gpu_static_ok(pod: PodRequest, model: str, uuid: str) -> bool:
     return not (pod.exclude_uuids and uuid in pod.exclude_uuids)
 
 
-def gpu_reason(pod: PodRequest, c: ContainerRequest, g: GpuView, *, free_memory: int,
-               free_cores: int, free_split: int, used_vgpus: int, exclusive: bool) -> str | None:
-    """Why GPU ``g`` (with the given free amounts) cannot take one vGPU of ``c``; None if it can."""
-    gpu = g.gpu
-    if not gpu.healthy:
-        return "unhealthy"
-    if gpu.mig:
-        return "in MIG mode"
-    if not gpu_static_ok(pod, gpu.model, gpu.uuid):
-        return "excluded by the pod's GPU type/uuid filters"
-    need = needed_memory(c, g.cap_memory)
-    if need > g.cap_memory or c.cores > g.cap_cores:
-        return "too small"
-    if free_split < 1:
-        return "split count used up"
-    if exclusive:
-        return "held whole by another container"
-    if c.exclusive and used_vgpus > 0:
-        return "not idle (a whole-GPU request needs an idle GPU)"
-    if need > free_memory:
-        return f"{free_memory} MiB free, needs {need}"
-    if c.cores > free_cores:
-        return f"{free_cores}% cores free, needs {c.cores}"
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """The columns the rules read, for one GPU. :func:`filter_nodes` builds the same
+    names as arrays over many GPUs."""
+
+    uuid: str
+    cap_vgpus: int
+    cap_memory: int
+    cap_cores: int
+    held_vgpus: int
+    held_exclusive: int
+    free_vgpus: int
+    free_memory: int
+    free_cores: int
+    healthy: bool = True
+    whole: bool = True  # not in MIG mode
+    selected: bool = True  # passes the pod's type/uuid filters
+
+    @classmethod
+    def of(cls, uuid: str, cap: GpuUsage, held: GpuUsage, *, healthy: bool = True,
+           whole: bool = True, selected: bool = True) -> GpuState:
+        return cls(uuid=uuid, cap_vgpus=cap.vgpus, cap_memory=cap.memory, cap_cores=cap.cores,
+                   held_vgpus=held.vgpus, held_exclusive=held.exclusive,
+                   free_vgpus=cap.vgpus - held.vgpus, free_memory=cap.memory - held.memory,
+                   free_cores=cap.cores - held.cores, healthy=healthy, whole=whole,
+                   selected=selected)
+
+    @classmethod
+    def of_view(cls, g: GpuView, pod: PodRequest | None = None) -> GpuState:
+        return cls(uuid=g.gpu.uuid, cap_vgpus=g.gpu.split, cap_memory=g.cap_memory,
+                   cap_cores=g.cap_cores, held_vgpus=g.used_vgpus,
+                   held_exclusive=1 if g.exclusive else 0, free_vgpus=g.free_split,
+                   free_memory=g.free_memory, free_cores=g.free_cores, healthy=g.gpu.healthy,
+                   whole=not g.gpu.mig,
+                   selected=pod is None or gpu_selected(pod, g.gpu.model, g.gpu.uuid))
+
+
+# A test returns a bool for one GPU, a bool array for many, or True for "no constraint".
+Test = Callable[[Any, GpuUsage], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    code: str
+    resolvable: bool
+    test: Test
+    gpu_message: str  # str.format(g=GpuState, n=demand)
+    node_message: str  # str.format(name, need, have, mem, cores): a node short of GPUs
+
+
+def _idle(g: Any, n: GpuUsage) -> Any:
+    return (g.held_vgpus == 0) if n.exclusive else True
+
+
+PREDICATES: tuple[Predicate, ...] = (
+    Predicate("unhealthy", False, lambda g, n: g.healthy,
+              "GPU {g.uuid} is unhealthy",
+              "container {name} needs {need} healthy GPU(s); the node has {have}"),
+    Predicate("mig", False, lambda g, n: g.whole,
+              "GPU {g.uuid} is in MIG mode",
+              "container {name} needs {need} GPU(s) not in MIG mode; the node has {have}"),
+    Predicate("gpu-filter", False, lambda g, n: g.selected,
+              "GPU {g.uuid} is excluded by the pod's GPU type/uuid filters",
+              "container {name} needs {need} GPU(s) matching the pod's GPU type/uuid filters; "
+              "the node has {have}"),
+    Predicate("too-small", False,
+              lambda g, n: ((g.cap_memory >= n.memory) & (g.cap_cores >= n.cores)
+                            & (g.cap_vgpus >= n.vgpus)),
+              "GPU {g.uuid} is too small ({g.cap_memory} MiB, {g.cap_cores}% cores, "
+              "{g.cap_vgpus} vGPUs) for {n.memory} MiB and {n.cores}% cores",
+              "container {name} needs {need} GPU(s) with room for {mem} and {cores}% cores; "
+              "the node has {have} that large"),
+    Predicate("split", True, lambda g, n: g.free_vgpus >= n.vgpus,
+              "GPU {g.uuid} has no free vGPU ({g.held_vgpus} of {g.cap_vgpus} in use)",
+              "container {name} needs {need} GPU(s) with a free vGPU slot; the node has {have} "
+              "(split count used up)"),
+    Predicate("exclusive", True, lambda g, n: g.held_exclusive == 0,
+              "GPU {g.uuid} is held whole by another container",
+              "container {name} needs {need} GPU(s) not held whole by another container; "
+              "the node has {have}"),
+    Predicate("idle", True, _idle,
+              "GPU {g.uuid} is not idle (a whole-GPU request needs an idle GPU)",
+              "container {name} needs {need} idle GPU(s) for a whole-GPU request; the node "
+              "has {have}"),
+    Predicate("memory", True, lambda g, n: g.free_memory >= n.memory,
+              "GPU {g.uuid} has {g.free_memory} MiB free, needs {n.memory}",
+              "container {name} needs {need} GPU(s) with {mem} free; the node has {have}"),
+    Predicate("cores", True, lambda g, n: g.free_cores >= n.cores,
+              "GPU {g.uuid} has {g.free_cores}% cores free, needs {n.cores}",
+              "container {name} needs {need} GPU(s) with {cores}% cores free; the node has "
+              "{have}"),
+)
+BY_CODE = {p.code: p for p in PREDICATES}
+# What a GPU must pass whoever asks: all but the pod's own filters.
+DEVICE = tuple(p for p in PREDICATES if p.code != "gpu-filter")
+# Capacity and what others hold: the ledger's admission check.
+ROOM = tuple(p for p in PREDICATES if p.code not in ("unhealthy", "mig", "gpu-filter"))
+
+
+def gpu_reason(g: GpuState, n: GpuUsage,
+               predicates: Sequence[Predicate] = PREDICATES) -> Reason | None:
+    """The first rule GPU ``g`` breaks for demand ``n``; None when it passes them all."""
+    for p in predicates:
+        if not p.test(g, n):
+            return Reason(p.code, p.gpu_message.format(g=g, n=n), p.resolvable)
     return None
+
+
+def room(uuid: str, cap: GpuUsage, held: GpuUsage, add: GpuUsage, *, healthy: bool = True,
+         whole: bool = True, predicates: Sequence[Predicate] = ROOM) -> Reason | None:
+    """Why ``add`` does not fit on a GPU of capacity ``cap`` next to ``held``, or None."""
+    return gpu_reason(GpuState.of(uuid, cap, held, healthy=healthy, whole=whole), add,
+                      predicates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +200,16 @@ class FilterResult:
         return values[: len(self.slot_node)] if self.slots is None else values[self.slots]
 
 
-_Stage = tuple[str, str, bool]  # code, message template, resolvable
+_Stage = tuple[str, str, bool]  # code, node message template, resolvable
+
+_NO_GPUS: _Stage = ("no-gpus", "container {name} needs {need} GPU(s); the node has {have}", False)
+_STAGES: tuple[_Stage, ...] = (_NO_GPUS, *((p.code, p.node_message, p.resolvable)
+                                           for p in PREDICATES))
+_NUMA: _Stage = ("numa", "container {name} needs {need} GPU(s) on one NUMA node; none has that "
+                 "many free", True)
+_NUMA_STATIC: _Stage = ("numa", "container {name} needs {need} GPU(s) on one NUMA node; none has "
+                        "that many", False)
+_CAPACITY_STAGE = 1 + [p.code for p in PREDICATES].index("too-small")
 
 
 def _stage_reason(stage: _Stage, have: int, need: int, c: ContainerRequest,
@@ -111,28 +224,21 @@ def _stage_reason(stage: _Stage, have: int, need: int, c: ContainerRequest,
     return r
 
 
-_STAGES: tuple[_Stage, ...] = (
-    ("no-gpus", "container {name} needs {need} GPU(s); the node has {have}", False),
-    ("unhealthy", "container {name} needs {need} healthy GPU(s); the node has {have}", False),
-    ("mig", "container {name} needs {need} GPU(s) not in MIG mode; the node has {have}", False),
-    ("gpu-filter", "container {name} needs {need} GPU(s) matching the pod's GPU type/uuid "
-     "filters; the node has {have}", False),
-    ("too-small", "container {name} needs {need} GPU(s) with room for {mem} and {cores}% "
-     "cores; the node has {have} that large", False),
-    ("split", "container {name} needs {need} GPU(s) with a free vGPU slot; the node has {have} "
-     "(split count used up)", True),
-    ("exclusive", "container {name} needs {need} GPU(s) not held whole by another container; "
-     "the node has {have}", True),
-    ("idle", "container {name} needs {need} idle GPU(s) for a whole-GPU request; the node has "
-     "{have}", True),
-    ("memory", "container {name} needs {need} GPU(s) with {mem} free; the node has {have}", True),
-    ("cores", "container {name} needs {need} GPU(s) with {cores}% cores free; the node has "
-     "{have}", True),
-)
-_NUMA = ("numa", "container {name} needs {need} GPU(s) on one NUMA node; none has that many "
-         "free", True)
-_NUMA_STATIC = ("numa", "container {name} needs {need} GPU(s) on one NUMA node; none has "
-                "that many", False)
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """:class:`GpuState`'s names over many GPUs (``True``: no constraint)."""
+
+    healthy: npt.NDArray[np.bool_]
+    whole: npt.NDArray[np.bool_]
+    selected: npt.NDArray[np.bool_] | bool
+    cap_vgpus: npt.NDArray[np.int64]
+    cap_memory: npt.NDArray[np.int64]
+    cap_cores: npt.NDArray[np.int64]
+    held_vgpus: npt.NDArray[np.int64]
+    held_exclusive: npt.NDArray[np.int64]
+    free_vgpus: npt.NDArray[np.int64]
+    free_memory: npt.NDArray[np.int64]
+    free_cores: npt.NDArray[np.int64]
 
 
 def _lut(cluster: Cluster, pod: PodRequest) -> npt.NDArray[np.bool_] | None:
@@ -166,7 +272,7 @@ def _uuid_mask(cluster: Cluster, pod: PodRequest, n: int) -> npt.NDArray[np.bool
 def filter_nodes(cluster: Cluster, pod: PodRequest,
                  candidates: npt.NDArray[np.int64] | None = None, *,
                  reasons: bool = True) -> FilterResult:
-    """Evaluate every GPU predicate for every container of ``pod`` on every candidate.
+    """Evaluate every rule for every container of ``pod`` on every GPU of every candidate.
 
     With ``reasons=False`` the rejected nodes are only left out (the simulator's and
     the benchmark's path); the extender asks for the reasons.
@@ -202,21 +308,23 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     cap_cores = take(cluster.cap_cores)
     cap_split = take(cluster.cap_split)
     used_split = take(cluster.used_split)
-    excl = take(cluster.excl)
-    free_mem = cap_mem - take(cluster.used_mem)
-    free_cores = cap_cores - take(cluster.used_cores)
-    free_split = cap_split - used_split
-    numa_of = take(cluster.numa)
-    filt: npt.NDArray[np.bool_] | None = None
+    selected: npt.NDArray[np.bool_] | None = None
     lut = _lut(cluster, pod)
     if lut is not None:
-        filt = lut[take(cluster.type_id)]
+        selected = lut[take(cluster.type_id)]
     um = _uuid_mask(cluster, pod, cluster.slots)
     if um is not None:
         um = take(um)
-        filt = um if filt is None else filt & um
-    static: list[npt.NDArray[np.bool_] | None] = [
-        slot_node < n_nodes, take(cluster.healthy), ~take(cluster.mig), filt]
+        selected = um if selected is None else selected & um
+    cols = _Columns(
+        healthy=take(cluster.healthy), whole=~take(cluster.mig),
+        selected=True if selected is None else selected,
+        cap_vgpus=cap_split, cap_memory=cap_mem, cap_cores=cap_cores,
+        held_vgpus=used_split, held_exclusive=take(cluster.excl),
+        free_vgpus=cap_split - used_split, free_memory=cap_mem - take(cluster.used_mem),
+        free_cores=cap_cores - take(cluster.used_cores))
+    numa_of = take(cluster.numa)
+    on_candidate = slot_node < n_nodes
 
     ok_nodes = cand_mask[:n_nodes].copy()
     failed: dict[int, Reason] = {}
@@ -228,21 +336,12 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
         shapes.setdefault((c.number, c.memory, c.memory_percent, c.cores), c)
     numa = pod.topology is TopologyMode.NUMA
     for c in shapes.values():
-        need_mem: npt.NDArray[np.int64] | int = (
-            c.memory if c.memory is not None else cap_mem * (c.memory_percent or 100) // 100)
-        stages = [
-            *static,
-            (cap_mem >= need_mem) & (cap_cores >= c.cores) & (cap_split >= 1),
-            free_split >= 1,
-            excl == 0,
-            (used_split == 0) if c.exclusive else None,
-            free_mem >= need_mem,
-            free_cores >= c.cores,
-        ]
-        running = np.ones(n, dtype=np.bool_)
-        cumulative = []
-        for m in stages:
-            if m is not None:
+        need = demand(c, cap_mem)
+        running = on_candidate
+        cumulative = [running]
+        for p in PREDICATES:
+            m = p.test(cols, need)
+            if m is not True:
                 running = running & m
             cumulative.append(running)
         masks.append((c, running))
@@ -257,16 +356,17 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
         if not reasons:
             continue
         short_idx = np.flatnonzero(short)
-        # The first predicate that left each short node with too few GPUs, vectorised.
-        have = np.stack([np.bincount(slot_node[m], minlength=n_nodes + 1)[short_idx]
-                         for m in cumulative])
+        # The first rule that left each short node with too few GPUs, vectorised.
+        rows = [np.bincount(slot_node[m], minlength=n_nodes + 1)[short_idx]
+                for m in cumulative]
+        stage_list: tuple[_Stage, ...] = _STAGES
         if numa and c.number > 1:
-            have = np.vstack([have, _numa_counts(numa_of, slot_node, cumulative[4],
-                                                 n_nodes)[short_idx][None, :],
-                              counts[short_idx][None, :]])
-            stage_list = (*_STAGES, _NUMA_STATIC, _NUMA)
-        else:
-            stage_list = _STAGES
+            # static before dynamic: no NUMA node ever has enough GPUs, then not now
+            k = _CAPACITY_STAGE + 1
+            rows = [*rows[:k], _numa_counts(numa_of, slot_node, cumulative[_CAPACITY_STAGE],
+                                            n_nodes)[short_idx], *rows[k:], counts[short_idx]]
+            stage_list = (*_STAGES[:k], _NUMA_STATIC, *_STAGES[k:], _NUMA)
+        have = np.stack(rows)
         below = have < c.number
         first = below.argmax(axis=0)
         for i, st, h in zip(short_idx.tolist(), first.tolist(),

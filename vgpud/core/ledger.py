@@ -17,7 +17,10 @@ The state machine of one pod's entry (after kube-scheduler's cache)::
   were never confirmed (HAMi#2923: stale reservations block nodes forever).
 
 Invariants (while only ``assume`` adds): per GPU, held memory ≤ memory × scaling,
-cores ≤ 100 × core scaling, vGPUs ≤ split, and an exclusive holder is alone.
+cores ≤ 100 × core scaling, vGPUs ≤ split (each pod charged the maximum over its
+phases, :meth:`~vgpud.core.model.Placement.charge`), and a pod that holds a GPU
+exclusively (in any of its phases) shares it with no other pod. Its own other phases
+may use that GPU: they never run at the same time as the exclusive one.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import enum
 import heapq
 from dataclasses import dataclass, replace
 
-from vgpud.core.choose import charge
 from vgpud.core.cluster import Cluster
-from vgpud.core.model import GpuUsage, Placement, Reason
+from vgpud.core.fit import room
+from vgpud.core.model import ZERO, GpuUsage, Placement, Reason
 
 
 class State(enum.Enum):
@@ -72,23 +75,14 @@ class Ledger:
 
     def room(self, placement: Placement, held: dict[str, GpuUsage] | None = None) -> Reason | None:
         """Why ``placement`` would break an invariant now; None when it fits."""
-        held = held if held is not None else charge(placement)
+        held = held if held is not None else placement.charge()
         for uuid, c in held.items():
             cap = self.cluster.capacity(placement.node, uuid)
             if cap is None:
                 return Reason("unknown-gpu", f"node {placement.node} has no GPU {uuid}", False)
-            mem, cores, split = cap
-            u = self.cluster.usage(placement.node, uuid)
-            if u.vgpus + c.vgpus > split:
-                return Reason("split", f"GPU {uuid}: split count {split} used up", True)
-            if u.memory + c.memory > mem:
-                return Reason("memory", f"GPU {uuid}: {mem - u.memory} MiB free, needs "
-                              f"{c.memory}", True)
-            if u.cores + c.cores > cores:
-                return Reason("cores", f"GPU {uuid}: {cores - u.cores}% cores free, needs "
-                              f"{c.cores}", True)
-            if u.exclusive or (c.exclusive and u.vgpus):
-                return Reason("exclusive", f"GPU {uuid} is not idle", True)
+            why = room(uuid, cap, self.cluster.usage(placement.node, uuid), c)
+            if why is not None:
+                return why
         return None
 
     def assume(self, uid: str, key: str, placement: Placement, now: float) -> Reason | None:
@@ -99,7 +93,7 @@ class Ledger:
                 return None
             return Reason("already-placed", f"pod {key} already holds GPUs on "
                           f"{old.placement.node}", False)
-        held = charge(placement)
+        held = placement.charge()
         why = self.room(placement, held)
         if why is not None:
             return why
@@ -142,12 +136,12 @@ class Ledger:
     def violations(self) -> list[str]:
         """Every broken invariant, recomputed from the entries (for tests and /debug)."""
         totals: dict[tuple[str, str], GpuUsage] = {}
+        holders: dict[tuple[str, str], list[Entry]] = {}
         for e in self._entries.values():
-            for uuid, c in charge(e.placement).items():
+            for uuid, c in e.placement.charge().items():
                 k = (e.placement.node, uuid)
-                t = totals.get(k, GpuUsage())
-                totals[k] = GpuUsage(t.vgpus + c.vgpus, t.memory + c.memory, t.cores + c.cores,
-                                     t.exclusive + c.exclusive)
+                totals[k] = totals.get(k, ZERO) + c
+                holders.setdefault(k, []).append(e)
         out = []
         for (node, uuid), t in totals.items():
             if self.cluster.usage(node, uuid) != t:
@@ -156,19 +150,20 @@ class Ledger:
             cap = self.cluster.capacity(node, uuid)
             if cap is None:
                 continue
-            mem, cores, split = cap
-            if t.memory > mem or t.cores > cores or t.vgpus > split:
+            if t.memory > cap.memory or t.cores > cap.cores or t.vgpus > cap.vgpus:
                 out.append(f"{node}/{uuid}: {t} exceeds capacity {cap}")
-            if t.exclusive and t.vgpus > 1:
-                out.append(f"{node}/{uuid}: an exclusive holder is not alone ({t.vgpus} vGPUs)")
+            pods = holders[(node, uuid)]
+            if t.exclusive and len(pods) > 1:
+                out.append(f"{node}/{uuid}: held exclusively but shared by "
+                           f"{', '.join(sorted(e.key for e in pods))}")
         return out
 
     def _add(self, e: Entry, held: dict[str, GpuUsage] | None = None) -> None:
         self._entries[e.uid] = e
-        self.cluster.add_usage(e.placement.node, held or charge(e.placement), +1)
+        self.cluster.add_usage(e.placement.node, held or e.placement.charge(), +1)
 
     def _drop(self, e: Entry) -> None:
         # The charge is derived again rather than stored: 50,000 entries' dicts cost
         # more memory than recomputing one on release costs time.
         del self._entries[e.uid]
-        self.cluster.add_usage(e.placement.node, charge(e.placement), -1)
+        self.cluster.add_usage(e.placement.node, e.placement.charge(), -1)

@@ -1,15 +1,31 @@
 """Frozen value types shared by the whole core.
 
 Units: memory is MiB everywhere in the core (the shim speaks bytes), cores are
-percent of one physical GPU's SMs.  A GPU's *capacity* is its physical memory ×
-``memory_scaling`` and 100 × ``core_scaling``; ``split`` bounds how many vGPUs
+percent of one physical GPU's SMs.  A GPU's *capacity* (:meth:`NodeInventory.capacity`,
+the one definition) is its physical memory × ``memory_scaling`` and 100 ×
+``core_scaling``, rounded to whole MiB and percent; ``split`` bounds how many vGPUs
 (containers) may share it.
+
+A vGPU of :data:`EXCLUSIVE_CORES` cores or more is *exclusive* (:func:`is_exclusive`):
+it needs an idle GPU and keeps every other pod off it.
+
+A pod's containers run in *phases* (:func:`phases`); what a pod holds on a GPU is the
+maximum over its phases (:meth:`GpuUsage.join`), since phases never overlap.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+EXCLUSIVE_CORES = 100
+
+
+def is_exclusive(cores: int) -> bool:
+    """A vGPU with this many cores asks for a whole, idle GPU."""
+    return cores >= EXCLUSIVE_CORES
 
 
 class Policy(enum.Enum):
@@ -58,6 +74,15 @@ class NodeInventory:
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
 
+    def capacity(self, gpu: Gpu) -> GpuUsage:
+        """What ``gpu`` offers under this node's split and scaling (the one definition).
+
+        Rounded, not truncated: ``100 * 1.15`` is ``114.999…`` in binary floating point,
+        and a user who writes ``deviceCoreScaling: 1.15`` means 115 %.
+        """
+        return GpuUsage(vgpus=gpu.split, memory=round(gpu.memory * self.memory_scaling),
+                        cores=round(100 * self.core_scaling), exclusive=1)
+
 
 @dataclass(frozen=True, slots=True)
 class Node:
@@ -87,7 +112,7 @@ class ContainerRequest:
 
     @property
     def exclusive(self) -> bool:
-        return self.cores >= 100
+        return is_exclusive(self.cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +150,12 @@ class DeviceGrant:
     memory: int  # MiB
     cores: int  # percent
 
+    @property
+    def usage(self) -> GpuUsage:
+        """What this vGPU holds on its GPU."""
+        return GpuUsage(vgpus=1, memory=self.memory, cores=self.cores,
+                        exclusive=1 if is_exclusive(self.cores) else 0)
+
 
 @dataclass(frozen=True, slots=True)
 class ContainerGrant:
@@ -150,6 +181,18 @@ class Placement:
                 return c
         return None
 
+    def charge(self) -> dict[str, GpuUsage]:
+        """What this placement holds per GPU uuid: the maximum over its phases."""
+        out: dict[str, GpuUsage] = {}
+        for phase in phases(self.containers):
+            per: dict[str, GpuUsage] = {}
+            for c in phase:
+                for d in c.devices:
+                    per[d.uuid] = per.get(d.uuid, ZERO) + d.usage
+            for uuid, u in per.items():
+                out[uuid] = out.get(uuid, ZERO).join(u)
+        return out
+
 
 @dataclass(frozen=True, slots=True)
 class Reason:
@@ -170,12 +213,60 @@ class Reason:
 
 @dataclass(frozen=True, slots=True)
 class GpuUsage:
-    """What the ledger holds against one GPU."""
+    """An amount of one GPU: what is held on it, what a pod asks of it, or its capacity.
+
+    ``exclusive`` counts exclusive holders (0 or 1 when consistent; in a capacity, 1).
+    ``+`` and ``-`` combine holders that run at the same time; :meth:`join` (the
+    component-wise maximum) combines phases of one pod, which never overlap.
+    """
 
     vgpus: int = 0
     memory: int = 0
     cores: int = 0
-    exclusive: int = 0  # number of exclusive holders (0 or 1 when consistent)
+    exclusive: int = 0
+
+    def __add__(self, other: GpuUsage) -> GpuUsage:
+        return GpuUsage(self.vgpus + other.vgpus, self.memory + other.memory,
+                        self.cores + other.cores, self.exclusive + other.exclusive)
+
+    def __sub__(self, other: GpuUsage) -> GpuUsage:
+        return GpuUsage(self.vgpus - other.vgpus, self.memory - other.memory,
+                        self.cores - other.cores, self.exclusive - other.exclusive)
+
+    def join(self, other: GpuUsage) -> GpuUsage:
+        """At most one of the two at a time: the component-wise maximum."""
+        return GpuUsage(max(self.vgpus, other.vgpus), max(self.memory, other.memory),
+                        max(self.cores, other.cores), max(self.exclusive, other.exclusive))
+
+
+ZERO = GpuUsage()
+
+
+class Phased(Protocol):
+    """A container as far as phases go (a request or a grant)."""
+
+    @property
+    def init(self) -> bool: ...
+
+    @property
+    def sidecar(self) -> bool: ...
+
+
+P = TypeVar("P", bound=Phased)
+
+
+def phases(containers: Sequence[P]) -> list[list[P]]:
+    """The containers that run together, as Kubernetes runs them: the main phase (app
+    containers and every restartable sidecar) first, then each regular init container
+    alone with the sidecars declared before it."""
+    out = [[c for c in containers if c.sidecar or not c.init]]
+    sidecars: list[P] = []
+    for c in containers:
+        if c.sidecar:
+            sidecars.append(c)
+        elif c.init:
+            out.append([*sidecars, c])
+    return out
 
 
 @dataclass(frozen=True, slots=True)

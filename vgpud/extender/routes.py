@@ -32,7 +32,7 @@ from vgpud.extender.wire import (
     host_priorities,
 )
 from vgpud.kube.errors import KubeError, NotFound
-from vgpud.kube.writes import EventRecorder, ObjectRef, PodWriter
+from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder
 
 log = structlog.get_logger()
 
@@ -54,7 +54,7 @@ class Extender:
         self,
         state: SchedulerState,
         *,
-        writer: PodWriter | None,
+        writer: PodBinder | None,
         events: EventRecorder | None,
         metrics: Metrics,
         is_leader: Callable[[], bool] = lambda: True,
@@ -142,7 +142,7 @@ class Extender:
         finally:
             self.binds_in_flight -= 1
 
-    async def _bind(self, args: BindingArgs, writer: PodWriter) -> BindingResultJson:
+    async def _bind(self, args: BindingArgs, writer: PodBinder) -> BindingResultJson:
         key = f"{args.namespace}/{args.name}"
         ref = ObjectRef(kind="Pod", name=args.name, namespace=args.namespace, uid=args.uid,
                         api_version="v1")
@@ -194,7 +194,7 @@ class Extender:
         await self._event(ref, "GPUsAssigned", describe(placement))
         return {"Error": ""}
 
-    async def _clear(self, writer: PodWriter, args: BindingArgs, req: PodRequest) -> None:
+    async def _clear(self, writer: PodBinder, args: BindingArgs, req: PodRequest) -> None:
         """Best effort: take the assignment off a pod whose binding failed."""
         try:
             pod = await writer.read_pod(args.namespace, args.name)

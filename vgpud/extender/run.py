@@ -28,7 +28,7 @@ from vgpud.kube.cache import Informer
 from vgpud.kube.client import KubeClient
 from vgpud.kube.lease import LeaderElector
 from vgpud.kube.resources import NODES, PODS
-from vgpud.kube.writes import EventRecorder, PodWriter
+from vgpud.kube.writes import EventRecorder, PodBinder
 
 log = structlog.get_logger()
 
@@ -83,7 +83,7 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
             elector = LeaderElector(kube, name=lease_name, namespace=lease_namespace,
                                     identity=identity)
         async with anyio.create_task_group() as tg:
-            ext = Extender(state, writer=PodWriter(kube), events=events, metrics=metrics,
+            ext = Extender(state, writer=PodBinder(kube), events=events, metrics=metrics,
                            is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
                            spawn=tg.start_soon)
             def ready() -> bool:

@@ -11,6 +11,6 @@ core stays pure; callers convert between the two). Everything takes an injected
 - ``resources``: ``Resource`` descriptors (``PODS``, ``NODES``, ``EVENTS``, ``LEASES``).
 - ``watch``: raw paged list and watch streams (``list_pages``, ``open_watch``).
 - ``cache``: ``Informer`` — list+watch cache with projections and change events.
-- ``writes``: ``PodWriter`` (annotation patch, binding), ``EventRecorder``.
+- ``writes``: ``PodWriter`` (annotation patch), ``PodBinder`` (+ binding), ``EventRecorder``.
 - ``lease``: ``LeaderElector``.
 """

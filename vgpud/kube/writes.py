@@ -7,7 +7,7 @@ annotations if the pod is still the same pod (uid) and ``still_valid(pod)`` hold
 (default: not bound, not being deleted), at most ``max_conflicts`` times. (A
 JSON-patch ``test`` op would answer 422, not 409, so the merge patch is used.)
 
-``PodWriter.bind`` POSTs ``pods/{name}/binding``. The server answers 201 with a
+``PodBinder.bind`` POSTs ``pods/{name}/binding``. The server answers 201 with a
 ``Status``, which kubernetes_asyncio's generated method deserialises as a
 ``V1Binding`` and fails with ``ValueError`` *after the binding succeeded*; we ask
 for the raw response (``_preload_content=False``) and check the status instead. A
@@ -161,6 +161,12 @@ class PodWriter:
                 )
             rv = str(meta.get("resourceVersion", ""))
             log.debug("pod_patch_conflict_retry", pod=f"{namespace}/{name}", conflicts=conflicts)
+
+
+
+class PodBinder(PodWriter):
+    """:class:`PodWriter` plus the binding: the scheduler's writer. (A separate class so
+    that roles that only patch pods, like the device plugin, are granted no binding.)"""
 
     async def bind(self, namespace: str, name: str, node: str, *, uid: str | None = None) -> None:
         """Bind the pod to ``node`` (see the module docstring for the client bug)."""

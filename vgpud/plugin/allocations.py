@@ -1,6 +1,7 @@
 """The plugin's on-disk state: one directory per allocation (a container's replica IDs).
 
-    <state-dir>/allocations/<key>/record.json   the IDs, and the owner once known
+    <state-dir>/allocations/<key>/record.json   the IDs, and once configured the owner
+                                                and the devices granted (uuid, MiB, cores)
     <state-dir>/allocations/<key>/etc/config    the shim's limits file (PreStartContainer)
     <state-dir>/allocations/<key>/state/        the container's writable state directory
 
@@ -10,6 +11,11 @@ directory, and so does a restarted plugin. ``etc/`` is mounted read-only at
 ``/etc/vgpud`` and written only by atomic rename, so a container never sees a partial
 file; a running container's files are never rewritten unless kubelet asks again for
 the same IDs (a restart of that container), and then with the same content.
+
+The record keeps what was granted as values, so a restarted plugin knows every
+container's limits without reading them back from the limits file. The store also
+keeps the configured allocations in memory (:meth:`AllocationStore.configured`) for
+the metrics.
 
 Everything here is blocking file I/O: call it through ``anyio.to_thread``.
 """
@@ -22,10 +28,11 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from vgpud.core.model import DeviceGrant
 from vgpud.plugin.replicas import allocation_key
 
 RECORD_VERSION = 1
@@ -48,6 +55,8 @@ class Allocation:
     dir: Path
     owner: Owner | None
     configured: float  # time the limits file was last written, 0 if never
+    devices: tuple[DeviceGrant, ...] = ()  # granted, in the limits file's (CUDA) order
+    written: float = 0.0  # time the record was last written
 
     @property
     def etc(self) -> Path:
@@ -85,6 +94,11 @@ class AllocationStore:
 
     def __init__(self, state_dir: str | Path) -> None:
         self.root = Path(state_dir) / "allocations"
+        self._configured: dict[str, Allocation] = {}
+
+    def configured(self) -> list[Allocation]:
+        """The allocations this store has configured or loaded with an owner."""
+        return list(self._configured.values())
 
     def path(self, ids: Iterable[str]) -> Path:
         return self.root / allocation_key(ids)
@@ -102,11 +116,12 @@ class AllocationStore:
         if found is not None:
             return found
         alloc = Allocation(key=d.name, ids=ids, dir=d, owner=None, configured=0.0)
-        self._write_record(alloc)
-        return alloc
+        return self._write_record(alloc)
 
-    def configure(self, ids: Iterable[str], owner: Owner, config_text: str) -> Allocation:
-        """Write the limits file and the owner. A new owner gets a fresh state directory."""
+    def configure(self, ids: Iterable[str], owner: Owner, config_text: str,
+                  devices: tuple[DeviceGrant, ...]) -> Allocation:
+        """Write the limits file, the owner and what was granted. A new owner gets a
+        fresh state directory."""
         alloc = self.prepare(ids)
         if alloc.owner is not None and alloc.owner != owner:
             # the IDs were freed and taken by another container: forget the old usage
@@ -117,34 +132,51 @@ class AllocationStore:
                     child.unlink()
         write_atomic(alloc.config, config_text)
         done = Allocation(key=alloc.key, ids=alloc.ids, dir=alloc.dir, owner=owner,
-                          configured=time.time())
-        self._write_record(done)
-        return done
+                          configured=time.time(), devices=devices)
+        return self._write_record(done)
 
-    def _write_record(self, a: Allocation) -> None:
+    def _write_record(self, a: Allocation) -> Allocation:
         doc: dict[str, Any] = {"v": RECORD_VERSION, "ids": list(a.ids), "configured": a.configured,
-                               "owner": None}
+                               "owner": None,
+                               "devices": [{"uuid": d.uuid, "memory": d.memory, "cores": d.cores}
+                                           for d in a.devices]}
         if a.owner is not None:
             doc["owner"] = {"namespace": a.owner.namespace, "pod": a.owner.pod,
                             "container": a.owner.container, "uid": a.owner.uid}
-        write_atomic(a.dir / "record.json", json.dumps(doc, sort_keys=True))
+        path = a.dir / "record.json"
+        write_atomic(path, json.dumps(doc, sort_keys=True))
+        a = replace(a, written=path.stat().st_mtime)
+        self._index(a)
+        return a
+
+    def _index(self, a: Allocation) -> None:
+        if a.owner is not None:
+            self._configured[a.key] = a
+        else:
+            self._configured.pop(a.key, None)
 
     def load(self, d: Path) -> Allocation | None:
         """One allocation directory's record; None if missing or unreadable."""
         try:
-            doc = json.loads((d / "record.json").read_text())
+            path = d / "record.json"
+            doc = json.loads(path.read_text())
             if doc.get("v") != RECORD_VERSION:
                 return None
             ids = tuple(str(x) for x in doc["ids"])
             o = doc.get("owner")
             owner = None if not o else Owner(str(o["namespace"]), str(o["pod"]),
                                               str(o["container"]), str(o.get("uid", "")))
+            devices = tuple(DeviceGrant(uuid=str(x["uuid"]), memory=int(x["memory"]),
+                                        cores=int(x["cores"])) for x in doc.get("devices", []))
             if allocation_key(ids) != d.name:
                 return None
-            return Allocation(key=d.name, ids=ids, dir=d, owner=owner,
-                              configured=float(doc.get("configured", 0.0)))
+            a = Allocation(key=d.name, ids=ids, dir=d, owner=owner,
+                           configured=float(doc.get("configured", 0.0)), devices=devices,
+                           written=path.stat().st_mtime)
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        self._index(a)
+        return a
 
     def all(self) -> list[Allocation]:
         """Every readable allocation on disk (the state a restarted plugin starts from)."""
@@ -160,5 +192,6 @@ class AllocationStore:
 
     def remove(self, key: str) -> None:
         d = self.root / key
+        self._configured.pop(key, None)
         if d.parent == self.root and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)

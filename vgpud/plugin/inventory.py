@@ -16,7 +16,8 @@ import structlog
 
 from vgpud.core.codec import NODE_DEVICES, encode_node_devices
 from vgpud.core.model import NodeInventory
-from vgpud.plugin.cluster import ClusterApi, ClusterError
+from vgpud.kube.errors import KubeError
+from vgpud.plugin.cluster import ClusterApi
 from vgpud.plugin.devices import NodeDevices
 
 log = structlog.get_logger(__name__)
@@ -27,12 +28,12 @@ MEMORY = "nvidia.com/vgpu-memory"
 
 def extended_resources(inv: NodeInventory, *, cores: bool, memory: bool) -> dict[str, str]:
     """The node's totals over healthy GPUs, as quantity strings."""
-    healthy = [g for g in inv.devices if g.healthy and not g.mig]
+    caps = [inv.capacity(g) for g in inv.devices if g.healthy and not g.mig]
     out = {}
     if cores:
-        out[CORES] = str(int(100 * inv.core_scaling) * len(healthy))
+        out[CORES] = str(sum(c.cores for c in caps))
     if memory:
-        out[MEMORY] = str(sum(int(g.memory * inv.memory_scaling) for g in healthy))
+        out[MEMORY] = str(sum(c.memory for c in caps))
     return out
 
 
@@ -64,7 +65,7 @@ async def publish_inventory(
                 res = extended_resources(devices.inventory(), cores=cores, memory=memory)
                 await cluster.set_node_resources(node, res)
             published = text
-        except ClusterError as e:
+        except KubeError as e:
             log.warning("inventory_publish_failed", node=node, error=str(e))
             await anyio.sleep(retry)
             continue

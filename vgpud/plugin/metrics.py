@@ -20,8 +20,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vgpud import shm
+from vgpud.plugin.allocations import AllocationStore
 from vgpud.plugin.devices import NodeDevices
-from vgpud.plugin.service import PluginService
 
 log = structlog.get_logger(__name__)
 MIB = 1 << 20
@@ -41,12 +41,12 @@ def shim_usage(state: Path, uuids: Sequence[str]) -> Mapping[str, int] | None:
 
 
 class PluginCollector(Collector):
-    def __init__(self, node: str, devices: NodeDevices, service: PluginService,
+    def __init__(self, node: str, devices: NodeDevices, store: AllocationStore,
                  used: Callable[[], Mapping[str, int]],
                  usage_reader: UsageReader | None = None) -> None:
         self.node = node
         self.devices = devices
-        self.service = service
+        self.store = store
         self.used = used
         self.usage_reader = usage_reader if usage_reader is not None else shim_usage
 
@@ -76,13 +76,12 @@ class PluginCollector(Collector):
         mem: dict[str, int] = {}
         cores: dict[str, int] = {}
         count: dict[str, int] = {}
-        alloc_dirs = self.service.store.root
-        for g in list(self.service.granted.values()):
+        for g in self.store.configured():
+            assert g.owner is not None  # configured() holds owned allocations only
             usage = None
             if self.usage_reader is not None:
                 try:
-                    usage = self.usage_reader(alloc_dirs / g.key / "state",
-                                              [d.uuid for d in g.devices])
+                    usage = self.usage_reader(g.state, [d.uuid for d in g.devices])
                 except Exception as e:  # a scrape never fails on one unreadable file
                     log.debug("usage_unreadable", key=g.key, error=str(e))
             for d in g.devices:
@@ -97,7 +96,7 @@ class PluginCollector(Collector):
         used = self.used()
         for gpu in inv.devices:
             labels = [self.node, gpu.uuid, str(gpu.index), gpu.model]
-            cap_mem.add_metric(labels, int(gpu.memory * inv.memory_scaling) * MIB)
+            cap_mem.add_metric(labels, inv.capacity(gpu).memory * MIB)
             alloc_mem.add_metric(labels, mem.get(gpu.uuid, 0) * MIB)
             alloc_cores.add_metric(labels, cores.get(gpu.uuid, 0))
             if gpu.uuid in used:

@@ -17,10 +17,10 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vgpud.core.choose import charge
+from vgpud.core.fit import DEVICE, room
 from vgpud.core.model import (
+    ZERO,
     ContainerGrant,
-    Gpu,
     GpuUsage,
     NodeInventory,
     Placement,
@@ -137,31 +137,6 @@ def preferred(
     return chosen[:max(size, len(must_include))]
 
 
-def capacity(gpu: Gpu, inventory: NodeInventory) -> GpuUsage:
-    """A GPU's capacity, in the units of :class:`GpuUsage`."""
-    return GpuUsage(vgpus=gpu.split, memory=int(gpu.memory * inventory.memory_scaling),
-                    cores=int(100 * inventory.core_scaling), exclusive=1)
-
-
-def room_reason(gpu: Gpu, inventory: NodeInventory, held: GpuUsage, add: GpuUsage) -> str | None:
-    """Why ``add`` does not fit on ``gpu`` next to ``held``, or None when it does."""
-    cap = capacity(gpu, inventory)
-    if not gpu.healthy:
-        return f"GPU {gpu.uuid} is unhealthy"
-    if gpu.mig:
-        return f"GPU {gpu.uuid} is in MIG mode"
-    if held.vgpus + add.vgpus > cap.vgpus:
-        return f"GPU {gpu.uuid} has no free vGPU ({held.vgpus} of {cap.vgpus} in use)"
-    if held.memory + add.memory > cap.memory:
-        return (f"GPU {gpu.uuid} has {cap.memory - held.memory} MiB free, "
-                f"{add.memory} MiB needed")
-    if held.cores + add.cores > cap.cores:
-        return f"GPU {gpu.uuid} has {cap.cores - held.cores}% cores free, {add.cores}% needed"
-    if held.exclusive or (add.exclusive and held.vgpus):
-        return f"GPU {gpu.uuid} is held exclusively or is not idle for an exclusive vGPU"
-    return None
-
-
 def reconcile(
     placement: Placement,
     container: str,
@@ -202,23 +177,13 @@ def reconcile(
                                sidecar=grant.sidecar)
     new = replace(placement, containers=tuple(new_grant if c.name == container else c
                                               for c in placement.containers))
-    mine = charge(new)
+    mine = new.charge()
     for t in targets:
-        why = room_reason(by_uuid[t], inventory, others.get(t, GpuUsage()),
-                          mine.get(t, GpuUsage()))
+        gpu = by_uuid[t]
+        why = room(t, inventory.capacity(gpu), others.get(t, ZERO), mine.get(t, ZERO),
+                   healthy=gpu.healthy, whole=not gpu.mig, predicates=DEVICE)
         if why is not None:
             return Reason("no-room", f"kubelet chose GPU {t} for container {container!r} instead "
                           f"of the assigned {', '.join(sorted(granted - set(chosen)))}, and it "
-                          f"has no room: {why}", True)
+                          f"has no room: {why.message}", True)
     return new
-
-
-def held_by(placements: Iterable[Placement]) -> dict[str, GpuUsage]:
-    """The per-GPU total of several pods' placements (each charged as the scheduler does)."""
-    out: dict[str, GpuUsage] = {}
-    for p in placements:
-        for uuid, a in charge(p).items():
-            u = out.get(uuid, GpuUsage())
-            out[uuid] = GpuUsage(u.vgpus + a.vgpus, u.memory + a.memory, u.cores + a.cores,
-                                 u.exclusive + a.exclusive)
-    return out

@@ -135,22 +135,22 @@ async def run_plugin(
         node=opts.node_name, devices=devices, store=store,
         podresources=PodResourcesClient(str(opts.pod_resources_socket), RESOURCE),
         cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim)
-    service.restore(await anyio.to_thread.run_sync(store.all))
-    log.info("allocations_restored", configured=len(service.granted))
+    await anyio.to_thread.run_sync(store.all)  # loads the records into the store's index
+    log.info("allocations_restored", configured=len(store.configured()))
     used: dict[str, int] = {}
     listen = settings.plugin.metricsListen if opts.metrics_listen is None else opts.metrics_listen
     gates = settings.plugin.featureGates
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_health, source, devices)
+            tg.start_soon(cluster.run)
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
                 memory=gates.MemoryPlugin))
             port = None
             if listen:
                 registry = CollectorRegistry(auto_describe=False)
-                registry.register(PluginCollector(opts.node_name, devices, service,
-                                                  lambda: used))
+                registry.register(PluginCollector(opts.node_name, devices, store, lambda: used))
                 port = await tg.start(_serve_metrics, metrics_app(registry), listen)
             options = await service.get_device_plugin_options(pb.Empty())
             sock = await tg.start(lambda task_status: serve_plugin(

@@ -10,38 +10,44 @@
   config directory (``/etc/vgpud``) and the writable state directory. The response is
   composed from the small ``_with_*`` functions below.
 - **PreStartContainer** (``pre_start_required``) learns the owner from PodResources,
-  reads its ``vgpud.io/assignment``, reconciles kubelet's choice
-  (:func:`vgpud.plugin.replicas.reconcile`), and writes the limits file atomically.
-  Any problem fails that one container with a message kubelet shows on the pod.
+  reads its ``vgpud.io/assignment``, and carries out what
+  :func:`vgpud.plugin.prestart.plan` decides: write the limits file atomically (after
+  rewriting the assignment when kubelet chose other GPUs with room), or fail that one
+  container with a message kubelet shows on the pod.
+
+The servicer only gathers facts and carries out decisions; the decisions are pure
+functions in :mod:`vgpud.plugin.prestart` and :mod:`vgpud.plugin.replicas`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import anyio
 import structlog
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment, encode_assignment
-from vgpud.core.container import GrantError, render_shim_config
-from vgpud.core.model import DeviceGrant, Placement, Reason
+from vgpud.core.codec import encode_assignment
+from vgpud.core.container import LimitsError, render
+from vgpud.core.model import GpuUsage
+from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.allocations import Allocation, AllocationStore, Owner
-from vgpud.plugin.cluster import ClusterApi, ClusterError, PodView
+from vgpud.plugin.cluster import ClusterApi, PodView
 from vgpud.plugin.devices import NodeDevices
 from vgpud.plugin.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
-from vgpud.plugin.replicas import (
-    ReplicaIdError,
-    advertised,
-    gpus_of,
-    held_by,
-    preferred,
-    reconcile,
+from vgpud.plugin.prestart import (
+    NEEDS_OTHERS,
+    Configure,
+    Refuse,
+    held_by_others,
+    plan,
+    stale,
+    wanted,
 )
+from vgpud.plugin.replicas import ReplicaIdError, advertised, gpus_of, preferred
 from vgpud.plugin.shim import ShimFiles
 
 log = structlog.get_logger(__name__)
@@ -61,16 +67,6 @@ class AllocationFailed(Exception):
     def __init__(self, message: str, pod: PodView | None = None) -> None:
         super().__init__(message)
         self.pod = pod
-
-
-@dataclass(frozen=True, slots=True)
-class Granted:
-    """A configured container: who, which IDs, and its limits (for metrics)."""
-
-    key: str
-    owner: Owner
-    devices: tuple[DeviceGrant, ...]
-    configured: float
 
 
 # -- composing the Allocate response ---------------------------------------------------------
@@ -105,27 +101,6 @@ def _with_dirs(r: pb.ContainerAllocateResponse, alloc: Allocation) -> None:
     r.envs["VGPUD_CONFIG"] = f"{CONFIG_DIR}/config"
 
 
-def parse_limits(text: str) -> tuple[DeviceGrant, ...]:
-    """The devices of a limits file the plugin wrote (to rebuild metrics after a restart)."""
-    kv: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "=" in line:
-            k, v = line.split("=", 1)
-            kv[k.strip()] = v.strip()
-    out = []
-    i = 0
-    while f"device.{i}.uuid" in kv:
-        try:
-            mem = int(kv.get(f"device.{i}.memory_limit", "0")) >> 20
-            cores = int(kv.get(f"device.{i}.core_limit", "0"))
-        except ValueError:
-            break
-        out.append(DeviceGrant(uuid=kv[f"device.{i}.uuid"], memory=mem, cores=cores or 100))
-        i += 1
-    return tuple(out)
-
-
 class PluginService(pb.DevicePluginBase):
     def __init__(
         self,
@@ -149,21 +124,7 @@ class PluginService(pb.DevicePluginBase):
         self.shim = shim
         self.clock = clock
         self.owner_retries = owner_retries
-        self.granted: dict[str, Granted] = {}
         self._reconcile_lock = anyio.Lock()
-
-    # -- state after a restart ---------------------------------------------------------------
-
-    def restore(self, allocations: list[Allocation]) -> None:
-        """Rebuild what is granted from the allocation directories on disk."""
-        for a in allocations:
-            if a.owner is None:
-                continue
-            try:
-                text = a.config.read_text()
-            except OSError:
-                continue
-            self.granted[a.key] = Granted(a.key, a.owner, parse_limits(text), a.configured)
 
     # -- the RPCs ----------------------------------------------------------------------------
 
@@ -256,27 +217,15 @@ class PluginService(pb.DevicePluginBase):
         """The GPUs assigned to the container kubelet is probably admitting now."""
         try:
             held = await self.podresources.list()
-            pods = {(p.namespace, p.name): p for p in await self.cluster.pods_on_node(self.node)}
-        except (PodResourcesError, ClusterError) as e:
+            pods = await self.cluster.pods_on_node(self.node)
+        except (PodResourcesError, KubeError) as e:
             log.warning("preferred_without_hint", error=str(e))
             return []
-        empty: dict[tuple[str, str], set[str]] = {}
+        waiting: dict[tuple[str, str], set[str]] = {}
         for h in held:
             if not h.ids:
-                empty.setdefault((h.namespace, h.pod), set()).add(h.container)
-        for key, containers in empty.items():
-            pod = pods.get(key)
-            raw = pod.annotations.get(ASSIGNMENT) if pod is not None else None
-            if raw is None:
-                continue
-            try:
-                placement = decode_assignment(raw)
-            except CodecError:
-                continue
-            for c in placement.containers:
-                if c.name in containers and len(c.devices) == size:
-                    return [d.uuid for d in c.devices]
-        return []
+                waiting.setdefault((h.namespace, h.pod), set()).add(h.container)
+        return wanted(waiting, {(p.namespace, p.name): p.annotations for p in pods}, size)
 
     # -- PreStartContainer -------------------------------------------------------------------
 
@@ -297,7 +246,7 @@ class PluginService(pb.DevicePluginBase):
             f"kubelet's PodResources lists no container holding exactly the devices "
             f"{', '.join(sorted(ids))}; cannot tell whose limits to write")
 
-    async def configure(self, ids: list[str]) -> Granted:
+    async def configure(self, ids: list[str]) -> Allocation:
         """Identify the container holding ``ids`` and write its limits file."""
         try:
             chosen = gpus_of(ids)
@@ -305,90 +254,77 @@ class PluginService(pb.DevicePluginBase):
             raise AllocationFailed(str(e)) from None
         h = await self._owner(ids)
         where = f"pod {h.namespace}/{h.pod} container {h.container!r}"
-        try:
-            pod = await self.cluster.get_pod(h.namespace, h.pod)
-        except ClusterError as e:
-            raise AllocationFailed(f"{where}: {e}") from None
-        if pod is None:
-            raise AllocationFailed(f"{where}: the pod no longer exists in the API")
-        placement = self._assignment(pod, where)
-        inventory = self.devices.inventory()
-        first = reconcile(placement, h.container, chosen, inventory, {})
-        if isinstance(first, Reason) and first.code != "no-room":
-            raise AllocationFailed(f"{where}: {first.message}", pod)
-        if first is not placement:
-            placement = await self._reconcile(pod, h.container, chosen, where)
-        grant = placement.container(h.container)
-        assert grant is not None  # reconcile checked it
-        try:
-            cfg = render_shim_config(grant, inventory, compute_policy=placement.compute_policy,
-                                     priority=placement.priority, state_dir=STATE_DIR)
-        except GrantError as e:
-            raise AllocationFailed(f"{where}: {e}", pod) from None
+        pod = await self._pod(h.namespace, h.pod, where)
+        step = self._plan(where, pod, h.container, chosen)
+        if step is NEEDS_OTHERS:
+            step = await self._reconcile(where, pod, h.container, chosen)
+        if isinstance(step, Refuse):
+            raise AllocationFailed(step.message, pod)
+        assert isinstance(step, Configure)
         owner = Owner(h.namespace, h.pod, h.container, pod.uid)
         try:
-            alloc = await anyio.to_thread.run_sync(self.store.configure, ids, owner, cfg.text)
+            text = render(step.limits)
+            order = {u: i for i, u in enumerate(step.limits.visible_uuids)}
+            devices = tuple(sorted(step.grant.devices, key=lambda d: order[d.uuid]))
+            alloc = await anyio.to_thread.run_sync(self.store.configure, ids, owner, text,
+                                                   devices)
+        except LimitsError as e:
+            raise AllocationFailed(f"{where}: {e}", pod) from None
         except OSError as e:
             raise AllocationFailed(f"{where}: cannot write the limits file: "
                                    f"{e.strerror or e}", pod) from None
-        order = {u: i for i, u in enumerate(cfg.visible_uuids)}  # the limits file's order
-        g = Granted(alloc.key, owner, tuple(sorted(grant.devices, key=lambda d: order[d.uuid])),
-                    alloc.configured)
-        self.granted[alloc.key] = g
         log.info("configured", pod=f"{h.namespace}/{h.pod}", container=h.container,
-                 key=alloc.key, gpus=list(cfg.visible_uuids))
-        return g
+                 key=alloc.key, gpus=list(step.limits.visible_uuids))
+        return alloc
 
-    def _assignment(self, pod: PodView, where: str) -> Placement:
-        raw = pod.annotations.get(ASSIGNMENT)
-        if raw is None:
-            raise AllocationFailed(f"{where}: the pod has no {ASSIGNMENT} annotation (was it "
-                                   f"placed by the vgpu scheduler?)", pod)
+    async def _pod(self, namespace: str, name: str, where: str) -> PodView:
         try:
-            placement = decode_assignment(raw)
-        except CodecError as e:
-            raise AllocationFailed(f"{where}: malformed assignment: {e}", pod) from None
-        if placement.node != self.node:
-            raise AllocationFailed(f"{where}: the assignment is for node {placement.node!r}, "
-                                   f"not {self.node!r}", pod)
-        return placement
+            pod = await self.cluster.get_pod(namespace, name)
+        except KubeError as e:
+            raise AllocationFailed(f"{where}: {e}") from None
+        if pod is None:
+            raise AllocationFailed(f"{where}: the pod no longer exists in the API")
+        return pod
 
-    async def _reconcile(self, pod: PodView, container: str, chosen: list[str],
-                         where: str) -> Placement:
+    def _plan(self, where: str, pod: PodView, container: str, chosen: list[str],
+              others: dict[str, GpuUsage] | None = None) -> Configure | Refuse | object:
+        return plan(where, pod.annotations, node=self.node, container=container,
+                    chosen=chosen, inventory=self.devices.inventory(), state_dir=STATE_DIR,
+                    others=others)
+
+    async def _reconcile(self, where: str, pod: PodView, container: str,
+                         chosen: list[str]) -> Configure | Refuse:
         """kubelet chose other GPUs: rewrite the assignment if they have room."""
         async with self._reconcile_lock:
             for _ in range(5):
-                placement = self._assignment(pod, where)
                 try:
-                    others = [p for p in await self.cluster.pods_on_node(self.node)
-                              if (p.namespace, p.name) != (pod.namespace, pod.name)
-                              and p.phase not in ("Succeeded", "Failed")]
-                except ClusterError as e:
-                    raise AllocationFailed(f"{where}: {e}", pod) from None
-                held = held_by(_placements(others))
-                got = reconcile(placement, container, chosen, self.devices.inventory(), held)
-                if isinstance(got, Reason):
-                    raise AllocationFailed(f"{where}: {got.message}", pod)
+                    on_node = await self.cluster.pods_on_node(self.node)
+                except KubeError as e:
+                    return Refuse(f"{where}: {e}")
+                others = held_by_others(((p.namespace, p.name, p.phase, p.annotations)
+                                         for p in on_node), (pod.namespace, pod.name))
+                step = self._plan(where, pod, container, chosen, others)
+                if not isinstance(step, Configure) or not step.rewrite:
+                    assert isinstance(step, Configure | Refuse)
+                    return step
                 try:
-                    ok = await self.cluster.patch_pod_annotation(pod, ASSIGNMENT,
-                                                                 encode_assignment(got))
-                except ClusterError as e:
-                    raise AllocationFailed(f"{where}: cannot rewrite the assignment: {e}",
-                                           pod) from None
-                if ok:
-                    log.info("reconciled", pod=f"{pod.namespace}/{pod.name}",
-                             container=container, gpus=chosen)
-                    await self.cluster.pod_event(
-                        pod, "VgpuReassigned", f"container {container!r} runs on "
-                        f"{', '.join(chosen)} (kubelet's choice); the assignment was updated",
-                        warning=False)
-                    return got
-                fresh = await self.cluster.get_pod(pod.namespace, pod.name)
-                if fresh is None:
-                    raise AllocationFailed(f"{where}: the pod no longer exists in the API")
-                pod = fresh
-            raise AllocationFailed(f"{where}: the assignment kept changing while it was "
-                                   f"being reconciled", pod)
+                    await self.cluster.rewrite_assignment(pod, encode_assignment(step.placement))
+                except Conflict:  # the assignment changed meanwhile: decide again
+                    pod = await self._pod(pod.namespace, pod.name, where)
+                    continue
+                except NotFound:
+                    return Refuse(f"{where}: the pod no longer exists in the API")
+                except KubeError as e:
+                    return Refuse(f"{where}: cannot rewrite the assignment: {e}")
+                log.info("reconciled", pod=f"{pod.namespace}/{pod.name}", container=container,
+                         gpus=chosen)
+                await self.cluster.pod_event(
+                    pod, "VgpuReassigned", f"container {container!r} runs on "
+                    f"{', '.join(chosen)} (kubelet's choice); the assignment was updated",
+                    warning=False)
+                return step
+            return Refuse(f"{where}: the assignment kept changing while it was being "
+                          f"reconciled")
 
     # -- housekeeping ------------------------------------------------------------------------
 
@@ -399,34 +335,11 @@ class PluginService(pb.DevicePluginBase):
         except PodResourcesError as e:
             log.warning("collect_skipped", error=str(e))
             return 0
-        live = {h.ids for h in held if h.ids}
-        now = self.clock()
-        removed = 0
-        for a in await anyio.to_thread.run_sync(self.store.all):
-            if frozenset(a.ids) in live:
-                continue
-            try:
-                age = now - (a.dir / "record.json").stat().st_mtime
-            except OSError:
-                continue
-            if age < grace:
-                continue
-            await anyio.to_thread.run_sync(self.store.remove, a.key)
-            self.granted.pop(a.key, None)
-            removed += 1
-        if removed:
-            log.info("allocations_collected", removed=removed)
-        return removed
-
-
-def _placements(pods: list[PodView]) -> list[Placement]:
-    out = []
-    for p in pods:
-        raw = p.annotations.get(ASSIGNMENT)
-        if raw is None:
-            continue
-        try:
-            out.append(decode_assignment(raw))
-        except CodecError:
-            continue
-    return out
+        allocations = await anyio.to_thread.run_sync(self.store.all)
+        gone = stale(((a.key, frozenset(a.ids), a.written) for a in allocations),
+                     {h.ids for h in held if h.ids}, self.clock(), grace)
+        for key in gone:
+            await anyio.to_thread.run_sync(self.store.remove, key)
+        if gone:
+            log.info("allocations_collected", removed=len(gone))
+        return len(gone)

@@ -1,0 +1,154 @@
+"""The plugin's decisions, as values. Pure: no I/O, no async.
+
+The servicer (:mod:`vgpud.plugin.service`) gathers facts — who holds a set of replica
+IDs (kubelet's PodResources), that pod's annotations and the other pods on the node
+(the API), the node's inventory — and carries out what these functions decide:
+
+- :func:`plan`: what PreStartContainer writes for one container
+  (:class:`Configure`, possibly after rewriting the assignment because kubelet chose
+  other GPUs), or why it must fail (:class:`Refuse`), or that it needs to know what
+  the other pods on the node hold first (:data:`NEEDS_OTHERS`);
+- :func:`wanted`: which GPUs GetPreferredAllocation should steer kubelet to;
+- :func:`stale`: which allocation directories housekeeping may remove.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
+from vgpud.core.container import GrantError, Limits, limits_for
+from vgpud.core.model import ContainerGrant, GpuUsage, NodeInventory, Placement, Reason
+from vgpud.plugin.replicas import reconcile
+
+
+@dataclass(frozen=True, slots=True)
+class Configure:
+    """Write ``limits`` for the container; first patch the pod's assignment to
+    ``placement`` when ``rewrite`` (kubelet chose other GPUs that have room)."""
+
+    placement: Placement
+    grant: ContainerGrant
+    limits: Limits
+    rewrite: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Fail the container; ``message`` is what kubelet shows on the pod."""
+
+    message: str
+
+
+class _Needs(enum.Enum):
+    OTHERS = "others"
+
+
+NEEDS_OTHERS = _Needs.OTHERS
+"""kubelet chose other GPUs than assigned: call again with what the node's other pods
+hold on each GPU."""
+
+
+def read_assignment(annotations: Mapping[str, str], node: str, where: str,
+                    ) -> Placement | Refuse:
+    """The pod's assignment, if it is one for this node."""
+    raw = annotations.get(ASSIGNMENT)
+    if raw is None:
+        return Refuse(f"{where}: the pod has no {ASSIGNMENT} annotation (was it placed by "
+                      f"the vgpu scheduler?)")
+    try:
+        placement = decode_assignment(raw)
+    except CodecError as e:
+        return Refuse(f"{where}: malformed assignment: {e}")
+    if placement.node != node:
+        return Refuse(f"{where}: the assignment is for node {placement.node!r}, not {node!r}")
+    return placement
+
+
+def plan(
+    where: str,
+    annotations: Mapping[str, str],
+    *,
+    node: str,
+    container: str,
+    chosen: Sequence[str],
+    inventory: NodeInventory,
+    state_dir: str,
+    others: Mapping[str, GpuUsage] | None = None,
+) -> Configure | Refuse | _Needs:
+    """What PreStartContainer does for ``container`` of the pod with ``annotations``,
+    given the GPUs kubelet chose (``chosen``: one uuid per replica ID).
+
+    ``others`` (what every *other* pod on the node holds per GPU) is needed only when
+    kubelet's choice differs from the assignment; without it that case answers
+    :data:`NEEDS_OTHERS`.
+    """
+    placement = read_assignment(annotations, node, where)
+    if isinstance(placement, Refuse):
+        return placement
+    got = reconcile(placement, container, chosen, inventory, others or {})
+    if got is not placement and others is None and not (
+            isinstance(got, Reason) and got.code != "no-room"):
+        return NEEDS_OTHERS
+    if isinstance(got, Reason):
+        return Refuse(f"{where}: {got.message}")
+    grant = got.container(container)
+    assert grant is not None  # reconcile checked it
+    try:
+        limits = limits_for(grant, inventory, compute_policy=got.compute_policy,
+                            priority=got.priority, state_dir=state_dir)
+    except GrantError as e:
+        return Refuse(f"{where}: {e}")
+    return Configure(placement=got, grant=grant, limits=limits, rewrite=got is not placement)
+
+
+def held_by_others(pods: Iterable[tuple[str, str, str, Mapping[str, str]]],
+                   me: tuple[str, str]) -> dict[str, GpuUsage]:
+    """Per GPU, what the assignments of the pods ``(namespace, name, phase,
+    annotations)`` hold, leaving out the pod ``me`` and pods that have ended.
+    Unreadable assignments are skipped (their pods fail on their own)."""
+    out: dict[str, GpuUsage] = {}
+    for namespace, name, phase, notes in pods:
+        if (namespace, name) == me or phase in ("Succeeded", "Failed"):
+            continue
+        raw = notes.get(ASSIGNMENT)
+        if raw is None:
+            continue
+        try:
+            charge = decode_assignment(raw).charge()
+        except CodecError:
+            continue
+        for uuid, u in charge.items():
+            out[uuid] = out.get(uuid, GpuUsage()) + u
+    return out
+
+
+def wanted(waiting: Mapping[tuple[str, str], set[str]],
+           annotations: Mapping[tuple[str, str], Mapping[str, str]], size: int) -> list[str]:
+    """The GPUs assigned to a container kubelet is probably admitting now.
+
+    ``waiting`` maps each pod to its containers that PodResources lists without devices
+    yet; the first of them whose assignment has ``size`` vGPUs wins.
+    """
+    for key, containers in waiting.items():
+        raw = annotations.get(key, {}).get(ASSIGNMENT)
+        if raw is None:
+            continue
+        try:
+            placement = decode_assignment(raw)
+        except CodecError:
+            continue
+        for c in placement.containers:
+            if c.name in containers and len(c.devices) == size:
+                return [d.uuid for d in c.devices]
+    return []
+
+
+def stale(allocations: Iterable[tuple[str, frozenset[str], float]], live: set[frozenset[str]],
+          now: float, grace: float) -> list[str]:
+    """Keys of allocations ``(key, ids, written)`` that kubelet no longer lists and that
+    were last written more than ``grace`` seconds ago."""
+    return [key for key, ids, written in allocations
+            if ids not in live and now - written >= grace]
