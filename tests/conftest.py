@@ -12,6 +12,8 @@ Every example a fuzz run finds is kept as an ``@example`` or a regression test.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -30,3 +32,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 and item.get_closest_marker("property") is None):
             raise pytest.UsageError(f"{item.nodeid}: mark hypothesis tests with "
                                     "@pytest.mark.property (nox -s fuzz runs them)")
+
+
+_HOST_PATHS = (Path("/usr/local/vgpud"), Path("/var/lib/vgpud"))  # the plugin's defaults
+
+
+@pytest.fixture(autouse=True)
+def _tests_write_only_their_temporary_directories() -> Iterator[None]:
+    """No test may write to the host paths a deployed plugin uses (issue 9)."""
+    before = {p: p.exists() for p in _HOST_PATHS}
+    yield
+    created = [str(p) for p in _HOST_PATHS if p.exists() and not before[p]]
+    assert not created, f"this test wrote outside its temporary directories: {created}"

@@ -34,7 +34,9 @@ NODE = "gpu-node-1"
 
 
 def uuid_of(i: int) -> str:
-    return f"GPU-00000000-0000-4000-8000-{i:012d}"
+    """GPU ``i``'s UUID, the fake CUDA driver's own scheme (tests/fakes/CONTRACT.md), so a
+    limits file the plugin writes names the GPUs the shim finds under the fake driver."""
+    return f"GPU-fa4ecda0-0000-4000-8000-{i:012x}"
 
 
 def write_devices(path: Path, n: int, memory: int = 24576, healthy: dict[int, bool] | None = None,
@@ -127,7 +129,9 @@ async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
     root = Path(tempfile.mkdtemp(prefix="vgp"))  # unix socket paths must stay short
     try:
         devices_file = write_devices(root / "devices.json", gpus, memory)
-        s = parse_settings({"plugin": {"shimHostDir": str(root / "shim")}, **(settings or {})})
+        given = dict(settings or {})  # the shim is always installed under the test's root
+        s = parse_settings({**given, "plugin": {**given.get("plugin", {}),
+                                                "shimHostDir": str(root / "shim")}})
         async with ApiServer() as api:
             api.create("nodes", {"apiVersion": "v1", "kind": "Node",
                                  "metadata": {"name": NODE}, "status": {}})
@@ -140,7 +144,11 @@ async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
                     await anyio.to_thread.run_sync(kubelet.wait_registered)
                     yield h
                 finally:
+                    # Stop kubelet first, shielded, and only then cancel: an await after
+                    # the cancel would raise Cancelled, replace the test's own exception,
+                    # and be swallowed by the task group (a failing test would pass).
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(kubelet.stop)
                     tg.cancel_scope.cancel()
-                    await anyio.to_thread.run_sync(kubelet.stop)
     finally:
         shutil.rmtree(root, ignore_errors=True)
