@@ -6,16 +6,23 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from tests.fakes.build import build_fakes
+from tests.fakes.hostpid import HostPidOracle
 
 MIB = 1024 * 1024
+PROBE = pathlib.Path(__file__).resolve().parent / "nvml_probe.py"
+# a process in a PID namespace of its own (a real container's), killed with its parent
+IN_NEW_PID_NS = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
 
 
 @pytest.fixture(scope="session")
@@ -54,16 +61,40 @@ class Fake:
         assert len(lines) == 1, lines
         return lines[0]
 
-    def start(self, prog: str = "viaproc", *args: str) -> Interactive:
+    def start(
+        self,
+        prog: str = "viaproc",
+        *args: str,
+        env: dict[str, str] | None = None,
+        wrap: Sequence[str] = (),
+    ) -> Interactive:
+        """A test program driven op by op; env: extra knobs; wrap: a command prefix
+        (IN_NEW_PID_NS, nsenter ...)."""
         p = subprocess.Popen(
-            [str(self.build / prog), *args],
-            env=self.env,
+            [*wrap, str(self.build / prog), *args],
+            env={**self.env, **(env or {})},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         self.procs.append(p)
         return Interactive(p)
+
+    def nvml(self, env: dict[str, str] | None = None, wrap: Sequence[str] = ()) -> Interactive:
+        """nvml_probe.py driven command by command (see there)."""
+        full = {**self.env, **(env or {}), "PYTHONPATH": os.pathsep.join(sys.path)}
+        p = subprocess.Popen(
+            [*wrap, sys.executable, str(PROBE)],
+            env=full,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.procs.append(p)
+        probe = Interactive(p)
+        assert p.stdout
+        assert json.loads(p.stdout.readline()) == {"ready": True}
+        return probe
 
     def python(self, code: str, timeout: float = 60) -> Any:
         """Runs code in a fresh interpreter with this environment; returns its JSON stdout."""
@@ -111,6 +142,11 @@ class Interactive:
         assert reply["rc"] == 0, reply
         return reply
 
+    def used(self, dev: int = 0) -> int:
+        """Physical memory in use on dev, all processes (fake_device_used_bytes)."""
+        value: int = self.ok(f"fake_device_used_bytes {dev}")["value"]
+        return value
+
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
@@ -121,3 +157,36 @@ def fake(fakes: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[Fake]:
     f = Fake(fakes, tmp_path)
     yield f
     f.close()
+
+
+@pytest.fixture(scope="session")
+def pid_namespaces() -> None:
+    """Skips unless this machine lets us make PID namespaces (root, util-linux unshare)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    done = subprocess.run([*IN_NEW_PID_NS, "true"], capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make PID namespaces here: {done.stderr.decode().strip()}")
+
+
+@pytest.fixture
+def oracle() -> Iterator[HostPidOracle]:
+    """The host-PID oracle on a short path (unix socket paths are limited to 107 bytes)."""
+    d = tempfile.mkdtemp(prefix="fchp")
+    with HostPidOracle(pathlib.Path(d) / "hostpid.sock") as o:
+        yield o
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def wait_for_window(window_ns: int, into_ns: int = 5_000_000) -> int:
+    """Sleeps until into_ns after the start of the next NVML sampling window (windows are
+    aligned to multiples of window_ns of CLOCK_MONOTONIC); returns that window's start."""
+    now = time.monotonic_ns()
+    start = (now // window_ns + 1) * window_ns
+    time.sleep((start + into_ns - now) / 1e9)
+    return start
+
+
+def mono_to_real_us(t_ns: int) -> int:
+    """A CLOCK_MONOTONIC time as CLOCK_REALTIME microseconds (NVML timestamps)."""
+    return (t_ns + time.time_ns() - time.monotonic_ns()) // 1000

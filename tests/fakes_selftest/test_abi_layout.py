@@ -5,6 +5,7 @@ and layout it relies on against the official cuda.h and nvml.h when they are ins
 from __future__ import annotations
 
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -47,3 +48,23 @@ def test_fake_types_match_official_headers(tmp_path: pathlib.Path) -> None:
     official = layout(tmp_path, "-DOFFICIAL", f"-I{inc}")
     assert len(fake) > 60
     assert fake == official
+
+
+def test_proc_table_versions_match_official_typedefs() -> None:
+    """Every row of cu_proctable.c names a CUDA version for which the official
+    cudaTypedefs.h has a PFN_<name>_v<version>[_ptsz|_ptds] typedef."""
+    inc = official_include()
+    if inc is None or not (inc / "cudaTypedefs.h").exists():
+        pytest.skip("official cudaTypedefs.h not installed (pip install nvidia-cuda-runtime)")
+    typedefs = set(
+        re.findall(r"\bPFN_(cu\w+?_v\d+(?:_ptsz|_ptds)?)\b", (inc / "cudaTypedefs.h").read_text())
+    )
+    table = (FAKES_DIR / "src" / "cu_proctable.c").read_text()
+    rows = re.findall(r"X\((cu\w+), (\d+), ([01]), (cu\w+)\)", table)
+    assert len(rows) > 100
+    missing = []
+    for base, version, per_thread, sym in rows:
+        suffix = ("_ptds" if sym.endswith("_ptds") else "_ptsz") if per_thread == "1" else ""
+        if f"{base}_v{version}{suffix}" not in typedefs:
+            missing.append(f"{sym}: PFN_{base}_v{version}{suffix}")
+    assert not missing, missing

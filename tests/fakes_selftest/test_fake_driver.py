@@ -47,6 +47,18 @@ def test_build_exports_real_names(fakes: pathlib.Path) -> None:
         "fake_now_ns",
         "fake_device_used_bytes",
         "fake_managed_bytes",
+        "fake_host_pid",
+        "cuDeviceGetUuid",
+        "cuDeviceGetUuid_v2",
+        "cuGraphGetNodes",
+        "cuGraphNodeGetType",
+        "cuGraphAddMemAllocNode",
+        "cuGraphAddMemFreeNode",
+        "cuGraphMemAllocNodeGetParams",
+        "cuGraphMemFreeNodeGetParams",
+        "cuDeviceGetGraphMemAttribute",
+        "cuDeviceSetGraphMemAttribute",
+        "cuDeviceGraphMemTrim",
     ]:
         assert name in cuda, name
     assert not any(s.startswith("fc_") for s in cuda), "internal symbols leak"
@@ -149,8 +161,9 @@ ALLOCS = [
     ("array 0 1000 10 4", 40448, 0),
     ("array3d 0 64 64 64", 64 * 64 * 64, 0),
     ("mipmap 0 256 256 3", 65536 + 16384 + 4096, 0),
-    ("async 0 3m", 3 * MIB, 0),
-    ("defpoolalloc 0 3m", 3 * MIB, 0),
+    # pools reserve in 2 MiB steps and keep the reserve after the free, until a sync point
+    ("async 0 3m", 4 * MIB, 0),
+    ("defpoolalloc 0 3m", 4 * MIB, 0),
     ("vmm 0 4m", 4 * MIB, 0),
     ("memcreate 0 2m", 2 * MIB, 0),
     ("managed 0 8m", 0, 8 * MIB),
@@ -171,19 +184,26 @@ def test_each_allocation_path_charges_and_frees(
     assert p.ok("fake_device_used_bytes 0")["value"] - base == device_bytes
     assert p.ok(f"fake_managed_bytes {p.pid}")["value"] == managed
     p.ok(f"free {rid}")
+    pooled = op.startswith(("async", "defpoolalloc"))
+    assert p.ok("fake_device_used_bytes 0")["value"] == base + (device_bytes if pooled else 0)
+    p.ok("sync")  # a pool over its release threshold (0) releases at a sync point
     assert p.ok("fake_device_used_bytes 0")["value"] == base
     assert p.ok(f"fake_managed_bytes {p.pid}")["value"] == 0
     assert p.do(f"free {rid}")["rc"] == 1  # gone from the program's table too
 
 
-def test_pool_allocations_are_released_on_free(fake: Fake) -> None:
+def test_pool_keeps_memory_until_a_sync_point(fake: Fake) -> None:
     p = fake.start("viaproc")
     pool = p.ok("pool 0")["id"]
     rid = p.ok(f"poolalloc {pool} 6m")["id"]
     attr = p.ok(f"poolattr {pool}")
-    assert attr["used"] == 6 * MIB and attr["threshold"] == 0
+    assert (attr["used"], attr["reserved"], attr["threshold"]) == (6 * MIB, 6 * MIB, 0)
     p.ok(f"free {rid}")
-    assert p.ok(f"poolattr {pool}")["used"] == 0
+    attr = p.ok(f"poolattr {pool}")
+    assert (attr["used"], attr["reserved"]) == (0, 6 * MIB)
+    assert p.ok("fake_device_used_bytes 0")["value"] == CTX + 6 * MIB
+    p.ok("streamsync " + str(p.ok("stream")["id"]))
+    assert p.ok(f"poolattr {pool}")["reserved"] == 0
     assert p.ok("fake_device_used_bytes 0")["value"] == CTX
 
 
@@ -207,6 +227,21 @@ def test_bad_frees_and_null_arguments_fail_cleanly(fake: Fake) -> None:
     assert out[19]["rc"] == 1
 
 
+def test_new_entry_points_reject_null_arguments(fake: Fake) -> None:
+    probes = [
+        "graphnodes",
+        "allocnode",
+        "nodetype",
+        "allocparams",
+        "graphmemattr",
+        "poolattr",
+        "defpool",
+    ]
+    out = fake.run("viaproc", "; ".join(f"null {w}" for w in probes) + "; uuid 0")
+    assert [o["rc"] for o in out[:-1]] == [1] * len(probes), out
+    assert out[-1]["rc"] == 0  # still alive and well
+
+
 PROC_CASES = [
     ("cuMemAlloc", 12080, "", 0, "cuMemAlloc_v2"),
     ("cuMemAlloc", 3020, "", 0, "cuMemAlloc_v2"),
@@ -223,6 +258,16 @@ PROC_CASES = [
     ("cuMemAllocAsync", 12080, "ptds", 0, "cuMemAllocAsync_ptsz"),
     ("cuMemAlloc", 12080, "ptds", 0, "cuMemAlloc_v2"),  # no per-thread variant
     ("cuGraphAddKernelNode", 12080, "", 0, "cuGraphAddKernelNode_v2"),
+    ("cuDeviceGetUuid", 11030, "", 0, "cuDeviceGetUuid"),
+    ("cuGraphGetNodes", 12080, "", 0, "cuGraphGetNodes"),
+    ("cuGraphNodeGetType", 12080, "", 0, "cuGraphNodeGetType"),
+    ("cuGraphAddMemAllocNode", 12080, "", 0, "cuGraphAddMemAllocNode"),
+    ("cuGraphAddMemAllocNode", 11030, "", 2, ""),
+    ("cuGraphAddMemFreeNode", 11040, "", 0, "cuGraphAddMemFreeNode"),
+    ("cuGraphMemAllocNodeGetParams", 12080, "", 0, "cuGraphMemAllocNodeGetParams"),
+    ("cuDeviceGetGraphMemAttribute", 12080, "", 0, "cuDeviceGetGraphMemAttribute"),
+    ("cuDeviceSetGraphMemAttribute", 12080, "", 0, "cuDeviceSetGraphMemAttribute"),
+    ("cuDeviceGraphMemTrim", 12080, "", 0, "cuDeviceGraphMemTrim"),
     ("cuMemCreate", 10010, "", 2, ""),  # VERSION_NOT_SUFFICIENT
     ("cuNoSuchThing", 12080, "", 1, ""),  # SYMBOL_NOT_FOUND
     ("cuMemAlloc_v2", 12080, "", 1, ""),  # versioned names are not base names
@@ -253,29 +298,31 @@ def test_viaproc_ptds_resolves_per_thread_variants(fake: Fake) -> None:
 
 
 def test_kernel_time_is_exact(fake: Fake) -> None:
-    fake.env["FAKECUDA_NS_PER_BLOCK"] = "2000"
+    # 108 SMs x 16 blocks of 128 threads = 1728 blocks per wave
+    fake.env["FAKECUDA_NS_PER_BLOCK"] = "200000"
     p = fake.start("direct")
     t0 = p.ok("fake_now_ns")["value"]
-    p.ok("launch 500 20")  # 20 x 500 blocks x 2 us = 20 ms
-    p.ok("graph 100 4 3")  # 3 x 4 nodes x 100 blocks x 2 us = 2.4 ms
+    p.ok("launch 5000 20")  # 20 x (1.5 us + 3 waves x 200 us) = 12.03 ms
+    p.ok("graph 100 4 3")  # 3 x 4 nodes x (1.5 us + 1 wave x 200 us) = 2.418 ms
     p.ok("launchex 50 1")
     p.ok("coop 50 1")
     sync = p.ok("sync")
-    assert sync["ms"] >= 15  # most of 22.6 ms was still queued
+    assert sync["ms"] >= 8  # most of 14.85 ms was still queued
     busy = p.ok(f"fake_busy_ns 0 {p.pid} {t0}")["value"]
-    assert busy == 20_000_000 + 2_400_000 + 2 * 100_000
+    assert busy == 20 * 601_500 + 12 * 201_500 + 2 * 201_500
     assert p.ok(f"fake_busy_ns 0 {p.pid + 1} {t0}")["value"] == 0
     assert p.ok(f"fake_busy_ns 1 -1 {t0}")["value"] == 0
 
 
 def test_launch_blocks_while_queue_is_full(fake: Fake) -> None:
     fake.env["FAKECUDA_MAX_QUEUE_NS"] = "5000000"
-    got = fake.one("direct", "launch 10000 10")  # 10 x 10 ms with a 5 ms queue
-    assert got["ms"] >= 80
+    out = fake.run("direct", "kernel 10000000; launch 10 10")  # 10 x 10 ms with a 5 ms queue
+    assert out[-1]["ms"] >= 80
 
 
 def test_continuous_launcher_gets_whole_device(fake: Fake) -> None:
     p = fake.start("viaproc")
+    p.ok("kernel 100000")
     t0 = p.ok("fake_now_ns")["value"]
     p.ok("launchfor 600 100")
     t1 = p.ok("fake_now_ns")["value"]
@@ -292,8 +339,8 @@ for i in range(out["count"]):
     mem = pynvml.nvmlDeviceGetMemoryInfo(h)
     mem2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
     procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-    try:
-        util = pynvml.nvmlDeviceGetProcessUtilization(h, 0)
+    try:  # the windows of the last half second
+        util = pynvml.nvmlDeviceGetProcessUtilization(h, int(time.time() * 1e6) - 500000)
         samples = {str(s.pid): s.smUtil for s in util}
     except pynvml.NVMLError_NotFound:
         samples = {}
@@ -327,6 +374,7 @@ def test_pynvml_sees_devices_processes_and_utilisation(fake: Fake) -> None:
     a.ok("alloc 0 1g")
     b.ok("alloc 0 512m")
     for p in (a, b):
+        p.ok("kernel 100000")  # 100 us kernels: the processes take turns every 100 us
         assert p.proc.stdin
         p.proc.stdin.write("launchfor 1500 200\n")
         p.proc.stdin.flush()
@@ -349,6 +397,7 @@ def test_pynvml_sees_devices_processes_and_utilisation(fake: Fake) -> None:
     assert all(30 <= v <= 70 for v in d0["samples"].values()), d0["samples"]
     assert 90 <= sum(d0["samples"].values()) <= 101
     assert d0["gpu_util"] >= 90
+    assert nv["driver"] == "550.144.03"  # a driver before 560: host pids in process lists
     for p in (a, b):
         assert p.proc.stdout
         assert '"rc":0' in p.proc.stdout.readline()

@@ -7,6 +7,8 @@
 #include "cutypes.h"
 #include "fake.h"
 
+struct fc_pool;
+
 /* ---- handles (cu_objects.c): opaque, checked, never dereferenced by callers ---- */
 enum fc_kind {
     K_CTX = 1,
@@ -24,17 +26,22 @@ void *fc_handle_get(const void *handle, int kind); /* NULL when not a live handl
 void fc_handle_free(const void *handle);
 
 /* ---- allocation table: returned address/handle -> record ---- */
-enum fc_akind { A_DEVICE = 1, A_DEVICE32, A_ARRAY, A_MIPMAP, A_MANAGED, A_HOST, A_VMM, A_VA };
+enum fc_akind {
+    A_DEVICE = 1, A_DEVICE32, A_ARRAY, A_MIPMAP, A_MANAGED, A_HOST, A_VMM, A_VA,
+    A_GRAPHVA, /* the address of a graph mem alloc node (cu_graph.c) */
+};
 struct fc_alloc {
     uint64_t key;
     uint64_t size;    /* bytes charged (device), counted (managed) or reserved (VA) */
     int kind;
-    int dev;          /* -1: not device memory */
+    int dev;          /* physical device; -1: not device memory */
     void *ctx;        /* struct fc_ctx* that owns it (freed with the context) */
-    void *pool;       /* struct fc_pool* for pool/async allocations */
+    void *pool;       /* struct fc_pool* for pool/async allocations (not charged one by one) */
     void *host;       /* real host memory */
     int released;     /* A_VMM: cuMemRelease called, waiting for unmaps */
-    int maps;         /* A_VMM: live mappings */
+    int maps;         /* A_VMM: live mappings; A_GRAPHVA: references (its graph, its execs) */
+    int live;         /* A_GRAPHVA: mapped by a launch, not freed yet */
+    int freed_in_graph; /* A_GRAPHVA: a free node for it exists (in its own graph or another) */
 };
 void fc_alloc_put(struct fc_alloc *a);
 struct fc_alloc *fc_alloc_get(uint64_t key);
@@ -44,9 +51,18 @@ void fc_alloc_each(void (*fn)(struct fc_alloc *, void *), void *arg);
 uint64_t fc_addr_new(uint64_t size, uint64_t align, int low32);
 extern pthread_mutex_t fc_obj_mutex; /* guards handles and the allocation table */
 
+/* ---- devices (cu_device.c): CUdevice values are CUDA_VISIBLE_DEVICES ordinals; the
+ * state, contexts and allocations use physical devices (the NVML indexes) ---- */
+/* check_init, then the ordinal's physical device (CUDA_ERROR_INVALID_DEVICE when none) */
+CUresult fc_dev_arg(CUdevice dev, int *phys);
+/* the ordinal of a physical device (-1 when not visible) */
+CUdevice fc_ordinal(int phys);
+/* CU_MEM_LOCATION_TYPE_DEVICE location id -> physical device, or -1 */
+int fc_location_dev(int id);
+
 /* ---- contexts (cu_device.c) ---- */
 struct fc_ctx {
-    int dev;
+    int dev; /* physical */
     int primary;
     int active;
     uint64_t last_end; /* end of the last kernel this context queued */
@@ -59,6 +75,8 @@ CUresult fc_check_dev(CUdevice dev);
 CUresult fc_current(struct fc_ctx **out);
 struct fc_ctx *fc_ctx_of(CUcontext h);
 void fc_free_ctx_allocations(struct fc_ctx *c);
+/* active contexts of this process on a physical device */
+int fc_active_contexts(int dev);
 
 /* ---- streams / timeline (cu_exec.c) ---- */
 struct fc_stream {
@@ -68,7 +86,47 @@ struct fc_stream {
 /* Resolves a stream argument; per_thread: the call came through a _ptsz/_ptds name. */
 CUresult fc_stream_ctx(CUstream s, struct fc_ctx **ctx, struct fc_stream **st);
 
+/* A function: cuModuleGetFunction(&f, mod, "fake_ns_<N>") runs N ns per block per wave;
+ * any other name FAKECUDA_NS_PER_BLOCK. */
+struct fc_func {
+    uint64_t block_ns;
+};
+/* Checks a launch's handle and dimensions; *fn = the function. */
+CUresult fc_check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                         unsigned by, unsigned bz, struct fc_func **fn);
+/* Device time of a kernel: FAKECUDA_LAUNCH_NS + waves x block_ns, where a wave is
+ * SMs x clamp(2048 / threads, 1, 32) resident blocks (a compute capability 8.0 SM). */
+uint64_t fc_kernel_ns(const struct fc_func *fn, uint64_t blocks, uint64_t threads);
+/* Queues dur ns of work on the context's device (the stream's, when s). */
+void fc_run(struct fc_ctx *c, struct fc_stream *s, uint64_t dur);
+
 /* ---- memory (cu_memory.c) ---- */
 void fc_free_record(struct fc_alloc *a);
+/* Records an allocation of size bytes on dev under a fresh address, charging the device
+ * unless pool (whose reserve already holds the bytes). */
+CUresult fc_device_alloc(int dev, uint64_t size, int kind, struct fc_ctx *ctx,
+                         struct fc_pool *pool, uint64_t *out);
+uint64_t fc_round_up(uint64_t v, uint64_t a);
+#define FC_GRANULARITY (2ull * FC_MIB)
+
+/* ---- stream-ordered pools and the graph memory pool (cu_pool.c) ---- */
+/* Takes size bytes from the pool, growing its reserve (charged) by what is missing,
+ * rounded up to 2 MiB; CUDA_ERROR_OUT_OF_MEMORY when the device lacks it. */
+CUresult fc_pool_take(struct fc_pool *p, uint64_t size);
+/* Gives size bytes back to the pool (still reserved). */
+void fc_pool_give(struct fc_pool *p, uint64_t size);
+/* Synchronisation point: pools over their release threshold release what they can. */
+void fc_pools_sync(void);
+/* No context of this process left on dev: pools and graph memory of dev release every
+ * unused reserved byte. */
+void fc_release_device_caches(int dev);
+/* Graph memory of a launch: per physical device, alloc = bytes its allocations map, freed =
+ * bytes of them (or of other graphs' allocations) its free nodes return. */
+CUresult fc_graphmem_launch(const uint64_t alloc[FC_MAX_DEV], const uint64_t freed[FC_MAX_DEV]);
+void fc_graphmem_free(int dev, uint64_t size);
+
+/* ---- graphs (cu_graph.c) ---- */
+/* cuMemFree/cuMemFreeAsync of a graph allocation's address (record a, A_GRAPHVA). */
+CUresult fc_graph_free_va(uint64_t key);
 
 #endif

@@ -16,11 +16,31 @@ CUresult fc_check_init(void) {
 CUresult fc_check_dev(CUdevice dev) {
     CUresult r = fc_check_init();
     if (r) return r;
-    return (dev >= 0 && dev < fc_knobs()->ndev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    return (dev >= 0 && dev < fc_knobs()->nvis) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult fc_dev_arg(CUdevice dev, int *phys) {
+    CUresult r = fc_check_dev(dev);
+    if (!r) *phys = fc_knobs()->vis[dev];
+    return r;
+}
+
+CUdevice fc_ordinal(int phys) {
+    const struct fc_knobs *k = fc_knobs();
+    for (int i = 0; i < k->nvis; i++)
+        if (k->vis[i] == phys) return i;
+    return -1;
+}
+
+int fc_location_dev(int id) {
+    const struct fc_knobs *k = fc_knobs();
+    return (id >= 0 && id < k->nvis) ? k->vis[id] : -1;
 }
 
 FC_API CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    /* CUDA_VISIBLE_DEVICES naming no device (empty, or an invalid first entry) */
+    if (fc_knobs()->nvis <= 0) return CUDA_ERROR_NO_DEVICE;
     struct fc_shared *s = fc_state();
     if (!s) return fc_knobs()->ndev <= 0 ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_UNKNOWN;
     fc_lock();
@@ -41,7 +61,7 @@ FC_API CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     CUresult r = fc_check_init();
     if (r) return r;
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || ordinal >= fc_knobs()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (ordinal < 0 || ordinal >= fc_knobs()->nvis) return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
@@ -50,33 +70,45 @@ FC_API CUresult cuDeviceGetCount(int *count) {
     CUresult r = fc_check_init();
     if (r) return r;
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = fc_knobs()->ndev;
+    *count = fc_knobs()->nvis;
     return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
+    int phys;
+    CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    fc_device_name(dev, name, (size_t)len);
+    fc_device_name(phys, name, (size_t)len);
     return CUDA_SUCCESS;
 }
 
+/* The physical device's UUID: the 16 bytes whose string form is NVML's GPU-... UUID. */
 FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
+    int phys;
+    CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
-    fc_uuid_bytes(dev, (unsigned char *)uuid->bytes);
+    fc_uuid_bytes(phys, (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
-FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid(uuid, dev); }
+/* The same bytes (the two differ on MIG instances only, which the fake has none of). */
+FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    int phys;
+    CUresult r = fc_dev_arg(dev, &phys);
+    if (r) return r;
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    fc_uuid_bytes(phys, (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
 
 FC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
+    int phys;
+    CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    *bytes = fc_knobs()->total[dev];
+    *bytes = fc_knobs()->total[phys];
     return CUDA_SUCCESS;
 }
 
@@ -88,7 +120,8 @@ FC_API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
 }
 
 FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
+    int phys;
+    CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!pi || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
     int v = 0;
@@ -105,7 +138,7 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1410000; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = fc_knobs()->sms; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = phys; break;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 40 * 1024 * 1024; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; break;
@@ -128,9 +161,12 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
 static __thread struct fc_ctx *stack[STACK_MAX];
 static __thread int depth;
 
-static struct fc_ctx primary[FC_MAX_DEV];
+static struct fc_ctx primary[FC_MAX_DEV]; /* by physical device */
 static int primary_refs[FC_MAX_DEV];
 static pthread_mutex_t primary_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int active[FC_MAX_DEV]; /* active contexts per physical device */
+
+int fc_active_contexts(int dev) { return __atomic_load_n(&active[dev], __ATOMIC_ACQUIRE); }
 
 struct fc_ctx *fc_ctx_of(CUcontext h) { return fc_handle_get(h, K_CTX); }
 
@@ -150,15 +186,21 @@ static CUresult ctx_activate(struct fc_ctx *c, int dev) {
     c->dev = dev;
     c->active = 1;
     c->last_end = 0;
+    __atomic_add_fetch(&active[dev], 1, __ATOMIC_ACQ_REL);
     return CUDA_SUCCESS;
 }
 
+/* Frees the context's memory and every allocation made in it, as the real driver does;
+ * a device left without contexts gives back what its pools and graph memory keep. */
 static void ctx_deactivate(struct fc_ctx *c) {
     if (!c->active) return;
     c->active = 0;
     fc_free_ctx_allocations(c);
     fc_uncharge(c->dev, fc_knobs()->ctx_bytes);
     fc_ctx_count(c->dev, -1);
+    __atomic_sub_fetch(&active[c->dev], 1, __ATOMIC_ACQ_REL);
+    for (int d = 0; d < fc_knobs()->ndev; d++)
+        if (fc_active_contexts(d) == 0) fc_release_device_caches(d);
 }
 
 static void push(struct fc_ctx *c) {
@@ -167,12 +209,13 @@ static void push(struct fc_ctx *c) {
 
 FC_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     (void)flags;
-    CUresult r = fc_check_dev(dev);
+    int phys;
+    CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     struct fc_ctx *c = calloc(1, sizeof *c);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    r = ctx_activate(c, dev);
+    r = ctx_activate(c, phys);
     if (r) {
         free(c);
         return r;
@@ -273,7 +316,7 @@ FC_API CUresult cuCtxGetDevice(CUdevice *device) {
     struct fc_ctx *c;
     CUresult r = fc_current(&c);
     if (r) return r;
-    *device = c->dev;
+    *device = fc_ordinal(c->dev);
     return CUDA_SUCCESS;
 }
 
@@ -284,13 +327,14 @@ FC_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
     struct fc_ctx *c = fc_ctx_of(ctx);
     if (!c || !c->active) return CUDA_ERROR_INVALID_CONTEXT;
-    *device = c->dev;
+    *device = fc_ordinal(c->dev);
     return CUDA_SUCCESS;
 }
 
 /* ---- primary contexts ---- */
-FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
+FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice ord) {
+    int dev;
+    CUresult r = fc_dev_arg(ord, &dev);
     if (r) return r;
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&primary_mutex);
@@ -309,8 +353,9 @@ FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return r;
 }
 
-FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
+FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice ord) {
+    int dev;
+    CUresult r = fc_dev_arg(ord, &dev);
     if (r) return r;
     pthread_mutex_lock(&primary_mutex);
     if (primary_refs[dev] == 0) {
@@ -324,8 +369,9 @@ FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 FC_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
 
-FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
+FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice ord) {
+    int dev;
+    CUresult r = fc_dev_arg(ord, &dev);
     if (r) return r;
     pthread_mutex_lock(&primary_mutex);
     ctx_deactivate(&primary[dev]);
@@ -336,13 +382,14 @@ FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 
 FC_API CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
 
-FC_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
-    CUresult r = fc_check_dev(dev);
+FC_API CUresult cuDevicePrimaryCtxGetState(CUdevice ord, unsigned int *flags, int *pactive) {
+    int dev;
+    CUresult r = fc_dev_arg(ord, &dev);
     if (r) return r;
-    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    if (!flags || !pactive) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&primary_mutex);
     *flags = 0;
-    *active = primary[dev].active;
+    *pactive = primary[dev].active;
     pthread_mutex_unlock(&primary_mutex);
     return CUDA_SUCCESS;
 }
@@ -353,8 +400,12 @@ FC_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExpo
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-/* ---- test-only exports ---- */
+/* ---- test-only exports (devices are physical: NVML indexes) ---- */
 FC_API void *fake_state_region(void) { return fc_state(); }
+
+/* The host pid the fake believes this process has (FAKECUDA_HOST_PID_SOCK, else
+ * getpid() + FAKECUDA_HOST_PID_OFFSET). */
+FC_API int fake_host_pid(void) { return (int)fc_ident()->host_pid; }
 
 FC_API unsigned long long fake_now_ns(void) { return fc_now(); }
 

@@ -1,6 +1,12 @@
-/* Streams, events, modules, kernel launches, graphs and synchronisation, all on the
- * virtual timeline of state.c: a kernel of B blocks occupies its device for
- * B x FAKECUDA_NS_PER_BLOCK ns, one kernel at a time, in launch order over all processes. */
+/* Streams, events, modules, kernel launches and synchronisation, all on the virtual
+ * timeline of state.c: one kernel at a time per device, in launch order over all
+ * processes.  A kernel's blocks run in parallel on the device's SMs, in waves:
+ *   duration = FAKECUDA_LAUNCH_NS + ceil(blocks / (SMs x resident blocks per SM)) x block_ns
+ * with resident blocks per SM = clamp(2048 / threads per block, 1, 32) (compute capability
+ * 8.0) and block_ns the kernel's own work per block: N for a function named fake_ns_N,
+ * FAKECUDA_NS_PER_BLOCK for any other name.  (A model of its own, on purpose: the shim's
+ * estimate of a kernel's cost must not be what the fake runs.) */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -72,6 +78,7 @@ FC_API CUresult cuStreamSynchronize(CUstream hStream) {
     CUresult r = fc_stream_ctx(hStream, &c, &s);
     if (r) return r;
     wait_until(stream_end(c, s));
+    fc_pools_sync();
     return CUDA_SUCCESS;
 }
 
@@ -92,6 +99,7 @@ FC_API CUresult cuCtxSynchronize(void) {
     CUresult r = fc_current(&c);
     if (r) return r;
     wait_until(load(&c->last_end));
+    fc_pools_sync();
     return CUDA_SUCCESS;
 }
 
@@ -102,6 +110,7 @@ FC_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
     struct fc_ctx *c = fc_ctx_of(ctx);
     if (!c || !c->active) return CUDA_ERROR_INVALID_CONTEXT;
     wait_until(load(&c->last_end));
+    fc_pools_sync();
     return CUDA_SUCCESS;
 }
 
@@ -144,6 +153,7 @@ FC_API CUresult cuEventSynchronize(CUevent hEvent) {
     struct fc_event *e = fc_handle_get(hEvent, K_EVENT);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
     wait_until(load(&e->t));
+    fc_pools_sync();
     return CUDA_SUCCESS;
 }
 
@@ -168,10 +178,19 @@ FC_API CUresult cuEventDestroy_v2(CUevent hEvent) {
 FC_API CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
 
 /* ---- modules and functions: any image loads, any name resolves ---- */
-static int module_token;
+struct fc_module {
+    size_t n, cap;
+    struct {
+        char *name;
+        CUfunction handle;
+    } *funcs; /* one handle per name, as in the real driver */
+};
 
 static CUresult module_new(CUmodule *m) {
-    *m = fc_handle_new(K_MODULE, &module_token);
+    struct fc_module *mod = calloc(1, sizeof *mod);
+    if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
+    *m = fc_handle_new(K_MODULE, mod);
+    if (!*m) free(mod);
     return *m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -195,35 +214,106 @@ FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
 FC_API CUresult cuModuleUnload(CUmodule hmod) {
     CUresult r = fc_check_init();
     if (r) return r;
-    if (!fc_handle_get(hmod, K_MODULE)) return CUDA_ERROR_INVALID_HANDLE;
+    struct fc_module *mod = fc_handle_get(hmod, K_MODULE);
+    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
     fc_handle_free(hmod);
+    /* the function handles die with the module; their structs stay (a racing launch may
+     * still read one), like the contexts' */
+    for (size_t i = 0; i < mod->n; i++) {
+        fc_handle_free(mod->funcs[i].handle);
+        free(mod->funcs[i].name);
+    }
+    free(mod->funcs);
+    free(mod);
     return CUDA_SUCCESS;
+}
+
+/* "fake_ns_<N>" (N decimal) -> N; -1 for any other name. */
+static int64_t ns_from_name(const char *name) {
+    static const char prefix[] = "fake_ns_";
+    if (strncmp(name, prefix, sizeof prefix - 1) != 0) return -1;
+    const char *p = name + sizeof prefix - 1;
+    if (*p < '0' || *p > '9') return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (*end || errno || v > (unsigned long long)INT64_MAX) return -1;
+    return (int64_t)v;
 }
 
 FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
     CUresult r = fc_check_init();
     if (r) return r;
     if (!hfunc || !name || !*name) return CUDA_ERROR_INVALID_VALUE;
-    if (!fc_handle_get(hmod, K_MODULE)) return CUDA_ERROR_INVALID_HANDLE;
-    *hfunc = fc_handle_new(K_FUNC, &module_token);
-    return *hfunc ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    struct fc_module *mod = fc_handle_get(hmod, K_MODULE);
+    if (!mod) return CUDA_ERROR_INVALID_HANDLE;
+    static pthread_mutex_t funcs_mutex = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&funcs_mutex);
+    for (size_t i = 0; i < mod->n; i++) {
+        if (strcmp(mod->funcs[i].name, name) == 0) {
+            *hfunc = mod->funcs[i].handle;
+            pthread_mutex_unlock(&funcs_mutex);
+            return CUDA_SUCCESS;
+        }
+    }
+    r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (mod->n == mod->cap) {
+        size_t cap = mod->cap ? mod->cap * 2 : 8;
+        void *f = realloc(mod->funcs, cap * sizeof mod->funcs[0]);
+        if (f) {
+            mod->funcs = f;
+            mod->cap = cap;
+        }
+    }
+    struct fc_func *fn = calloc(1, sizeof *fn);
+    char *copy = strdup(name);
+    if (fn && copy && mod->n < mod->cap) {
+        int64_t ns = ns_from_name(name);
+        fn->block_ns = ns >= 0 ? (uint64_t)ns : fc_knobs()->ns_per_block;
+        CUfunction h = fc_handle_new(K_FUNC, fn);
+        if (h) {
+            mod->funcs[mod->n].name = copy;
+            mod->funcs[mod->n++].handle = h;
+            *hfunc = h;
+            fn = NULL, copy = NULL;
+            r = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&funcs_mutex);
+    free(fn);
+    free(copy);
+    return r;
 }
 
 /* ---- launches ---- */
-static CUresult check_dims(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                           unsigned by, unsigned bz) {
-    if (!fc_handle_get(f, K_FUNC)) return CUDA_ERROR_INVALID_HANDLE;
+CUresult fc_check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                         unsigned by, unsigned bz, struct fc_func **fn) {
+    *fn = fc_handle_get(f, K_FUNC);
+    if (!*fn) return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
     if (gy > 65535 || gz > 65535 || bz > 64 || (uint64_t)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
 
-static CUresult run(struct fc_ctx *c, struct fc_stream *s, uint64_t blocks) {
-    uint64_t end = fc_enqueue(c->dev, blocks * fc_knobs()->ns_per_block);
+/* Blocks of threads threads that one SM holds at once (compute capability 8.0: 2048
+ * threads, 32 blocks). */
+static uint64_t resident_per_sm(uint64_t threads) {
+    uint64_t per_sm = 2048 / threads;
+    return per_sm < 1 ? 1 : per_sm > 32 ? 32 : per_sm;
+}
+
+uint64_t fc_kernel_ns(const struct fc_func *fn, uint64_t blocks, uint64_t threads) {
+    const struct fc_knobs *k = fc_knobs();
+    uint64_t slots = (uint64_t)(k->sms > 0 ? k->sms : 1) * resident_per_sm(threads);
+    uint64_t waves = (blocks + slots - 1) / slots;
+    return k->launch_ns + waves * fn->block_ns;
+}
+
+void fc_run(struct fc_ctx *c, struct fc_stream *s, uint64_t dur) {
+    uint64_t end = fc_enqueue(c->dev, dur);
     max_store(&c->last_end, end);
     if (s) max_store(&s->last_end, end);
-    return CUDA_SUCCESS;
 }
 
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -232,15 +322,15 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     struct fc_stream *s;
     CUresult r = fc_stream_ctx(hStream, &c, &s);
     if (r) return r;
-    r = check_dims(f, gx, gy, gz, bx, by, bz);
+    struct fc_func *fn;
+    r = fc_check_launch(f, gx, gy, gz, bx, by, bz, &fn);
     if (r) return r;
-    uint64_t blocks = (uint64_t)gx * gy * gz;
-    if (cooperative) {
-        uint64_t per_sm = 2048 / ((uint64_t)bx * by * bz);
-        if (blocks > (uint64_t)fc_knobs()->sms * (per_sm ? per_sm : 1))
-            return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
-    }
-    return run(c, s, blocks);
+    uint64_t blocks = (uint64_t)gx * gy * gz, threads = (uint64_t)bx * by * bz;
+    /* a cooperative grid must be resident at once: one wave */
+    if (cooperative && blocks > (uint64_t)fc_knobs()->sms * resident_per_sm(threads))
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    fc_run(c, s, fc_kernel_ns(fn, blocks, threads));
+    return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
@@ -287,130 +377,4 @@ FC_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, un
                                                CUstream hStream, void **kernelParams) {
     return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, sharedMemBytes, hStream,
                                      kernelParams);
-}
-
-/* ---- graphs: kernel nodes only; a launch runs them back to back ---- */
-struct fc_graph {
-    size_t n, cap;
-    uint64_t *blocks;
-    CUgraphNode *nodes;
-};
-
-struct fc_exec {
-    uint64_t blocks; /* sum over the kernel nodes */
-};
-
-FC_API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    if (!phGraph || flags) return CUDA_ERROR_INVALID_VALUE;
-    struct fc_graph *g = calloc(1, sizeof *g);
-    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
-    *phGraph = fc_handle_new(K_GRAPH, g);
-    return CUDA_SUCCESS;
-}
-
-static CUresult add_kernel_node(CUgraphNode *node, CUgraph hGraph, const CUgraphNode *deps,
-                                size_t ndeps, CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                unsigned bx, unsigned by, unsigned bz) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_graph *g = fc_handle_get(hGraph, K_GRAPH);
-    if (!g) return CUDA_ERROR_INVALID_VALUE;
-    if (!node || (ndeps && !deps)) return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < ndeps; i++)
-        if (fc_handle_get(deps[i], K_NODE) != g) return CUDA_ERROR_INVALID_VALUE;
-    r = check_dims(f, gx, gy, gz, bx, by, bz);
-    if (r) return r;
-    if (g->n == g->cap) {
-        size_t cap = g->cap ? g->cap * 2 : 16;
-        uint64_t *b = realloc(g->blocks, cap * sizeof *b);
-        if (!b) return CUDA_ERROR_OUT_OF_MEMORY;
-        g->blocks = b;
-        CUgraphNode *n = realloc(g->nodes, cap * sizeof *n);
-        if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
-        g->nodes = n;
-        g->cap = cap;
-    }
-    g->blocks[g->n] = (uint64_t)gx * gy * gz;
-    g->nodes[g->n] = fc_handle_new(K_NODE, g);
-    *node = g->nodes[g->n++];
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
-                                        size_t ndeps, const CUDA_KERNEL_NODE_PARAMS_v2 *p) {
-    if (!p) return fc_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
-    return add_kernel_node(node, g, deps, ndeps, p->func, p->gridDimX, p->gridDimY, p->gridDimZ,
-                           p->blockDimX, p->blockDimY, p->blockDimZ);
-}
-
-FC_API CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
-                                     size_t ndeps, const CUDA_KERNEL_NODE_PARAMS_v1 *p) {
-    if (!p) return fc_check_init() ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
-    return add_kernel_node(node, g, deps, ndeps, p->func, p->gridDimX, p->gridDimY, p->gridDimZ,
-                           p->blockDimX, p->blockDimY, p->blockDimZ);
-}
-
-FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phExec, CUgraph hGraph,
-                                            unsigned long long flags) {
-    (void)flags;
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_graph *g = fc_handle_get(hGraph, K_GRAPH);
-    if (!phExec || !g) return CUDA_ERROR_INVALID_VALUE;
-    struct fc_exec *e = calloc(1, sizeof *e);
-    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
-    for (size_t i = 0; i < g->n; i++) e->blocks += g->blocks[i];
-    *phExec = fc_handle_new(K_EXEC, e);
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuGraphInstantiate(CUgraphExec *phExec, CUgraph hGraph, CUgraphNode *phErrorNode,
-                                   char *logBuffer, size_t bufferSize) {
-    if (phErrorNode) *phErrorNode = NULL;
-    if (logBuffer && bufferSize) logBuffer[0] = 0;
-    return cuGraphInstantiateWithFlags(phExec, hGraph, 0);
-}
-
-FC_API CUresult cuGraphInstantiate_v2(CUgraphExec *phExec, CUgraph hGraph, CUgraphNode *phErrorNode,
-                                      char *logBuffer, size_t bufferSize) {
-    return cuGraphInstantiate(phExec, hGraph, phErrorNode, logBuffer, bufferSize);
-}
-
-FC_API CUresult cuGraphLaunch(CUgraphExec hExec, CUstream hStream) {
-    struct fc_ctx *c;
-    struct fc_stream *s;
-    CUresult r = fc_stream_ctx(hStream, &c, &s);
-    if (r) return r;
-    struct fc_exec *e = fc_handle_get(hExec, K_EXEC);
-    if (!e) return CUDA_ERROR_INVALID_VALUE;
-    return e->blocks ? run(c, s, e->blocks) : CUDA_SUCCESS;
-}
-
-FC_API CUresult cuGraphLaunch_ptsz(CUgraphExec hExec, CUstream hStream) {
-    return cuGraphLaunch(hExec, hStream);
-}
-
-FC_API CUresult cuGraphExecDestroy(CUgraphExec hExec) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_exec *e = fc_handle_get(hExec, K_EXEC);
-    if (!e) return CUDA_ERROR_INVALID_VALUE;
-    fc_handle_free(hExec);
-    free(e);
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuGraphDestroy(CUgraph hGraph) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_graph *g = fc_handle_get(hGraph, K_GRAPH);
-    if (!g) return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < g->n; i++) fc_handle_free(g->nodes[i]);
-    fc_handle_free(hGraph);
-    free(g->blocks);
-    free(g->nodes);
-    free(g);
-    return CUDA_SUCCESS;
 }

@@ -6,26 +6,21 @@
 
 #include "cu.h"
 
-#define GRANULARITY (2ull * FC_MIB)
+#define GRANULARITY FC_GRANULARITY
 
-static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t fc_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-void fc_free_record(struct fc_alloc *a);
-
-struct fc_pool {
-    int dev;
-    int is_default;
-    uint64_t used, used_high, threshold;
-    CUmemoryPool handle;
-};
-
-/* Charges size bytes on dev and records an allocation under a fresh address. */
-static CUresult device_alloc(int dev, uint64_t size, int kind, struct fc_ctx *ctx,
-                             struct fc_pool *pool, uint64_t *out) {
-    if (fc_charge(dev, size) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+/* Records an allocation under a fresh address; charges size bytes on dev unless it comes
+ * from a pool (whose reserve was charged when it grew: fc_pool_take). */
+CUresult fc_device_alloc(int dev, uint64_t size, int kind, struct fc_ctx *ctx,
+                         struct fc_pool *pool, uint64_t *out) {
+    if (!pool && fc_charge(dev, size) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     struct fc_alloc *a = calloc(1, sizeof *a);
     if (!a) {
-        fc_uncharge(dev, size);
+        if (pool)
+            fc_pool_give(pool, size);
+        else
+            fc_uncharge(dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_mutex_lock(&fc_obj_mutex);
@@ -35,10 +30,6 @@ static CUresult device_alloc(int dev, uint64_t size, int kind, struct fc_ctx *ct
     a->dev = dev;
     a->ctx = ctx;
     a->pool = pool;
-    if (pool) {
-        pool->used += size;
-        if (pool->used > pool->used_high) pool->used_high = pool->used;
-    }
     int ok = a->key != 0;
     if (ok) fc_alloc_put(a);
     pthread_mutex_unlock(&fc_obj_mutex);
@@ -57,13 +48,13 @@ void fc_free_record(struct fc_alloc *a) {
     case A_ARRAY:
     case A_MIPMAP:
     case A_VMM:
-        if (a->dev >= 0) fc_uncharge(a->dev, a->size);
-        if (a->pool) {
-            pthread_mutex_lock(&fc_obj_mutex);
-            struct fc_pool *p = a->pool;
-            p->used = p->used > a->size ? p->used - a->size : 0;
-            pthread_mutex_unlock(&fc_obj_mutex);
-        }
+        if (a->pool)
+            fc_pool_give(a->pool, a->size); /* back to the pool: still reserved */
+        else if (a->dev >= 0)
+            fc_uncharge(a->dev, a->size);
+        break;
+    case A_GRAPHVA:
+        if (a->live) fc_graphmem_free(a->dev, a->size);
         break;
     case A_MANAGED: fc_managed(-(int64_t)a->size); break;
     case A_HOST: free(a->host); break;
@@ -88,11 +79,19 @@ struct ctx_sweep {
     struct fc_ctx *ctx;
     struct fc_alloc **list;
     size_t n, cap;
+    uint64_t graph_freed[FC_MAX_DEV];
 };
 
 static void sweep_one(struct fc_alloc *a, void *arg) {
     struct ctx_sweep *s = arg;
     if (a->ctx != s->ctx || a->kind == A_VMM || a->kind == A_VA) return;
+    if (a->kind == A_GRAPHVA && a->maps > 0) {
+        /* the address stays with its alloc node; only the mapping goes */
+        if (a->live) s->graph_freed[a->dev] += a->size;
+        a->live = 0;
+        a->ctx = NULL;
+        return;
+    }
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 64;
         struct fc_alloc **l = realloc(s->list, cap * sizeof *l);
@@ -111,6 +110,8 @@ void fc_free_ctx_allocations(struct fc_ctx *c) {
     pthread_mutex_unlock(&fc_obj_mutex);
     for (size_t i = 0; i < s.n; i++) fc_free_record(s.list[i]);
     free(s.list);
+    for (int d = 0; d < FC_MAX_DEV; d++)
+        if (s.graph_freed[d]) fc_graphmem_free(d, s.graph_freed[d]);
 }
 
 /* ---- info ---- */
@@ -147,7 +148,7 @@ FC_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     if (r) return r;
     if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     uint64_t p;
-    r = device_alloc(c->dev, bytesize, A_DEVICE, c, NULL, &p);
+    r = fc_device_alloc(c->dev, bytesize, A_DEVICE, c, NULL, &p);
     if (!r) *dptr = p;
     return r;
 }
@@ -158,7 +159,7 @@ FC_API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) {
     if (r) return r;
     if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     uint64_t p;
-    r = device_alloc(c->dev, bytesize, A_DEVICE32, c, NULL, &p);
+    r = fc_device_alloc(c->dev, bytesize, A_DEVICE32, c, NULL, &p);
     if (!r) *dptr = (CUdeviceptr_v1)p;
     return r;
 }
@@ -168,7 +169,7 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (r) return r;
     if (dptr == 0) return CUDA_SUCCESS; /* freeing NULL is a no-op, as in the real driver */
     struct fc_alloc *a = take_kind(dptr, 1u << A_DEVICE | 1u << A_DEVICE32 | 1u << A_MANAGED);
-    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    if (!a) return fc_graph_free_va(dptr); /* a graph allocation, or INVALID_VALUE */
     fc_free_record(a);
     return CUDA_SUCCESS;
 }
@@ -183,8 +184,8 @@ FC_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t wid
     if (!dptr || !pPitch || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
     if (elementSizeBytes != 4 && elementSizeBytes != 8 && elementSizeBytes != 16)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t pitch = round_up(width, 512), p;
-    r = device_alloc(c->dev, pitch * height, A_DEVICE, c, NULL, &p);
+    uint64_t pitch = fc_round_up(width, 512), p;
+    r = fc_device_alloc(c->dev, pitch * height, A_DEVICE, c, NULL, &p);
     if (r) return r;
     *dptr = p;
     *pPitch = pitch;
@@ -199,8 +200,8 @@ FC_API CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsi
     if (!dptr || !pPitch || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
     if (elementSizeBytes != 4 && elementSizeBytes != 8 && elementSizeBytes != 16)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t pitch = round_up(width, 512), p;
-    r = device_alloc(c->dev, pitch * height, A_DEVICE32, c, NULL, &p);
+    uint64_t pitch = fc_round_up(width, 512), p;
+    r = fc_device_alloc(c->dev, pitch * height, A_DEVICE32, c, NULL, &p);
     if (r) return r;
     *dptr = (CUdeviceptr_v1)p;
     *pPitch = (unsigned int)pitch;
@@ -226,7 +227,7 @@ static uint64_t format_bytes(CUarray_format f) {
 static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, unsigned ch) {
     uint64_t eb = format_bytes(f);
     if (!eb || w == 0 || (ch != 1 && ch != 2 && ch != 4)) return 0;
-    return round_up(w * (h ? h : 1) * (d ? d : 1) * eb * ch, 512);
+    return fc_round_up(w * (h ? h : 1) * (d ? d : 1) * eb * ch, 512);
 }
 
 static CUresult array_alloc(uint64_t bytes, int kind, uint64_t *out) {
@@ -234,7 +235,7 @@ static CUresult array_alloc(uint64_t bytes, int kind, uint64_t *out) {
     CUresult r = fc_current(&c);
     if (r) return r;
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    return device_alloc(c->dev, bytes, kind, c, NULL, out);
+    return fc_device_alloc(c->dev, bytes, kind, c, NULL, out);
 }
 
 FC_API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d) {
@@ -427,175 +428,6 @@ FC_API CUresult cuMemsetD8(CUdeviceptr_v1 dst, unsigned char uc, unsigned int n)
     return cuMemsetD8_v2(dst, uc, n);
 }
 
-/* ---- stream-ordered allocator and pools (release threshold 0: frees give memory back) ---- */
-static struct fc_pool default_pool[FC_MAX_DEV];
-static struct fc_pool *current_pool[FC_MAX_DEV];
-static pthread_mutex_t pool_mutex = PTHREAD_MUTEX_INITIALIZER;
-
-static struct fc_pool *pool_of(CUmemoryPool h) { return fc_handle_get(h, K_POOL); }
-
-static struct fc_pool *device_pool(int dev, int current) {
-    pthread_mutex_lock(&pool_mutex);
-    struct fc_pool *p = &default_pool[dev];
-    if (!p->handle) {
-        p->dev = dev;
-        p->is_default = 1;
-        p->handle = fc_handle_new(K_POOL, p);
-    }
-    if (current && current_pool[dev]) p = current_pool[dev];
-    pthread_mutex_unlock(&pool_mutex);
-    return p;
-}
-
-FC_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
-    if (r) return r;
-    if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    *pool = device_pool(dev, 0)->handle;
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
-    CUresult r = fc_check_dev(dev);
-    if (r) return r;
-    if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    *pool = device_pool(dev, 1)->handle;
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
-    CUresult r = fc_check_dev(dev);
-    if (r) return r;
-    struct fc_pool *p = pool_of(pool);
-    if (!p || p->dev != dev) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&pool_mutex);
-    current_pool[dev] = p;
-    pthread_mutex_unlock(&pool_mutex);
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CUDA_ERROR_INVALID_VALUE;
-    r = fc_check_dev(props->location.id);
-    if (r) return CUDA_ERROR_INVALID_VALUE;
-    struct fc_pool *p = calloc(1, sizeof *p);
-    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
-    p->dev = props->location.id;
-    p->handle = fc_handle_new(K_POOL, p);
-    *pool = p->handle;
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_pool *p = pool_of(pool);
-    if (!p || p->is_default) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&pool_mutex);
-    if (current_pool[p->dev] == p) current_pool[p->dev] = NULL;
-    pthread_mutex_unlock(&pool_mutex);
-    fc_handle_free(pool); /* the struct stays while allocations from it live */
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
-    (void)minBytesToKeep;
-    CUresult r = fc_check_init();
-    if (r) return r;
-    return pool_of(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
-FC_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_pool *p = pool_of(pool);
-    if (!p || !value) return CUDA_ERROR_INVALID_VALUE;
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = *(cuuint64_t *)value; return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-        if (*(cuuint64_t *)value != 0) return CUDA_ERROR_INVALID_VALUE;
-        pthread_mutex_lock(&fc_obj_mutex);
-        p->used_high = p->used;
-        pthread_mutex_unlock(&fc_obj_mutex);
-        return CUDA_SUCCESS;
-    default: return CUDA_ERROR_INVALID_VALUE;
-    }
-}
-
-FC_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_pool *p = pool_of(pool);
-    if (!p || !value) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&fc_obj_mutex);
-    uint64_t used = p->used, high = p->used_high;
-    pthread_mutex_unlock(&fc_obj_mutex);
-    switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = 1; break;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->threshold; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = used; break;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = high; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
-    }
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                        CUstream hStream) {
-    struct fc_ctx *c;
-    CUresult r = fc_stream_ctx(hStream, &c, NULL);
-    if (r) return r;
-    struct fc_pool *p = pool_of(pool);
-    if (!dptr || bytesize == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t ptr;
-    r = device_alloc(p->dev, bytesize, A_DEVICE, NULL, p, &ptr);
-    if (!r) *dptr = ptr;
-    return r;
-}
-
-FC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                             CUstream hStream) {
-    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
-}
-
-FC_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    struct fc_ctx *c;
-    CUresult r = fc_stream_ctx(hStream, &c, NULL);
-    if (r) return r;
-    if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
-    return cuMemAllocFromPoolAsync(dptr, bytesize, device_pool(c->dev, 1)->handle, hStream);
-}
-
-FC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    return cuMemAllocAsync(dptr, bytesize, hStream);
-}
-
-FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-    struct fc_ctx *c;
-    CUresult r = fc_stream_ctx(hStream, &c, NULL);
-    if (r) return r;
-    struct fc_alloc *a = take_kind(dptr, 1u << A_DEVICE);
-    if (!a) return CUDA_ERROR_INVALID_VALUE;
-    fc_free_record(a);
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-    return cuMemFreeAsync(dptr, hStream);
-}
-
 /* ---- virtual memory management ---- */
 struct mapping {
     uint64_t va, size, handle;
@@ -607,10 +439,8 @@ static CUresult check_prop(const CUmemAllocationProp *prop, int *dev) {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
     switch (prop->location.type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
-        if (prop->location.id < 0 || prop->location.id >= fc_knobs()->ndev)
-            return CUDA_ERROR_INVALID_DEVICE;
-        *dev = prop->location.id;
-        return CUDA_SUCCESS;
+        *dev = fc_location_dev(prop->location.id); /* a CUDA_VISIBLE_DEVICES ordinal */
+        return *dev < 0 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: *dev = -1; return CUDA_SUCCESS;
@@ -782,7 +612,7 @@ FC_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     if (!desc || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            desc[i].location.id < 0 || desc[i].location.id >= fc_knobs()->ndev)
+            fc_location_dev(desc[i].location.id) < 0)
             return CUDA_ERROR_INVALID_DEVICE;
     }
     uint64_t covered = 0;

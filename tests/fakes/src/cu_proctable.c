@@ -125,6 +125,15 @@
     X(cuGraphLaunch, 10000, 1, cuGraphLaunch_ptsz)                      \
     X(cuGraphExecDestroy, 10000, 0, cuGraphExecDestroy)                 \
     X(cuGraphDestroy, 10000, 0, cuGraphDestroy)                         \
+    X(cuGraphGetNodes, 10000, 0, cuGraphGetNodes)                       \
+    X(cuGraphNodeGetType, 10000, 0, cuGraphNodeGetType)                 \
+    X(cuGraphAddMemAllocNode, 11040, 0, cuGraphAddMemAllocNode)         \
+    X(cuGraphMemAllocNodeGetParams, 11040, 0, cuGraphMemAllocNodeGetParams) \
+    X(cuGraphAddMemFreeNode, 11040, 0, cuGraphAddMemFreeNode)           \
+    X(cuGraphMemFreeNodeGetParams, 11040, 0, cuGraphMemFreeNodeGetParams) \
+    X(cuDeviceGraphMemTrim, 11040, 0, cuDeviceGraphMemTrim)             \
+    X(cuDeviceGetGraphMemAttribute, 11040, 0, cuDeviceGetGraphMemAttribute) \
+    X(cuDeviceSetGraphMemAttribute, 11040, 0, cuDeviceSetGraphMemAttribute) \
     X(cuGetErrorString, 6000, 0, cuGetErrorString)                      \
     X(cuGetErrorName, 6000, 0, cuGetErrorName)                          \
     X(cuGetExportTable, 3000, 0, cuGetExportTable)                      \

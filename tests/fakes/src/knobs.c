@@ -1,8 +1,10 @@
 /* Environment knobs (read once) and device identity shared by the driver and NVML. */
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "fake.h"
 
@@ -21,6 +23,60 @@ static uint64_t env_u64(const char *name, uint64_t dflt) {
     return x;
 }
 
+/* nvmlSystemGetDriverVersion by default: a branch before 560, whose process lists report
+ * host PIDs whatever the caller's PID namespace. */
+#define NVML_DRIVER_VERSION_DEFAULT "550.144.03"
+
+/* Physical device of one CUDA_VISIBLE_DEVICES entry (an ordinal, or a unique prefix of a
+ * GPU-... UUID), or -1 when the entry is invalid. */
+static int visible_entry(const char *e, size_t len) {
+    while (len && isspace((unsigned char)*e)) e++, len--;
+    while (len && isspace((unsigned char)e[len - 1])) len--;
+    if (len == 0) return -1;
+    if (len >= 4 && strncasecmp(e, "GPU-", 4) == 0) {
+        int found = -1;
+        for (int d = 0; d < knobs.ndev; d++) {
+            char u[64];
+            fc_uuid_string(d, u, sizeof u);
+            if (len <= strlen(u) && strncasecmp(u, e, len) == 0) {
+                if (found >= 0) return -1; /* ambiguous prefix */
+                found = d;
+            }
+        }
+        return found;
+    }
+    int v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!isdigit((unsigned char)e[i]) || v > FC_MAX_DEV) return -1;
+        v = v * 10 + (e[i] - '0');
+    }
+    return v < knobs.ndev ? v : -1;
+}
+
+/* CUDA_VISIBLE_DEVICES as the real driver reads it: parsing stops at the first invalid or
+ * duplicate entry; unset = every device; set but empty = none. */
+static void visible_read(void) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    knobs.nvis = 0;
+    if (!v) {
+        for (int d = 0; d < knobs.ndev; d++) knobs.vis[knobs.nvis++] = d;
+        return;
+    }
+    const char *p = v;
+    while (*p && knobs.nvis < knobs.ndev) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        int d = visible_entry(p, len);
+        if (d < 0) break;
+        for (int i = 0; i < knobs.nvis; i++)
+            if (knobs.vis[i] == d) d = -1;
+        if (d < 0) break;
+        knobs.vis[knobs.nvis++] = d;
+        if (!comma) break;
+        p = comma + 1;
+    }
+}
+
 static void knobs_read(void) {
     const char *devs = getenv("FAKECUDA_DEVICES");
     if (!devs || !*devs) devs = "24576,24576";
@@ -37,7 +93,19 @@ static void knobs_read(void) {
     knobs.ctx_bytes = env_u64("FAKECUDA_CTX_MIB", 300) * FC_MIB;
     knobs.sms = (int)env_u64("FAKECUDA_SMS", 108);
     knobs.ns_per_block = env_u64("FAKECUDA_NS_PER_BLOCK", 1000);
+    knobs.launch_ns = env_u64("FAKECUDA_LAUNCH_NS", 1500);
     knobs.max_queue_ns = env_u64("FAKECUDA_MAX_QUEUE_NS", 20000000);
+    knobs.sample_ns = env_u64("FAKECUDA_NVML_SAMPLE_MS", 100) * 1000000ull;
+    if (knobs.sample_ns == 0) knobs.sample_ns = 1000000ull;
+    const char *dv = getenv("FAKECUDA_NVML_DRIVER_VERSION");
+    if (!dv || !*dv || strlen(dv) >= sizeof knobs.nvml_driver_version) {
+        if (dv && *dv) fprintf(stderr, "fakecuda: ignoring FAKECUDA_NVML_DRIVER_VERSION=%s\n", dv);
+        dv = NVML_DRIVER_VERSION_DEFAULT;
+    }
+    snprintf(knobs.nvml_driver_version, sizeof knobs.nvml_driver_version, "%s", dv);
+    knobs.nvml_driver_major = atoi(knobs.nvml_driver_version);
+    const char *hs = getenv("FAKECUDA_HOST_PID_SOCK");
+    knobs.host_pid_sock = (hs && *hs) ? strdup(hs) : NULL;
     const char *off = getenv("FAKECUDA_HOST_PID_OFFSET");
     knobs.host_pid_offset = off ? strtol(off, NULL, 10) : 0;
     knobs.driver_version = (int)env_u64("FAKECUDA_DRIVER_VERSION", 12080);
@@ -45,6 +113,7 @@ static void knobs_read(void) {
     knobs.state_path = (sp && *sp) ? strdup(sp) : NULL;
     const char *ep = getenv("FAKECUDA_EVENTS");
     knobs.events_path = (ep && *ep) ? strdup(ep) : NULL;
+    visible_read();
 }
 
 const struct fc_knobs *fc_knobs(void) {

@@ -5,8 +5,6 @@
 
 #include "nvml_int.h"
 
-#define DRIVER_VERSION_STRING "570.124.06"
-
 static struct nvmlDevice_st devices[FC_MAX_DEV];
 static int init_count;
 static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -67,14 +65,16 @@ FC_API const char *nvmlErrorString(nvmlReturn_t result) {
 }
 
 FC_API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    const char *v = fc_knobs()->nvml_driver_version; /* FAKECUDA_NVML_DRIVER_VERSION */
     if (!version) return NVML_ERROR_INVALID_ARGUMENT;
-    if (length < sizeof DRIVER_VERSION_STRING) return NVML_ERROR_INSUFFICIENT_SIZE;
-    memcpy(version, DRIVER_VERSION_STRING, sizeof DRIVER_VERSION_STRING);
+    if (length < strlen(v) + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(version, v, strlen(v) + 1);
     return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
-    const char *v = "12." DRIVER_VERSION_STRING;
+    char v[96];
+    snprintf(v, sizeof v, "12.%s", fc_knobs()->nvml_driver_version);
     if (!version) return NVML_ERROR_INVALID_ARGUMENT;
     if (length < strlen(v) + 1) return NVML_ERROR_INSUFFICIENT_SIZE;
     memcpy(version, v, strlen(v) + 1);
@@ -280,15 +280,36 @@ struct proc_row {
     unsigned long long used;
 };
 
+/* The pid under which the caller sees process p.  Drivers before 560 report host pids
+ * whatever the caller's PID namespace; from 560 on, the pid as seen from the caller's
+ * namespace, and nothing for processes not visible there.  A namespace here is the pair
+ * (inode of /proc/self/ns/pid, FAKECUDA_HOST_PID_OFFSET); the host namespace (host pid ==
+ * pid, offset 0) sees every process by its host pid. */
+static int pid_seen(const struct fc_proc *p, const struct fc_ident *me, unsigned int *pid) {
+    if (fc_knobs()->nvml_driver_major < 560) {
+        *pid = p->host_pid;
+        return 1;
+    }
+    if (p->ns_ino == me->ns_ino && p->ns_offset == me->offset) {
+        *pid = (unsigned int)p->pid;
+        return 1;
+    }
+    if (me->is_host) {
+        *pid = p->host_pid;
+        return 1;
+    }
+    return 0;
+}
+
 static int processes_on(int i, struct proc_row *rows, int max) {
     struct fc_shared *s = fc_state();
+    const struct fc_ident *me = fc_ident();
     int n = 0;
     fc_lock();
     fc_reap_locked();
     for (int k = 0; k < FC_MAX_PROCS && n < max; k++) {
         struct fc_proc *p = &s->procs[k];
-        if (p->pid && (p->nctx[i] || p->used[i])) {
-            rows[n].pid = p->host_pid;
+        if (p->pid && (p->nctx[i] || p->used[i]) && pid_seen(p, me, &rows[n].pid)) {
             rows[n].used = p->used[i];
             n++;
         }
@@ -353,47 +374,74 @@ FC_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device
     return NVML_SUCCESS;
 }
 
-/* ---- utilisation (from the kernel timeline) ---- */
-#define SECOND_NS 1000000000ull
-
+/* ---- utilisation: the sampled windows of state.c (fc_sample_locked) ---- */
 FC_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util) {
     DEVICE_ARG(device, i);
     if (!util) return NVML_ERROR_INVALID_ARGUMENT;
-    uint64_t now = fc_now(), t0 = now > SECOND_NS ? now - SECOND_NS : 0;
+    struct fc_shared *s = fc_state();
     fc_lock();
-    uint64_t busy = fc_busy_locked(i, -1, t0, now);
+    fc_sample_locked(i, fc_now());
+    struct fc_dev *dv = &s->dev[i];
+    const struct fc_sample *last = dv->win_next ? &dv->samples[(dv->win_next - 1) % FC_SAMPLES] : NULL;
+    util->gpu = (last && last->end_us && last->index == dv->win_next - 1) ? last->gpu_util : 0;
     fc_unlock();
-    util->gpu = (unsigned)((busy * 100 + (now - t0) / 2) / (now - t0));
     util->memory = 0;
     return NVML_SUCCESS;
 }
 
+struct util_row {
+    uint32_t host_pid;
+    uint64_t sum;      /* of the per-window smUtil */
+    uint64_t newest_us; /* end of the newest window it ran in */
+};
+
+/* One entry per host pid that ran kernels in the completed windows ending after
+ * lastSeenTimeStamp (CLOCK_REALTIME us): smUtil = the rounded mean of its per-window
+ * smUtil over all those windows (0 where it was idle), timeStamp = the end of the newest
+ * window it ran in.  The running window is not visible yet. */
 FC_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                    nvmlProcessUtilizationSample_t *utilization,
                                                    unsigned int *processSamplesCount,
                                                    unsigned long long lastSeenTimeStamp) {
     DEVICE_ARG(device, i);
     if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
-    uint64_t now = fc_now();
-    uint64_t t0 = lastSeenTimeStamp * 1000ull;
-    if (now > SECOND_NS && t0 < now - SECOND_NS) t0 = now - SECOND_NS;
-    if (t0 >= now) return NVML_ERROR_NOT_FOUND;
-    static __thread struct fc_pid_busy rows[FC_MAX_PROCS];
+    static __thread struct util_row rows[FC_MAX_PROCS];
+    int n = 0;
+    uint64_t windows = 0;
+    struct fc_shared *s = fc_state();
     fc_lock();
-    int n = fc_busy_by_pid_locked(i, t0, now, rows, FC_MAX_PROCS);
+    fc_sample_locked(i, fc_now());
+    struct fc_dev *dv = &s->dev[i];
+    uint64_t lo = dv->win_next > FC_SAMPLES ? dv->win_next - FC_SAMPLES : 0;
+    for (uint64_t w = lo; w < dv->win_next; w++) {
+        const struct fc_sample *smp = &dv->samples[w % FC_SAMPLES];
+        if (smp->index != w || !smp->end_us || smp->end_us <= lastSeenTimeStamp) continue;
+        windows++;
+        for (uint32_t j = 0; j < smp->n; j++) {
+            int k = 0;
+            while (k < n && rows[k].host_pid != smp->pid[j].host_pid) k++;
+            if (k == n) {
+                if (n == FC_MAX_PROCS) continue;
+                rows[n].host_pid = smp->pid[j].host_pid;
+                rows[n].sum = 0;
+                n++;
+            }
+            rows[k].sum += smp->pid[j].sm_util;
+            rows[k].newest_us = smp->end_us;
+        }
+    }
     fc_unlock();
     if (n == 0) return NVML_ERROR_NOT_FOUND;
     if (!utilization || *processSamplesCount < (unsigned)n) {
         *processSamplesCount = (unsigned)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    uint64_t window = now - t0;
     for (int k = 0; k < n; k++) {
         nvmlProcessUtilizationSample_t *o = &utilization[k];
         memset(o, 0, sizeof *o);
-        o->pid = rows[k].host_pid;
-        o->timeStamp = now / 1000ull;
-        o->smUtil = (unsigned)((rows[k].ns * 100 + window / 2) / window);
+        o->pid = rows[k].host_pid; /* host pids, whatever the driver version */
+        o->timeStamp = rows[k].newest_us;
+        o->smUtil = (unsigned)((rows[k].sum * 2 + windows) / (2 * windows));
     }
     *processSamplesCount = (unsigned)n;
     return NVML_SUCCESS;

@@ -12,7 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +50,108 @@ void fc_sleep_until(uint64_t t_ns) {
     }
 }
 
+/* ---- identity: pid, host pid, PID namespace ---- */
+static struct fc_ident ident;
+static int ident_valid;
+static pthread_mutex_t ident_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void ident_child(void) {
+    /* the child of a fork is another process: learn its identity again */
+    pthread_mutex_init(&ident_mutex, NULL);
+    __atomic_store_n(&ident_valid, 0, __ATOMIC_RELEASE);
+}
+
+static void atfork_register(void) { pthread_atfork(NULL, NULL, ident_child); }
+
+/* The host pid as the FAKECUDA_HOST_PID_SOCK server sees it (SO_PEERCRED); 0 with *why
+ * set when the socket cannot be used. */
+static uint32_t ask_host_pid(const char *path, const char **why) {
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof sa.sun_path) {
+        *why = "path too long for a unix socket";
+        return 0;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        *why = strerror(errno);
+        return 0;
+    }
+    struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int rc;
+    while ((rc = connect(fd, (struct sockaddr *)&sa, sizeof sa)) < 0 && errno == EINTR) {
+    }
+    if (rc < 0) {
+        *why = strerror(errno);
+        close(fd);
+        return 0;
+    }
+    char buf[32];
+    size_t n = 0;
+    while (n < sizeof buf - 1) {
+        ssize_t got = read(fd, buf + n, sizeof buf - 1 - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        n += (size_t)got;
+        if (memchr(buf, '\n', n)) break;
+    }
+    close(fd);
+    buf[n] = 0;
+    char *end = NULL;
+    unsigned long v = strtoul(buf, &end, 10);
+    if (end == buf || (*end && *end != '\n') || v == 0 || v > 0x7fffffffUL) {
+        *why = n ? "the answer is not a pid (is the peer visible from the server?)"
+                 : "no answer";
+        return 0;
+    }
+    return (uint32_t)v;
+}
+
+static void ident_compute(struct fc_ident *id) {
+    const struct fc_knobs *k = fc_knobs();
+    memset(id, 0, sizeof *id);
+    id->pid = (int32_t)getpid();
+    id->offset = k->host_pid_offset;
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) == 0) id->ns_ino = (uint64_t)st.st_ino;
+    id->host_pid = (uint32_t)((long)id->pid + k->host_pid_offset);
+    if (k->host_pid_sock) {
+        const char *why = "unknown error";
+        uint32_t hp = ask_host_pid(k->host_pid_sock, &why);
+        if (hp) {
+            id->host_pid = hp;
+            id->host_real = 1;
+        } else {
+            fprintf(stderr,
+                    "fakecuda: FAKECUDA_HOST_PID_SOCK=%s: %s; using getpid() + "
+                    "FAKECUDA_HOST_PID_OFFSET as the host pid\n",
+                    k->host_pid_sock, why);
+        }
+    }
+    /* the host PID namespace: host pid == pid, offset 0.  With the oracle configured but
+     * unusable we cannot tell (a container's pid looks the same): not the host, so
+     * nothing of other namespaces is judged from here. */
+    id->is_host = id->offset == 0 && id->host_pid == (uint32_t)id->pid &&
+                  (id->host_real || !k->host_pid_sock);
+}
+
+const struct fc_ident *fc_ident(void) {
+    if (__atomic_load_n(&ident_valid, __ATOMIC_ACQUIRE)) return &ident;
+    pthread_once(&atfork_once, atfork_register);
+    pthread_mutex_lock(&ident_mutex);
+    if (!__atomic_load_n(&ident_valid, __ATOMIC_ACQUIRE)) {
+        ident_compute(&ident);
+        __atomic_store_n(&ident_valid, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ident_mutex);
+    return &ident;
+}
+
 static void init_region(struct fc_shared *s, const struct fc_knobs *k) {
     pthread_mutexattr_t a;
     pthread_mutexattr_init(&a);
@@ -56,7 +161,12 @@ static void init_region(struct fc_shared *s, const struct fc_knobs *k) {
     pthread_mutexattr_destroy(&a);
     s->ndev = (uint32_t)k->ndev;
     s->version = FC_VERSION;
-    for (int d = 0; d < k->ndev; d++) s->dev[d].total = k->total[d];
+    s->sample_ns = k->sample_ns;
+    uint64_t now = fc_now();
+    for (int d = 0; d < k->ndev; d++) {
+        s->dev[d].total = k->total[d];
+        s->dev[d].win_next = now / k->sample_ns; /* sampling starts with the state */
+    }
     __atomic_store_n(&s->magic, FC_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -138,6 +248,7 @@ struct fc_shared *fc_state(void) {
 }
 
 void fc_lock(void) {
+    fc_ident(); /* learnt outside the lock: it may ask FAKECUDA_HOST_PID_SOCK */
     if (pthread_mutex_lock(mtx()) == EOWNERDEAD) pthread_mutex_consistent(mtx());
     uint64_t now = fc_now();
     if (now - shm->last_reap_ns > REAP_EVERY_NS) {
@@ -148,12 +259,16 @@ void fc_lock(void) {
 
 void fc_unlock(void) { pthread_mutex_unlock(mtx()); }
 
-/* 0: no such process (or a zombie); 1: alive; starttime read into *st when alive. */
+/* 0: no such process (or a zombie); 1: alive; starttime read into *st when alive.
+ * pid 0: this process (/proc/self, right even where /proc belongs to another namespace). */
 static int proc_stat(pid_t pid, uint64_t *st) {
     char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (pid)
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kill(pid, 0) == 0 || errno == EPERM;
+    if (fd < 0) return pid ? (kill(pid, 0) == 0 || errno == EPERM) : 1;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (n <= 0) return 0;
@@ -181,27 +296,50 @@ static void clear_slot(int i) {
     memset(pr, 0, sizeof *pr);
 }
 
+static int is_self(int i, const struct fc_ident *me) {
+    const struct fc_proc *pr = &shm->procs[i];
+    return pr->pid == me->pid && pr->ns_ino == me->ns_ino && pr->ns_offset == me->offset;
+}
+
+/* Whether this process can tell if slot pr's process lives, and by which pid: processes
+ * of its own PID namespace (same /proc/self/ns/pid inode; simulated namespaces that only
+ * differ in FAKECUDA_HOST_PID_OFFSET share the real one) by their pid; from the host PID
+ * namespace, processes of other namespaces by their host pid when the oracle gave it. */
+static int judge_pid(const struct fc_proc *pr, const struct fc_ident *me, pid_t *pid) {
+    if (pr->ns_ino == me->ns_ino) {
+        *pid = pr->pid;
+        return 1;
+    }
+    if (me->is_host && (pr->flags & FC_PROC_HOSTPID_REAL)) {
+        *pid = (pid_t)pr->host_pid;
+        return 1;
+    }
+    return 0; /* another namespace we cannot see into: never reaped from here */
+}
+
 void fc_reap_locked(void) {
-    pid_t me = getpid();
+    const struct fc_ident *me = fc_ident();
     for (int i = 0; i < FC_MAX_PROCS; i++) {
         struct fc_proc *pr = &shm->procs[i];
-        if (pr->pid == 0 || pr->pid == me) continue;
+        pid_t pid;
+        /* my own slot; a stale one with my pid (reused) goes by its start time below */
+        if (pr->pid == 0 || (i == self_slot && self_slot_pid == me->pid)) continue;
+        if (!judge_pid(pr, me, &pid)) continue;
         uint64_t st = 0;
-        if (!proc_stat(pr->pid, &st) || (st && pr->starttime && st != pr->starttime))
-            clear_slot(i);
+        if (!proc_stat(pid, &st) || (st && pr->starttime && st != pr->starttime)) clear_slot(i);
     }
 }
 
 int fc_self_slot_locked(void) {
-    pid_t me = getpid();
-    if (self_slot >= 0 && self_slot_pid == me && shm->procs[self_slot].pid == me) return self_slot;
+    const struct fc_ident *me = fc_ident();
+    if (self_slot >= 0 && self_slot_pid == me->pid && is_self(self_slot, me)) return self_slot;
     uint64_t st = 0;
-    proc_stat(me, &st);
+    proc_stat(0, &st);
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < FC_MAX_PROCS; i++) {
-            if (shm->procs[i].pid == me && shm->procs[i].starttime == st) {
+            if (is_self(i, me) && shm->procs[i].starttime == st) {
                 self_slot = i;
-                self_slot_pid = me;
+                self_slot_pid = me->pid;
                 return i;
             }
         }
@@ -209,11 +347,14 @@ int fc_self_slot_locked(void) {
             struct fc_proc *pr = &shm->procs[i];
             if (pr->pid != 0) continue;
             memset(pr, 0, sizeof *pr);
-            pr->pid = me;
-            pr->host_pid = (uint32_t)((long)me + fc_knobs()->host_pid_offset);
+            pr->pid = me->pid;
+            pr->host_pid = me->host_pid;
             pr->starttime = st;
+            pr->ns_ino = me->ns_ino;
+            pr->ns_offset = me->offset;
+            pr->flags = me->host_real ? FC_PROC_HOSTPID_REAL : 0;
             self_slot = i;
-            self_slot_pid = me;
+            self_slot_pid = me->pid;
             return i;
         }
         fc_reap_locked();
@@ -225,7 +366,7 @@ int fc_self_slot_locked(void) {
 void fc_release_self(void) {
     if (!shm || self_slot < 0 || self_slot_pid != getpid()) return;
     fc_lock();
-    if (shm->procs[self_slot].pid == self_slot_pid) clear_slot(self_slot);
+    if (is_self(self_slot, fc_ident())) clear_slot(self_slot);
     self_slot = -1;
     fc_unlock();
 }
@@ -275,12 +416,15 @@ void fc_ctx_count(int dev, int delta) {
 
 uint64_t fc_enqueue(int dev, uint64_t dur) {
     const struct fc_knobs *k = fc_knobs();
-    uint32_t pid = (uint32_t)getpid();
-    uint32_t host_pid = (uint32_t)((long)pid + k->host_pid_offset);
+    const struct fc_ident *me = fc_ident();
+    uint32_t pid = (uint32_t)me->pid, host_pid = me->host_pid;
     for (;;) {
         fc_lock();
         uint64_t now = fc_now();
         struct fc_dev *dv = &shm->dev[dev];
+        /* complete the sampling windows that are over before their segments can be
+         * overwritten (cheap: once per window) */
+        if (now >= (dv->win_next + 1) * shm->sample_ns) fc_sample_locked(dev, now);
         if (dv->busy_until > now + k->max_queue_ns) {
             uint64_t wake = dv->busy_until - k->max_queue_ns;
             fc_unlock();
@@ -292,7 +436,7 @@ uint64_t fc_enqueue(int dev, uint64_t dur) {
         if (dur > 0) {
             dv->busy_until = end;
             struct fc_seg *last = dv->seg_next ? &dv->seg[(dv->seg_next - 1) % FC_SEGS] : NULL;
-            if (last && last->pid == pid && last->end == start) {
+            if (last && last->pid == pid && last->host_pid == host_pid && last->end == start) {
                 last->end = end;
             } else {
                 struct fc_seg *s = &dv->seg[dv->seg_next % FC_SEGS];
@@ -339,19 +483,77 @@ uint64_t fc_busy_locked(int dev, long host_pid, uint64_t t0, uint64_t t1) {
     return total;
 }
 
-int fc_busy_by_pid_locked(int dev, uint64_t t0, uint64_t t1, struct fc_pid_busy *out, int max) {
-    int n = 0;
+/* ---- NVML sampling ----
+ * A real driver samples utilisation per fixed period into a buffer that NVML reads.  Here a
+ * window is completed lazily, the first time the state is locked for a launch or an NVML
+ * query after it ended, from the exact timeline (which still holds every segment of it:
+ * segments are only overwritten by launches, and each launch completes the windows that
+ * are over first).  The result is what a sampler running at the window ends would have
+ * recorded. */
+static struct {
+    uint64_t total;
+    int n;
+    struct {
+        uint32_t host_pid;
+        uint64_t ns;
+    } pid[FC_SAMPLE_PIDS];
+} acc[FC_SAMPLES]; /* used under the state lock only */
+
+static void acc_add(int w, uint32_t host_pid, uint64_t ns) {
+    acc[w].total += ns;
+    int j = 0;
+    while (j < acc[w].n && acc[w].pid[j].host_pid != host_pid) j++;
+    if (j == acc[w].n) {
+        if (j == FC_SAMPLE_PIDS) return; /* more processes in one window than kept */
+        acc[w].pid[j].host_pid = host_pid;
+        acc[w].pid[j].ns = 0;
+        acc[w].n++;
+    }
+    acc[w].pid[j].ns += ns;
+}
+
+static uint32_t percent(uint64_t ns, uint64_t window) {
+    uint64_t p = (ns * 100 + window / 2) / window;
+    return p > 100 ? 100 : (uint32_t)p;
+}
+
+void fc_sample_locked(int dev, uint64_t now) {
     struct fc_dev *dv = &shm->dev[dev];
+    uint64_t W = shm->sample_ns, cur = now / W; /* cur: the window still running */
+    if (dv->win_next >= cur) return;
+    uint64_t first = dv->win_next;
+    if (cur - first > FC_SAMPLES) first = cur - FC_SAMPLES;
+    int nwin = (int)(cur - first);
+    memset(acc, 0, sizeof acc[0] * (size_t)nwin);
+    uint64_t t0 = first * W, t1 = cur * W;
     FOR_SEGS(dv, t0, t1, {
-        int j = 0;
-        while (j < n && out[j].host_pid != s->host_pid) j++;
-        if (j == n) {
-            if (n == max) continue;
-            out[n].host_pid = s->host_pid;
-            out[n].ns = 0;
-            n++;
+        (void)overlap;
+        uint64_t a = s->start > t0 ? s->start : t0;
+        uint64_t b = s->end < t1 ? s->end : t1;
+        for (uint64_t w = (a - t0) / W; a < b; w++) {
+            uint64_t we = t0 + (w + 1) * W;
+            uint64_t e = b < we ? b : we;
+            acc_add((int)w, s->host_pid, e - a);
+            a = e;
         }
-        out[j].ns += overlap;
     });
-    return n;
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t mono = fc_now();
+    uint64_t real = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
+    for (int w = 0; w < nwin; w++) {
+        uint64_t index = first + (uint64_t)w;
+        struct fc_sample *smp = &dv->samples[index % FC_SAMPLES];
+        smp->index = index;
+        smp->end_us = ((index + 1) * W + real - mono) / 1000ull;
+        smp->gpu_util = percent(acc[w].total, W);
+        smp->n = 0;
+        for (int j = 0; j < acc[w].n; j++) {
+            if (!acc[w].pid[j].ns) continue;
+            smp->pid[smp->n].host_pid = acc[w].pid[j].host_pid;
+            smp->pid[smp->n].sm_util = percent(acc[w].pid[j].ns, W);
+            smp->n++;
+        }
+    }
+    dv->win_next = cur;
 }

@@ -13,6 +13,7 @@
     X(cuDeviceGetCount, cuDeviceGetCount, 0, (int *))                                        \
     X(cuDeviceGetName, cuDeviceGetName, 0, (char *, int, CUdevice))                          \
     X(cuDeviceGetUuid_v2, cuDeviceGetUuid, 0, (CUuuid *, CUdevice))                          \
+    X(cuDeviceGetUuid, cuDeviceGetUuid, 9020, (CUuuid *, CUdevice))                          \
     X(cuDeviceTotalMem_v2, cuDeviceTotalMem, 0, (size_t *, CUdevice))                        \
     X(cuDeviceGetAttribute, cuDeviceGetAttribute, 0, (int *, CUdevice_attribute, CUdevice))  \
     X(cuCtxCreate_v2, cuCtxCreate, 11000, (CUcontext *, unsigned int, CUdevice))             \
@@ -54,6 +55,7 @@
       (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                       \
     X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 0, (CUmemoryPool *, CUdevice))   \
     X(cuDeviceGetMemPool, cuDeviceGetMemPool, 0, (CUmemoryPool *, CUdevice))                 \
+    X(cuDeviceSetMemPool, cuDeviceSetMemPool, 0, (CUdevice, CUmemoryPool))                   \
     X(cuMemPoolTrimTo, cuMemPoolTrimTo, 0, (CUmemoryPool, size_t))                           \
     X(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 0, (CUmemoryPool, CUmemPool_attribute, void *)) \
     X(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 0, (CUmemoryPool, CUmemPool_attribute, void *)) \
@@ -93,6 +95,19 @@
     X(cuGraphLaunch, cuGraphLaunch, 0, (CUgraphExec, CUstream))                              \
     X(cuGraphExecDestroy, cuGraphExecDestroy, 0, (CUgraphExec))                              \
     X(cuGraphDestroy, cuGraphDestroy, 0, (CUgraph))                                          \
+    X(cuGraphGetNodes, cuGraphGetNodes, 0, (CUgraph, CUgraphNode *, size_t *))               \
+    X(cuGraphNodeGetType, cuGraphNodeGetType, 0, (CUgraphNode, CUgraphNodeType *))           \
+    X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 0,                                     \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *))   \
+    X(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, 0,                                       \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUdeviceptr))                    \
+    X(cuGraphMemAllocNodeGetParams, cuGraphMemAllocNodeGetParams, 0,                         \
+      (CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *))                                           \
+    X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 0,                         \
+      (CUdevice, CUgraphMem_attribute, void *))                                              \
+    X(cuDeviceSetGraphMemAttribute, cuDeviceSetGraphMemAttribute, 0,                         \
+      (CUdevice, CUgraphMem_attribute, void *))                                              \
+    X(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 0, (CUdevice))                             \
     X(cuGetErrorName, cuGetErrorName, 0, (CUresult, const char **))                          \
     X(cuGetErrorString, cuGetErrorString, 0, (CUresult, const char **))                      \
     X(cuGetExportTable, cuGetExportTable, 0, (const void **, const CUuuid *))                \

@@ -20,18 +20,23 @@ static int inited;
 static CUcontext prim[64];
 static CUmodule module;
 static CUfunction kernel;
+static char kernel_name[64] = "fake_kernel"; /* "kernel NS": fake_ns_NS */
+static unsigned threads_per_block = 128;     /* "threads T" */
 
 #define MAX_IDS 65536
 enum rkind {
     R_FREE = 0, R_ALLOC, R_ALLOC32, R_ARRAY, R_MIPMAP, R_MANAGED, R_HOST, R_ASYNC, R_VMM,
-    R_HANDLE, R_POOL, R_STREAM, R_CTX
+    R_HANDLE, R_POOL, R_STREAM, R_CTX, R_GRAPH
 };
 struct rec {
     int kind;
     uint64_t ptr, size, handle;
+    int released; /* R_VMM: cuMemRelease done ("memrelease"), the mapping kept */
     CUmemoryPool pool;
     CUstream stream;
     CUcontext ctx;
+    CUgraph graph;
+    CUgraphExec exec;
 };
 static struct rec recs[MAX_IDS];
 static int nrecs;
@@ -107,9 +112,30 @@ static int ensure_kernel(void) {
     if (rc) return rc;
     if (kernel) return 0;
     static const char image[] = "fake cubin";
-    rc = CALL(cuModuleLoadData, &module, image);
-    if (rc) return rc;
-    return CALL(cuModuleGetFunction, &kernel, module, "fake_kernel");
+    if (!module) {
+        rc = CALL(cuModuleLoadData, &module, image);
+        if (rc) return rc;
+    }
+    return CALL(cuModuleGetFunction, &kernel, module, kernel_name);
+}
+
+/* kernel [NS]: the following launches use the function fake_ns_NS (NS ns per block per
+ * wave); without NS the default function (FAKECUDA_NS_PER_BLOCK). */
+static void op_kernel(char **a) {
+    if (a[0])
+        snprintf(kernel_name, sizeof kernel_name, "fake_ns_%llu", (unsigned long long)parse_size(a[0]));
+    else
+        snprintf(kernel_name, sizeof kernel_name, "fake_kernel");
+    kernel = NULL;
+    int rc = ensure_kernel();
+    emit("kernel", rc, "\"name\":\"%s\"", kernel_name);
+}
+
+static void uuid_string(const CUuuid *u, char *buf, size_t len) {
+    const unsigned char *b = (const unsigned char *)u->bytes;
+    snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
 }
 
 static int dev_arg(const char *s) { return s ? atoi(s) : cur_dev; }
@@ -244,8 +270,12 @@ static int free_rec(struct rec *r) {
     case R_ASYNC: rc = CALL(cuMemFreeAsync, r->ptr, NULL); break;
     case R_VMM:
         rc = CALL(cuMemUnmap, r->ptr, r->size);
-        if (!rc) rc = CALL(cuMemRelease, r->handle);
+        if (!rc && !r->released) rc = CALL(cuMemRelease, r->handle);
         if (!rc) rc = CALL(cuMemAddressFree, r->ptr, r->size);
+        break;
+    case R_GRAPH:
+        rc = CALL(cuGraphExecDestroy, r->exec);
+        if (!rc) rc = CALL(cuGraphDestroy, r->graph);
         break;
     case R_HANDLE: rc = CALL(cuMemRelease, r->handle); break;
     case R_POOL: rc = CALL(cuMemPoolDestroy, r->pool); break;
@@ -257,7 +287,41 @@ static int free_rec(struct rec *r) {
     return rc;
 }
 
+static const struct {
+    const char *name;
+    CUmemPool_attribute attr;
+    int is_int; /* the reuse policies are ints, the rest cuuint64_t */
+} pool_attrs[] = {
+    {"followevent", CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, 1},
+    {"opportunistic", CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, 1},
+    {"internal", CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, 1},
+    {"threshold", CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, 0},
+    {"reserved", CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, 0},
+    {"reservedhigh", CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0},
+    {"used", CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0},
+    {"usedhigh", CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0},
+};
+
 static void op_pool(const char *op, char **a) {
+    if (!strcmp(op, "defpool") || !strcmp(op, "curpool")) {
+        int dev = dev_arg(a[0]);
+        int rc = ensure(dev);
+        CUmemoryPool pool = NULL;
+        if (!rc)
+            rc = !strcmp(op, "defpool") ? CALL(cuDeviceGetDefaultMemPool, &pool, dev)
+                                        : CALL(cuDeviceGetMemPool, &pool, dev);
+        int id = rc ? -1 : new_id((struct rec){.kind = R_POOL, .pool = pool});
+        emit(op, rc, "\"id\":%d,\"pool\":\"%p\"", id, (void *)pool);
+        return;
+    }
+    if (!strcmp(op, "setpool")) { /* setpool D POOLID */
+        int dev = dev_arg(a[0]);
+        struct rec *p = get_id(a[1]);
+        int rc = ensure(dev);
+        if (!rc) rc = (p && p->kind == R_POOL) ? CALL(cuDeviceSetMemPool, dev, p->pool) : CUDA_ERROR_INVALID_VALUE;
+        emit(op, rc, NULL);
+        return;
+    }
     if (!strcmp(op, "pool")) {
         int dev = dev_arg(a[0]);
         int rc = ensure(dev);
@@ -285,24 +349,44 @@ static void op_pool(const char *op, char **a) {
         emit(op, rc, "\"id\":%d,\"ptr\":\"0x%llx\",\"size\":%" PRIu64, id, (unsigned long long)ptr, size);
     } else if (!strcmp(op, "trim")) {
         emit(op, CALL(cuMemPoolTrimTo, p->pool, parse_size(a[1])), NULL);
-    } else { /* poolattr */
-        cuuint64_t used = 0, reserved = 0, threshold = 0;
-        int rc = CALL(cuMemPoolGetAttribute, p->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
-        if (!rc) rc = CALL(cuMemPoolGetAttribute, p->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
-        if (!rc) rc = CALL(cuMemPoolGetAttribute, p->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
-        emit(op, rc, "\"used\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"threshold\":%" PRIu64,
-             (uint64_t)used, (uint64_t)reserved, (uint64_t)threshold);
+    } else if (!strcmp(op, "poolsetattr")) { /* poolsetattr POOLID NAME VALUE */
+        int k = -1;
+        for (size_t i = 0; a[1] && i < sizeof pool_attrs / sizeof pool_attrs[0]; i++)
+            if (!strcmp(a[1], pool_attrs[i].name)) k = (int)i;
+        if (k < 0) {
+            emit(op, CUDA_ERROR_INVALID_VALUE, "\"error\":\"unknown attribute\"");
+            return;
+        }
+        cuuint64_t v64 = parse_size(a[2]);
+        int v32 = (int)v64;
+        int rc = CALL(cuMemPoolSetAttribute, p->pool, pool_attrs[k].attr,
+                      pool_attrs[k].is_int ? (void *)&v32 : (void *)&v64);
+        emit(op, rc, "\"name\":\"%s\",\"value\":%" PRIu64, a[1], (uint64_t)v64);
+    } else { /* poolattr: every attribute */
+        char out[768] = "";
+        size_t len = 0;
+        int rc = 0;
+        for (size_t i = 0; !rc && i < sizeof pool_attrs / sizeof pool_attrs[0]; i++) {
+            cuuint64_t v64 = 0;
+            int v32 = 0;
+            rc = CALL(cuMemPoolGetAttribute, p->pool, pool_attrs[i].attr,
+                      pool_attrs[i].is_int ? (void *)&v32 : (void *)&v64);
+            len += (size_t)snprintf(out + len, sizeof out - len, "%s\"%s\":%" PRIu64, i ? "," : "",
+                                    pool_attrs[i].name, pool_attrs[i].is_int ? (uint64_t)v32 : (uint64_t)v64);
+        }
+        emit(op, rc, "%s", out);
     }
 }
 
 /* ---- launches ---- */
 static int launch_one(const char *kind, unsigned blocks, CUstream s) {
+    unsigned t = threads_per_block;
     if (!strcmp(kind, "launchex")) {
-        CUlaunchConfig cfg = {blocks, 1, 1, 128, 1, 1, 0, s, NULL, 0};
+        CUlaunchConfig cfg = {blocks, 1, 1, t, 1, 1, 0, s, NULL, 0};
         return CALL(cuLaunchKernelEx, &cfg, kernel, NULL, NULL);
     }
-    if (!strcmp(kind, "coop")) return CALL(cuLaunchCooperativeKernel, kernel, blocks, 1, 1, 128, 1, 1, 0, s, NULL);
-    return CALL(cuLaunchKernel, kernel, blocks, 1, 1, 128, 1, 1, 0, s, NULL, NULL);
+    if (!strcmp(kind, "coop")) return CALL(cuLaunchCooperativeKernel, kernel, blocks, 1, 1, t, 1, 1, 0, s, NULL);
+    return CALL(cuLaunchKernel, kernel, blocks, 1, 1, t, 1, 1, 0, s, NULL, NULL);
 }
 
 static void op_launch(const char *op, char **a) {
@@ -332,11 +416,22 @@ static void op_graph(char **a) {
         p.func = kernel;
         p.gridDimX = blocks;
         p.gridDimY = p.gridDimZ = 1;
-        p.blockDimX = 128;
+        p.blockDimX = threads_per_block;
         p.blockDimY = p.blockDimZ = 1;
         CUgraphNode node;
         rc = CALL(cuGraphAddKernelNode_v2, &node, g, prev ? &prev : NULL, prev ? 1 : 0, &p);
         prev = node;
+    }
+    /* cuGraphGetNodes: the count, then a fill with room for two more (NULL-padded) */
+    size_t count = 0, filled = 0;
+    int padded = 1;
+    if (!rc) rc = CALL(cuGraphGetNodes, g, NULL, &count);
+    if (!rc) {
+        CUgraphNode *all = calloc(count + 2, sizeof *all);
+        filled = count + 2;
+        rc = all ? CALL(cuGraphGetNodes, g, all, &filled) : CUDA_ERROR_OUT_OF_MEMORY;
+        padded = all && !all[count] && !all[count + 1] && (count == 0 || all[count - 1]);
+        free(all);
     }
     if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
     double t0 = now_ms();
@@ -344,7 +439,8 @@ static void op_graph(char **a) {
     double ms = now_ms() - t0;
     if (ex) CALL(cuGraphExecDestroy, ex);
     if (g) CALL(cuGraphDestroy, g);
-    emit("graph", rc, "\"launches\":%ld,\"ms\":%.3f", n, ms);
+    emit("graph", rc, "\"launches\":%ld,\"ms\":%.3f,\"nodes\":%zu,\"filled\":%zu,\"padded\":%d", n, ms,
+         count, filled, padded);
 }
 
 static void op_launchfor(char **a) {
@@ -361,6 +457,147 @@ static void op_launchfor(char **a) {
     }
     if (!rc) rc = CALL(cuCtxSynchronize);
     emit("launchfor", rc, "\"launches\":%ld,\"blocks\":%u,\"ms\":%.3f", n, blocks, now_ms() - t0);
+}
+
+/* ---- graph memory ---- */
+/* graphalloc D SIZE [FREE]: a graph with one mem alloc node on D (and a free node of it when
+ * FREE=1), instantiated; the id frees both ("free ID"). */
+static void op_graphalloc(char **a) {
+    int dev = dev_arg(a[0]);
+    uint64_t size = parse_size(a[1]);
+    int with_free = a[2] && atoi(a[2]);
+    int rc = ensure(dev);
+    CUgraph g = NULL;
+    CUgraphExec ex = NULL;
+    CUgraphNode an = NULL, fn = NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS p, back;
+    memset(&p, 0, sizeof p);
+    memset(&back, 0, sizeof back);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = dev;
+    p.bytesize = size;
+    size_t nodes = 0;
+    CUgraphNodeType types[2] = {99, 99};
+    if (!rc) rc = CALL(cuGraphCreate, &g, 0);
+    if (!rc) rc = CALL(cuGraphAddMemAllocNode, &an, g, NULL, 0, &p);
+    if (!rc) rc = CALL(cuGraphMemAllocNodeGetParams, an, &back);
+    if (!rc && back.dptr != p.dptr) rc = CUDA_ERROR_UNKNOWN;
+    if (!rc && with_free) rc = CALL(cuGraphAddMemFreeNode, &fn, g, &an, 1, p.dptr);
+    if (!rc) rc = CALL(cuGraphGetNodes, g, NULL, &nodes);
+    if (!rc) rc = CALL(cuGraphNodeGetType, an, &types[0]);
+    if (!rc && fn) rc = CALL(cuGraphNodeGetType, fn, &types[1]);
+    if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
+    int id = -1;
+    if (!rc) {
+        id = new_id((struct rec){.kind = R_GRAPH, .graph = g, .exec = ex, .ptr = p.dptr, .size = size});
+    } else {
+        if (ex) CALL(cuGraphExecDestroy, ex);
+        if (g) CALL(cuGraphDestroy, g);
+    }
+    emit("graphalloc", rc, "\"id\":%d,\"ptr\":\"0x%llx\",\"size\":%" PRIu64 ",\"nodes\":%zu,\"types\":[%d,%d]",
+         id, (unsigned long long)p.dptr, size, nodes, (int)types[0], fn ? (int)types[1] : -1);
+}
+
+static void op_graphlaunch(char **a) {
+    struct rec *r = get_id(a[0]);
+    long n = a[1] ? atol(a[1]) : 1;
+    int rc = ensure(cur_dev);
+    if (!rc && (!r || r->kind != R_GRAPH)) rc = CUDA_ERROR_INVALID_VALUE;
+    long done = 0;
+    for (; !rc && done < n; done++) rc = CALL(cuGraphLaunch, r->exec, NULL);
+    if (rc && done) done--;
+    emit("graphlaunch", rc, "\"launches\":%ld", done);
+}
+
+static void op_graphmem(char **a) {
+    int dev = dev_arg(a[0]);
+    cuuint64_t v[4] = {0, 0, 0, 0};
+    int rc = ensure(dev);
+    for (int i = 0; !rc && i < 4; i++) rc = CALL(cuDeviceGetGraphMemAttribute, dev, (CUgraphMem_attribute)i, &v[i]);
+    emit("graphmem", rc,
+         "\"used\":%" PRIu64 ",\"usedhigh\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"reservedhigh\":%" PRIu64,
+         (uint64_t)v[0], (uint64_t)v[1], (uint64_t)v[2], (uint64_t)v[3]);
+}
+
+/* graphmemreset D: both high watermarks back to the current values */
+static void op_graphmemreset(char **a) {
+    int dev = dev_arg(a[0]);
+    cuuint64_t zero = 0;
+    int rc = ensure(dev);
+    if (!rc) rc = CALL(cuDeviceSetGraphMemAttribute, dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &zero);
+    if (!rc) rc = CALL(cuDeviceSetGraphMemAttribute, dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero);
+    emit("graphmemreset", rc, NULL);
+}
+
+/* ---- VMM step by step ---- */
+/* memrelease ID: cuMemRelease of a vmm id's handle, its mapping kept (or of a handle id) */
+static void op_memrelease(char **a) {
+    struct rec *r = get_id(a[0]);
+    int rc;
+    if (r && r->kind == R_VMM && !r->released) {
+        rc = CALL(cuMemRelease, r->handle);
+        if (!rc) r->released = 1;
+    } else if (r && r->kind == R_HANDLE) {
+        rc = CALL(cuMemRelease, r->handle);
+        if (!rc) r->kind = R_FREE;
+    } else {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    emit("memrelease", rc, NULL);
+}
+
+/* unmap ID: cuMemUnmap + cuMemAddressFree of a vmm id; the handle stays unless released */
+static void op_unmap(char **a) {
+    struct rec *r = get_id(a[0]);
+    int rc = (r && r->kind == R_VMM) ? CALL(cuMemUnmap, r->ptr, r->size) : CUDA_ERROR_INVALID_VALUE;
+    if (!rc) rc = CALL(cuMemAddressFree, r->ptr, r->size);
+    if (!rc) {
+        r->kind = r->released ? R_FREE : R_HANDLE;
+        r->ptr = 0;
+    }
+    emit("unmap", rc, NULL);
+}
+
+/* ---- devices ---- */
+static int ensure_init(void) {
+    if (inited) return 0;
+    int rc = CALL(cuInit, 0);
+    inited = !rc;
+    return rc;
+}
+
+/* uuid D [legacy]: cuDeviceGetUuid_v2 (legacy: cuDeviceGetUuid) as a GPU-... string */
+static void op_uuid(char **a) {
+    int dev = dev_arg(a[0]);
+    int legacy = a[1] && !strcmp(a[1], "legacy");
+    CUuuid u;
+    char s[64] = "";
+    memset(&u, 0, sizeof u);
+    int rc = ensure_init();
+    if (!rc) rc = legacy ? CALL(cuDeviceGetUuid, &u, dev) : CALL(cuDeviceGetUuid_v2, &u, dev);
+    if (!rc) uuid_string(&u, s, sizeof s);
+    emit("uuid", rc, "\"dev\":%d,\"uuid\":\"%s\"", dev, s);
+}
+
+/* visible: cuDeviceGetCount and the UUID of every ordinal */
+static void op_visible(void) {
+    int count = 0;
+    char out[2048] = "";
+    size_t len = 0;
+    int rc = ensure_init();
+    if (!rc) rc = CALL(cuDeviceGetCount, &count);
+    for (int d = 0; !rc && d < count; d++) {
+        CUdevice dev = -1;
+        CUuuid u;
+        char s[64];
+        rc = CALL(cuDeviceGet, &dev, d);
+        if (!rc) rc = CALL(cuDeviceGetUuid_v2, &u, dev);
+        if (rc) break;
+        uuid_string(&u, s, sizeof s);
+        len += (size_t)snprintf(out + len, sizeof out - len, "%s\"%s\"", d ? "," : "", s);
+    }
+    emit("visible", rc, "\"count\":%d,\"uuids\":[%s]", count, out);
 }
 
 /* ---- NULL-argument probes: the call must fail cleanly, never crash ---- */
@@ -404,6 +641,37 @@ static void op_null(const char *what) {
     } else if (!strcmp(what, "launchex")) {
         rc = ensure_kernel();
         if (!rc) rc = CALL(cuLaunchKernelEx, NULL, kernel, NULL, NULL);
+    } else if (!strcmp(what, "graphnodes") || !strcmp(what, "allocnode") ||
+               !strcmp(what, "nodetype") || !strcmp(what, "allocparams")) {
+        CUgraph g = NULL;
+        CUgraphNode node = NULL;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        p.poolProps.location.id = cur_dev;
+        p.bytesize = 1 << 20;
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuGraphCreate, &g, 0);
+        if (!rc && strcmp(what, "allocnode")) rc = CALL(cuGraphAddMemAllocNode, &node, g, NULL, 0, &p);
+        if (!rc) {
+            if (!strcmp(what, "graphnodes")) rc = CALL(cuGraphGetNodes, g, NULL, NULL);
+            else if (!strcmp(what, "allocnode")) rc = CALL(cuGraphAddMemAllocNode, &node, g, NULL, 0, NULL);
+            else if (!strcmp(what, "nodetype")) rc = CALL(cuGraphNodeGetType, node, NULL);
+            else rc = CALL(cuGraphMemAllocNodeGetParams, node, NULL);
+        }
+        if (g) CALL(cuGraphDestroy, g);
+    } else if (!strcmp(what, "graphmemattr")) {
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuDeviceGetGraphMemAttribute, cur_dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, NULL);
+    } else if (!strcmp(what, "poolattr")) {
+        CUmemoryPool pool = NULL;
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuDeviceGetDefaultMemPool, &pool, cur_dev);
+        if (!rc) rc = CALL(cuMemPoolGetAttribute, pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, NULL);
+    } else if (!strcmp(what, "defpool")) {
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuDeviceGetDefaultMemPool, NULL, cur_dev);
     } else {
         emit("null", CUDA_ERROR_INVALID_VALUE, "\"error\":\"unknown probe\"");
         return;
@@ -438,13 +706,7 @@ static void op_dev(char **a) {
     int sms = 0;
     int rc = CALL(cuDeviceGetName, name, sizeof name, dev);
     if (!rc) rc = CALL(cuDeviceGetUuid_v2, &u, dev);
-    if (!rc) {
-        unsigned char *b = (unsigned char *)u.bytes;
-        snprintf(uuid, sizeof uuid,
-                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-                 b[14], b[15]);
-    }
+    if (!rc) uuid_string(&u, uuid, sizeof uuid);
     if (!rc) rc = CALL(cuDeviceTotalMem_v2, &total, dev);
     if (!rc) rc = CALL(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     emit("dev", rc, "\"dev\":%d,\"name\":\"%s\",\"uuid\":\"%s\",\"total\":%zu,\"sms\":%d", dev, name,
@@ -500,6 +762,8 @@ static void op_fake(const char *op, char **a) {
         v = ((unsigned long long (*)(int))f)(a[0] ? atoi(a[0]) : 0);
     } else if (!strcmp(op, "fake_managed_bytes")) {
         v = ((unsigned long long (*)(int))f)(a[0] ? atoi(a[0]) : (int)getpid());
+    } else if (!strcmp(op, "fake_host_pid")) {
+        v = (unsigned long long)((int (*)(void))f)();
     } else {
         emit(op, MISSING, "\"error\":\"unknown fake op\"");
         return;
@@ -562,12 +826,12 @@ static void run_line(char *line) {
     } else if (!strcmp(op, "release")) {
         int d = dev_arg(a[0]);
         rc = CALL(cuDevicePrimaryCtxRelease_v2, d);
-        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL;
+        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL, module = NULL;
         emit(op, rc, NULL);
     } else if (!strcmp(op, "reset")) {
         int d = dev_arg(a[0]);
         rc = CALL(cuDevicePrimaryCtxReset_v2, d);
-        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL;
+        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL, module = NULL;
         emit(op, rc, NULL);
     } else if (!strcmp(op, "info")) {
         size_t f = 0, t = 0;
@@ -595,8 +859,41 @@ static void run_line(char *line) {
         rc = CALL(cuMemGetAllocationGranularity, &g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
         emit(op, rc, "\"granularity\":%zu", g);
     } else if (!strcmp(op, "pool") || !strcmp(op, "poolalloc") || !strcmp(op, "trim") ||
-               !strcmp(op, "poolattr")) {
+               !strcmp(op, "poolattr") || !strcmp(op, "poolsetattr") || !strcmp(op, "defpool") ||
+               !strcmp(op, "curpool") || !strcmp(op, "setpool")) {
         op_pool(op, a);
+    } else if (!strcmp(op, "memrelease")) {
+        op_memrelease(a);
+    } else if (!strcmp(op, "unmap")) {
+        op_unmap(a);
+    } else if (!strcmp(op, "graphalloc")) {
+        op_graphalloc(a);
+    } else if (!strcmp(op, "graphlaunch")) {
+        op_graphlaunch(a);
+    } else if (!strcmp(op, "graphmem")) {
+        op_graphmem(a);
+    } else if (!strcmp(op, "graphmemreset")) {
+        op_graphmemreset(a);
+    } else if (!strcmp(op, "graphtrim")) {
+        int dev = dev_arg(a[0]);
+        rc = ensure(dev);
+        if (!rc) rc = CALL(cuDeviceGraphMemTrim, dev);
+        emit(op, rc, NULL);
+    } else if (!strcmp(op, "uuid")) {
+        op_uuid(a);
+    } else if (!strcmp(op, "visible")) {
+        op_visible();
+    } else if (!strcmp(op, "kernel")) {
+        op_kernel(a);
+    } else if (!strcmp(op, "threads")) {
+        unsigned t = a[0] ? (unsigned)atoi(a[0]) : 128;
+        rc = (t >= 1 && t <= 1024) ? 0 : CUDA_ERROR_INVALID_VALUE;
+        if (!rc) threads_per_block = t;
+        emit(op, rc, "\"threads\":%u", threads_per_block);
+    } else if (!strcmp(op, "hostpid")) {
+        void *f = dlsym(RTLD_DEFAULT, "fake_host_pid");
+        int hp = f ? ((int (*)(void))f)() : -1;
+        emit(op, f ? 0 : MISSING, "\"hostpid\":%d,\"pid\":%d", hp, (int)getpid());
     } else if (!strcmp(op, "free")) {
         struct rec *r = get_id(a[0]);
         rc = r ? free_rec(r) : CUDA_ERROR_INVALID_VALUE;
@@ -606,7 +903,7 @@ static void run_line(char *line) {
         rc = 0;
         for (int i = nrecs - 1; i >= 0; i--) {
             if (recs[i].kind == R_FREE || recs[i].kind == R_CTX || recs[i].kind == R_POOL ||
-                recs[i].kind == R_STREAM)
+                recs[i].kind == R_STREAM || recs[i].kind == R_GRAPH)
                 continue;
             int r = free_rec(&recs[i]);
             if (r && !rc) rc = r;
@@ -615,6 +912,10 @@ static void run_line(char *line) {
         emit(op, rc, "\"freed\":%d", freed);
     } else if (!strcmp(op, "freeptr")) {
         rc = CALL(cuMemFree_v2, a[0] ? strtoull(a[0], NULL, 0) : 0);
+        emit(op, rc, NULL);
+    } else if (!strcmp(op, "freeasync")) {
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuMemFreeAsync, a[0] ? strtoull(a[0], NULL, 0) : 0, NULL);
         emit(op, rc, NULL);
     } else if (!strcmp(op, "memcpy") || !strcmp(op, "memset")) {
         struct rec *r = get_id(a[0]);

@@ -1,0 +1,395 @@
+/* Stream-ordered allocator: memory pools that keep memory, as the real ones do, and the
+ * per-device memory pool behind graph memory nodes.
+ *
+ * A pool has reserved bytes (physical: charged to the device and to this process when the
+ * reserve grows, so NVML sees them) and used bytes (handed out).  An allocation takes free
+ * reserved bytes when there are enough (they are fungible: no fragmentation), else the
+ * reserve grows by what is missing, rounded up to 2 MiB.  A free gives the bytes back to
+ * the pool, which keeps them reserved.  At synchronisation points a pool over its release
+ * threshold releases unused reserve down to max(threshold, used); cuMemPoolTrimTo releases
+ * down to max(minBytesToKeep, used); both in 2 MiB steps.  When the last context of this
+ * process on a device goes, pools and graph memory of the device release all they can. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cu.h"
+
+struct fc_pool {
+    int dev; /* physical */
+    int is_default;
+    int destroyed; /* cuMemPoolDestroy called: frees release at once */
+    uint64_t used, used_high, reserved, reserved_high, threshold;
+    int reuse[3]; /* the reuse-policy attributes: accepted, remembered, ignored */
+    CUmemoryPool handle;
+    struct fc_pool *next; /* every pool of the process */
+};
+
+static struct fc_pool default_pool[FC_MAX_DEV]; /* by physical device */
+static struct fc_pool *current_pool[FC_MAX_DEV];
+static struct fc_pool *pools; /* the created ones, then default ones as they appear */
+/* guards pools and graph memory; taken before the state lock, never under fc_obj_mutex */
+static pthread_mutex_t pool_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+static struct fc_pool *pool_of(CUmemoryPool h) { return fc_handle_get(h, K_POOL); }
+
+static void pool_init(struct fc_pool *p, int dev) {
+    p->dev = dev;
+    p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
+    p->next = pools;
+    pools = p;
+}
+
+/* dev's default pool (created on first use), or its current pool. */
+static struct fc_pool *device_pool(int dev, int current) {
+    pthread_mutex_lock(&pool_mutex);
+    struct fc_pool *p = &default_pool[dev];
+    if (!p->handle) {
+        pool_init(p, dev);
+        p->is_default = 1;
+        p->handle = fc_handle_new(K_POOL, p);
+    }
+    if (current && current_pool[dev]) p = current_pool[dev];
+    pthread_mutex_unlock(&pool_mutex);
+    return p;
+}
+
+/* Shrinks the reserve to round_up(max(keep, used), 2 MiB); returns the bytes to uncharge.
+ * Under pool_mutex. */
+static uint64_t trim_locked(struct fc_pool *p, uint64_t keep) {
+    uint64_t target = fc_round_up(max64(keep, p->used), FC_GRANULARITY);
+    if (p->reserved <= target) return 0;
+    uint64_t bytes = p->reserved - target;
+    p->reserved = target;
+    return bytes;
+}
+
+CUresult fc_pool_take(struct fc_pool *p, uint64_t size) {
+    pthread_mutex_lock(&pool_mutex);
+    uint64_t avail = p->reserved - p->used;
+    if (avail < size) {
+        uint64_t grow = fc_round_up(size - avail, FC_GRANULARITY);
+        if (fc_charge(p->dev, grow) < 0) {
+            pthread_mutex_unlock(&pool_mutex);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        p->reserved += grow;
+        p->reserved_high = max64(p->reserved_high, p->reserved);
+    }
+    p->used += size;
+    p->used_high = max64(p->used_high, p->used);
+    pthread_mutex_unlock(&pool_mutex);
+    return CUDA_SUCCESS;
+}
+
+void fc_pool_give(struct fc_pool *p, uint64_t size) {
+    pthread_mutex_lock(&pool_mutex);
+    p->used = p->used > size ? p->used - size : 0;
+    uint64_t release = p->destroyed ? trim_locked(p, 0) : 0;
+    if (release) fc_uncharge(p->dev, release);
+    pthread_mutex_unlock(&pool_mutex);
+}
+
+void fc_pools_sync(void) {
+    if (!__atomic_load_n(&pools, __ATOMIC_ACQUIRE)) return; /* no pool: nothing to do */
+    pthread_mutex_lock(&pool_mutex);
+    for (struct fc_pool *p = pools; p; p = p->next) {
+        if (p->reserved <= p->threshold) continue;
+        uint64_t release = trim_locked(p, p->threshold);
+        if (release) fc_uncharge(p->dev, release);
+    }
+    pthread_mutex_unlock(&pool_mutex);
+}
+
+/* ---- graph memory: one pool per device, reserved until cuDeviceGraphMemTrim ---- */
+static struct {
+    uint64_t used, used_high, reserved, reserved_high;
+} gmem[FC_MAX_DEV];
+
+static uint64_t graph_trim_locked(int dev) {
+    uint64_t target = fc_round_up(gmem[dev].used, FC_GRANULARITY);
+    if (gmem[dev].reserved <= target) return 0;
+    uint64_t bytes = gmem[dev].reserved - target;
+    gmem[dev].reserved = target;
+    return bytes;
+}
+
+CUresult fc_graphmem_launch(const uint64_t alloc[FC_MAX_DEV], const uint64_t freed[FC_MAX_DEV]) {
+    int ndev = fc_knobs()->ndev;
+    uint64_t grown[FC_MAX_DEV] = {0};
+    pthread_mutex_lock(&pool_mutex);
+    for (int d = 0; d < ndev; d++) {
+        uint64_t need = gmem[d].used + alloc[d];
+        if (!alloc[d] || need <= gmem[d].reserved) continue;
+        uint64_t grow = fc_round_up(need - gmem[d].reserved, FC_GRANULARITY);
+        if (fc_charge(d, grow) < 0) {
+            for (int e = 0; e < d; e++) {
+                if (!grown[e]) continue;
+                gmem[e].reserved -= grown[e];
+                fc_uncharge(e, grown[e]);
+            }
+            pthread_mutex_unlock(&pool_mutex);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        grown[d] = grow;
+        gmem[d].reserved += grow;
+    }
+    for (int d = 0; d < ndev; d++) {
+        gmem[d].reserved_high = max64(gmem[d].reserved_high, gmem[d].reserved);
+        gmem[d].used += alloc[d];
+        gmem[d].used_high = max64(gmem[d].used_high, gmem[d].used);
+        gmem[d].used = gmem[d].used > freed[d] ? gmem[d].used - freed[d] : 0;
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return CUDA_SUCCESS;
+}
+
+void fc_graphmem_free(int dev, uint64_t size) {
+    pthread_mutex_lock(&pool_mutex);
+    gmem[dev].used = gmem[dev].used > size ? gmem[dev].used - size : 0;
+    pthread_mutex_unlock(&pool_mutex);
+}
+
+void fc_release_device_caches(int dev) {
+    pthread_mutex_lock(&pool_mutex);
+    for (struct fc_pool *p = pools; p; p = p->next) {
+        if (p->dev != dev) continue;
+        uint64_t release = trim_locked(p, 0);
+        if (release) fc_uncharge(dev, release);
+    }
+    uint64_t release = graph_trim_locked(dev);
+    if (release) fc_uncharge(dev, release);
+    pthread_mutex_unlock(&pool_mutex);
+}
+
+FC_API CUresult cuDeviceGraphMemTrim(CUdevice device) {
+    int dev;
+    CUresult r = fc_dev_arg(device, &dev);
+    if (r) return r;
+    pthread_mutex_lock(&pool_mutex);
+    uint64_t release = graph_trim_locked(dev);
+    if (release) fc_uncharge(dev, release);
+    pthread_mutex_unlock(&pool_mutex);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                             void *value) {
+    int dev;
+    CUresult r = fc_dev_arg(device, &dev);
+    if (r) return r;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mutex);
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = gmem[dev].used; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = gmem[dev].used_high; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = gmem[dev].reserved; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = gmem[dev].reserved_high; break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break;
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return r;
+}
+
+/* Only the high watermarks can be set, and only to 0 (a reset to the current value). */
+FC_API CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr,
+                                             void *value) {
+    int dev;
+    CUresult r = fc_dev_arg(device, &dev);
+    if (r) return r;
+    if (!value || *(cuuint64_t *)value != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mutex);
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: gmem[dev].used_high = gmem[dev].used; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: gmem[dev].reserved_high = gmem[dev].reserved; break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break;
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return r;
+}
+
+/* ---- pools ---- */
+FC_API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device) {
+    int dev;
+    CUresult r = fc_dev_arg(device, &dev);
+    if (r) return r;
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    *pool = device_pool(dev, 0)->handle;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice device) {
+    int dev;
+    CUresult r = fc_dev_arg(device, &dev);
+    if (r) return r;
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    *pool = device_pool(dev, 1)->handle;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
+    int dev;
+    CUresult r = fc_dev_arg(device, &dev);
+    if (r) return r;
+    struct fc_pool *p = pool_of(pool);
+    if (!p || p->dev != dev) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mutex);
+    current_pool[dev] = p->is_default ? NULL : p;
+    pthread_mutex_unlock(&pool_mutex);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = fc_location_dev(props->location.id);
+    if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_pool *p = calloc(1, sizeof *p);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->handle = fc_handle_new(K_POOL, p);
+    pthread_mutex_lock(&pool_mutex);
+    pool_init(p, dev);
+    pthread_mutex_unlock(&pool_mutex);
+    *pool = p->handle;
+    return CUDA_SUCCESS;
+}
+
+/* Releases the unused reserve at once; the rest goes as the pool's allocations are freed
+ * (the real driver defers the destruction the same way). */
+FC_API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_pool *p = pool_of(pool);
+    if (!p || p->is_default) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mutex);
+    if (current_pool[p->dev] == p) current_pool[p->dev] = NULL;
+    p->destroyed = 1;
+    uint64_t release = trim_locked(p, 0);
+    if (release) fc_uncharge(p->dev, release);
+    pthread_mutex_unlock(&pool_mutex);
+    fc_handle_free(pool); /* the struct stays while allocations from it live */
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_pool *p = pool_of(pool);
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mutex);
+    uint64_t release = trim_locked(p, minBytesToKeep);
+    if (release) fc_uncharge(p->dev, release);
+    pthread_mutex_unlock(&pool_mutex);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_pool *p = pool_of(pool);
+    if (!p || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mutex);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] = *(int *)value != 0;
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = *(cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        if (*(cuuint64_t *)value != 0) r = CUDA_ERROR_INVALID_VALUE;
+        else p->reserved_high = p->reserved;
+        break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        if (*(cuuint64_t *)value != 0) r = CUDA_ERROR_INVALID_VALUE;
+        else p->used_high = p->used;
+        break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break; /* the current values are read-only */
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return r;
+}
+
+FC_API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_pool *p = pool_of(pool);
+    if (!p || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mutex);
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *(int *)value = p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+        break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = p->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = p->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = p->used; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = p->used_high; break;
+    default: r = CUDA_ERROR_INVALID_VALUE; break;
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return r;
+}
+
+/* ---- stream-ordered allocation ---- */
+/* On the pool's device, whatever the current context's device is. */
+FC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream hStream) {
+    struct fc_ctx *c;
+    CUresult r = fc_stream_ctx(hStream, &c, NULL);
+    if (r) return r;
+    struct fc_pool *p = pool_of(pool);
+    if (!dptr || bytesize == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
+    r = fc_pool_take(p, bytesize);
+    if (r) return r;
+    uint64_t ptr;
+    r = fc_device_alloc(p->dev, bytesize, A_DEVICE, c, p, &ptr);
+    if (!r) *dptr = ptr;
+    return r;
+}
+
+FC_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                             CUstream hStream) {
+    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+}
+
+/* From the current pool of the stream's device. */
+FC_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    struct fc_ctx *c;
+    CUresult r = fc_stream_ctx(hStream, &c, NULL);
+    if (r) return r;
+    if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAllocFromPoolAsync(dptr, bytesize, device_pool(c->dev, 1)->handle, hStream);
+}
+
+FC_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return cuMemAllocAsync(dptr, bytesize, hStream);
+}
+
+static struct fc_alloc *take_device(uint64_t key) {
+    pthread_mutex_lock(&fc_obj_mutex);
+    struct fc_alloc *a = fc_alloc_get(key);
+    a = (a && a->kind == A_DEVICE) ? fc_alloc_take(key) : NULL;
+    pthread_mutex_unlock(&fc_obj_mutex);
+    return a;
+}
+
+FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    struct fc_ctx *c;
+    CUresult r = fc_stream_ctx(hStream, &c, NULL);
+    if (r) return r;
+    struct fc_alloc *a = take_device(dptr);
+    if (!a) return fc_graph_free_va(dptr); /* a graph allocation, or INVALID_VALUE */
+    fc_free_record(a);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    return cuMemFreeAsync(dptr, hStream);
+}
