@@ -120,3 +120,22 @@ def test_samples_come_from_the_timeline_of_every_process(fake: Fake) -> None:
     ua, ub = got[str(a.pid)]["smUtil"], got[str(b.pid)]["smUtil"]
     assert 35 <= ua <= 65 and 35 <= ub <= 65, got
     assert 85 <= ua + ub <= 101, got
+
+
+def test_a_window_of_many_tiny_kernels_is_exact(fake: Fake) -> None:
+    """Windows are accumulated as kernels are enqueued, not rebuilt from the timeline: a
+    window holding far more separate kernels than the timeline's 65,536 segments (100 ns
+    kernels launched ~1 us apart never touch, so none merge) is still exact."""
+    fake.env["FAKECUDA_LAUNCH_NS"] = "100"
+    p = fake.start("viaproc")
+    p.ok("kernel 0")  # 100 ns a launch, all launch cost
+    nv = fake.nvml()
+    start = wait_for_window(W)
+    since = mono_to_real_us(start) + 1000
+    launched = 0
+    while time.monotonic_ns() < start + W - 20_000_000:  # inside one window
+        launched += p.ok("launch 1 20000")["launches"]
+    time.sleep((start + W + 5_000_000 - time.monotonic_ns()) / 1e9)
+    assert launched > 2 * 65536
+    got = nv.do(f"util 0 {since}")["samples"]
+    assert got[str(p.pid)]["smUtil"] == round(100 * launched * 100 / W)

@@ -420,6 +420,27 @@ FC_API unsigned long long fake_busy_ns(int dev, int host_pid, unsigned long long
     return v;
 }
 
+/* The exact device time host_pid's kernels took in the completed NVML sampling window
+ * that contains t_ns (fake_now_ns time); 0 when that window is not kept (or not over).
+ * Exact however many kernels ran: the windows are completed as launches happen. */
+FC_API unsigned long long fake_window_busy_ns(int dev, int host_pid, unsigned long long t_ns) {
+    if (!valid_dev(dev)) return 0;
+    fc_lock();
+    fc_sample_locked(dev, fc_now());
+    uint64_t W = fc_sample_ns(), v = 0, index = t_ns / W;
+    const struct fc_sample *smp = &fc_state()->dev[dev].samples[index % FC_SAMPLES];
+    if (smp->end_us && smp->index == index)
+        for (uint32_t j = 0; j < smp->n; j++)
+            if ((int)smp->pid[j].host_pid == host_pid) v = smp->pid[j].busy_ns;
+    fc_unlock();
+    return v;
+}
+
+FC_API unsigned long long fake_sample_window_ns(void) {
+    if (!fc_state()) return 0;
+    return fc_sample_ns();
+}
+
 FC_API unsigned long long fake_timeline_oldest_ns(int dev) {
     if (!valid_dev(dev)) return 0;
     fc_lock();

@@ -60,7 +60,7 @@ struct fc_proc {
 };
 
 /* One completed NVML sampling window: [index * sample_ns, (index + 1) * sample_ns) of
- * CLOCK_MONOTONIC, computed from the exact timeline once the window is over. */
+ * CLOCK_MONOTONIC, from the window's accumulator once the window is over. */
 struct fc_sample {
     uint64_t index;
     uint64_t end_us;   /* the window's end as CLOCK_REALTIME microseconds (0: empty slot) */
@@ -69,6 +69,22 @@ struct fc_sample {
     struct {
         uint32_t host_pid;
         uint32_t sm_util; /* round(100 * busy_ns / window_ns) */
+        uint64_t busy_ns; /* exact, for tests (fake_window_busy_ns); NVML sees sm_util */
+    } pid[FC_SAMPLE_PIDS];
+};
+
+/* Device time per process in one sampling window, added to as kernels are enqueued
+ * (a kernel's share of each window it overlaps), so a window is exact however many
+ * kernels ran in it. */
+struct fc_window_acc {
+    uint64_t index; /* the window; a slot is reused for index + FC_SAMPLES */
+    uint64_t total;
+    uint32_t n;
+    uint32_t reserved;
+    struct {
+        uint32_t host_pid;
+        uint32_t reserved;
+        uint64_t ns;
     } pid[FC_SAMPLE_PIDS];
 };
 
@@ -79,11 +95,12 @@ struct fc_dev {
     uint64_t seg_next; /* segments ever written; slot = n % FC_SEGS */
     uint64_t win_next; /* the next sampling window to complete; slot = index % FC_SAMPLES */
     struct fc_sample samples[FC_SAMPLES];
+    struct fc_window_acc acc[FC_SAMPLES];
     struct fc_seg seg[FC_SEGS];
 };
 
 #define FC_MAGIC 0x46414b43u /* "FAKC" */
-#define FC_VERSION 2u
+#define FC_VERSION 4u
 
 struct fc_shared {
     uint32_t magic, version, ndev, reserved;
@@ -127,6 +144,7 @@ uint64_t fc_busy_locked(int dev, long host_pid, uint64_t t0, uint64_t t1);
 uint64_t fc_oldest_locked(int dev);
 /* Completes the sampling windows of dev that ended before now (lazy, from the timeline). */
 void fc_sample_locked(int dev, uint64_t now);
+uint64_t fc_sample_ns(void);
 
 /* ---- helpers ---- */
 void fc_uuid_bytes(int dev, unsigned char out[16]);

@@ -414,6 +414,29 @@ void fc_ctx_count(int dev, int delta) {
     fc_unlock();
 }
 
+/* Adds [start, end) of host_pid's device time to the sampling windows it overlaps. */
+static void account(struct fc_dev *dv, uint32_t host_pid, uint64_t start, uint64_t end) {
+    uint64_t W = shm->sample_ns;
+    while (start < end) {
+        uint64_t w = start / W, we = (w + 1) * W, e = end < we ? end : we;
+        struct fc_window_acc *a = &dv->acc[w % FC_SAMPLES];
+        if (a->index != w || (a->n == 0 && a->total == 0)) {
+            memset(a, 0, sizeof *a);
+            a->index = w;
+        }
+        a->total += e - start;
+        uint32_t j = 0;
+        while (j < a->n && a->pid[j].host_pid != host_pid) j++;
+        if (j == a->n && j < FC_SAMPLE_PIDS) {
+            a->pid[j].host_pid = host_pid;
+            a->pid[j].ns = 0;
+            a->n++;
+        }
+        if (j < a->n) a->pid[j].ns += e - start;
+        start = e;
+    }
+}
+
 uint64_t fc_enqueue(int dev, uint64_t dur) {
     const struct fc_knobs *k = fc_knobs();
     const struct fc_ident *me = fc_ident();
@@ -435,6 +458,7 @@ uint64_t fc_enqueue(int dev, uint64_t dur) {
         uint64_t end = start + dur;
         if (dur > 0) {
             dv->busy_until = end;
+            account(dv, host_pid, start, end);
             struct fc_seg *last = dv->seg_next ? &dv->seg[(dv->seg_next - 1) % FC_SEGS] : NULL;
             if (last && last->pid == pid && last->host_pid == host_pid && last->end == start) {
                 last->end = end;
@@ -484,38 +508,18 @@ uint64_t fc_busy_locked(int dev, long host_pid, uint64_t t0, uint64_t t1) {
 }
 
 /* ---- NVML sampling ----
- * A real driver samples utilisation per fixed period into a buffer that NVML reads.  Here a
- * window is completed lazily, the first time the state is locked for a launch or an NVML
- * query after it ended, from the exact timeline (which still holds every segment of it:
- * segments are only overwritten by launches, and each launch completes the windows that
- * are over first).  The result is what a sampler running at the window ends would have
- * recorded. */
-static struct {
-    uint64_t total;
-    int n;
-    struct {
-        uint32_t host_pid;
-        uint64_t ns;
-    } pid[FC_SAMPLE_PIDS];
-} acc[FC_SAMPLES]; /* used under the state lock only */
-
-static void acc_add(int w, uint32_t host_pid, uint64_t ns) {
-    acc[w].total += ns;
-    int j = 0;
-    while (j < acc[w].n && acc[w].pid[j].host_pid != host_pid) j++;
-    if (j == acc[w].n) {
-        if (j == FC_SAMPLE_PIDS) return; /* more processes in one window than kept */
-        acc[w].pid[j].host_pid = host_pid;
-        acc[w].pid[j].ns = 0;
-        acc[w].n++;
-    }
-    acc[w].pid[j].ns += ns;
-}
-
+ * A real driver samples utilisation per fixed period into a buffer that NVML reads.  Here
+ * each kernel adds its device time to the windows it overlaps when it is enqueued
+ * (account(): exact however many kernels a window holds, where the segment timeline
+ * wraps after 65,536 separate kernels), and a window is completed lazily, the first time
+ * the state is locked for a launch or an NVML query after it ended.  The result is what
+ * a sampler running at the window ends would have recorded. */
 static uint32_t percent(uint64_t ns, uint64_t window) {
     uint64_t p = (ns * 100 + window / 2) / window;
     return p > 100 ? 100 : (uint32_t)p;
 }
+
+uint64_t fc_sample_ns(void) { return shm->sample_ns; }
 
 void fc_sample_locked(int dev, uint64_t now) {
     struct fc_dev *dv = &shm->dev[dev];
@@ -523,35 +527,23 @@ void fc_sample_locked(int dev, uint64_t now) {
     if (dv->win_next >= cur) return;
     uint64_t first = dv->win_next;
     if (cur - first > FC_SAMPLES) first = cur - FC_SAMPLES;
-    int nwin = (int)(cur - first);
-    memset(acc, 0, sizeof acc[0] * (size_t)nwin);
-    uint64_t t0 = first * W, t1 = cur * W;
-    FOR_SEGS(dv, t0, t1, {
-        (void)overlap;
-        uint64_t a = s->start > t0 ? s->start : t0;
-        uint64_t b = s->end < t1 ? s->end : t1;
-        for (uint64_t w = (a - t0) / W; a < b; w++) {
-            uint64_t we = t0 + (w + 1) * W;
-            uint64_t e = b < we ? b : we;
-            acc_add((int)w, s->host_pid, e - a);
-            a = e;
-        }
-    });
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     uint64_t mono = fc_now();
     uint64_t real = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
-    for (int w = 0; w < nwin; w++) {
-        uint64_t index = first + (uint64_t)w;
+    for (uint64_t index = first; index < cur; index++) {
+        const struct fc_window_acc *a = &dv->acc[index % FC_SAMPLES];
+        int ran = a->index == index;
         struct fc_sample *smp = &dv->samples[index % FC_SAMPLES];
         smp->index = index;
         smp->end_us = ((index + 1) * W + real - mono) / 1000ull;
-        smp->gpu_util = percent(acc[w].total, W);
+        smp->gpu_util = ran ? percent(a->total, W) : 0;
         smp->n = 0;
-        for (int j = 0; j < acc[w].n; j++) {
-            if (!acc[w].pid[j].ns) continue;
-            smp->pid[smp->n].host_pid = acc[w].pid[j].host_pid;
-            smp->pid[smp->n].sm_util = percent(acc[w].pid[j].ns, W);
+        for (uint32_t j = 0; ran && j < a->n; j++) {
+            if (!a->pid[j].ns) continue;
+            smp->pid[smp->n].host_pid = a->pid[j].host_pid;
+            smp->pid[smp->n].sm_util = percent(a->pid[j].ns, W);
+            smp->pid[smp->n].busy_ns = a->pid[j].ns;
             smp->n++;
         }
     }
