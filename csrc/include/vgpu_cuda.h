@@ -34,7 +34,12 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUmemGenericAllocationHandle;
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
 
 typedef enum CUdevice_attribute_enum {
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
@@ -113,6 +118,50 @@ typedef struct CUmemAllocationProp_st {
         unsigned char reserved[4];
     } allocFlags;
 } CUmemAllocationProp;
+
+typedef struct CUmemAccessDesc_st CUmemAccessDesc; /* opaque to the shim */
+
+typedef enum CUmemPool_attribute_enum {
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+    CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+    CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
+} CUmemPool_attribute;
+
+typedef struct CUmemPoolProps_st {
+    CUmemAllocationType allocType;
+    CUmemAllocationHandleType handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char gpuDirectRDMACapable;
+    unsigned char reserved[53];
+} CUmemPoolProps;
+
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+typedef enum CUgraphNodeType_enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11
+} CUgraphNodeType;
+
+typedef enum CUgraphMem_attribute_enum {
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3
+} CUgraphMem_attribute;
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS; /* opaque */
 
 typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* opaque to the shim */
 

@@ -1,18 +1,27 @@
 /* The shim config (DESIGN.md "Shim config file"): plain key=value lines written by
- * the plugin, read once. Without a file, the VGPUD_* environment (standalone use).
+ * the plugin, read once.
  *
- * A file that exists but cannot be trusted (unreadable, unknown or missing version,
- * a malformed line, a bad value for a known key, a device index out of range) puts
- * the shim in DENY mode: every device-memory allocation fails with
- * CUDA_ERROR_OUT_OF_MEMORY and the totals read 0. The environment is NOT consulted
- * then: a garbled file must never lift a limit the plugin wrote, and a workload
- * must not be able to choose its limits by breaking the file. */
+ * Where the limits come from:
+ *   - VG_MOUNT_DIR (/etc/vgpud) is a directory: Kubernetes mode. The plugin mounted it
+ *     read-only; its "config" is the only source. The environment is never read for
+ *     limits (VGPUD_CONFIG included), so env -i, an ssh session or a changed env can't
+ *     lift them; the VGPUD_* names found are reported to the plugin at registration.
+ *   - otherwise, standalone: the file $VGPUD_CONFIG if that is set, else the VGPUD_*
+ *     environment (VGPUD_MEMORY_LIMIT[_<i>], VGPUD_CORE_LIMIT[_<i>], ...).
+ *
+ * A file that should be there and is not, or that cannot be trusted (unreadable,
+ * unknown or missing version, a malformed line, a bad value for a known key, a
+ * device index out of range) puts the shim in DENY mode: every device-memory
+ * allocation fails with CUDA_ERROR_OUT_OF_MEMORY and the totals read 0. A garbled or
+ * missing file must never lift a limit the plugin wrote, and a workload must not be
+ * able to choose its limits by breaking or hiding the file. */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -109,6 +118,9 @@ static int set_device_key(vg_config *out, int line, const char *key, const char 
     } else if (!strcmp(field, "oversubscribe")) {
         if (strcmp(val, "0") && strcmp(val, "1")) return fail(out, line, "bad oversubscribe");
         d->oversubscribe = val[0] == '1';
+    } else if (!strcmp(field, "spill_limit")) {
+        if (parse_uint(val, UINT64_MAX, &v)) return fail(out, line, "bad spill_limit");
+        d->spill_limit = v;
     } else {
         return 0; /* unknown device field: ignored (forward compatible) */
     }
@@ -160,9 +172,9 @@ int vg_config_parse(const char *text, vg_config *out)
         } else if (!strcmp(key, "state_dir")) {
             if (strlen(val) >= sizeof out->state_dir) return fail(out, line, "state_dir too long");
             strcpy(out->state_dir, val);
-        } else if (!strcmp(key, "host_proc")) {
-            if (strlen(val) >= sizeof out->host_proc) return fail(out, line, "host_proc too long");
-            strcpy(out->host_proc, val);
+        } else if (!strcmp(key, "register")) {
+            if (strlen(val) >= sizeof out->register_path) return fail(out, line, "register too long");
+            strcpy(out->register_path, val);
         }
         /* other keys: ignored */
     }
@@ -218,47 +230,76 @@ static void load_env(vg_config *out)
     }
 }
 
-void vg_config_load(vg_config *out)
+static void deny(vg_config *out, const char *why)
 {
-    const char *path = getenv("VGPUD_CONFIG");
-    if (!path || !*path) path = "/etc/vgpud/config";
+    memset(out, 0, sizeof *out);
+    out->source = VG_SRC_FILE;
+    out->deny = 1;
+    snprintf(out->error, sizeof out->error, "%s", why);
+}
+
+static void read_file(const char *path, vg_config *out)
+{
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ENOENT) {
+        char why[128];
+        snprintf(why, sizeof why, errno == ENOENT ? "missing" : "cannot open: %s",
+                 strerror(errno));
+        deny(out, why);
+        return;
+    }
+    char *text = malloc(65537);
+    ssize_t n = text ? read(fd, text, 65536) : -1;
+    close(fd);
+    if (n < 0) deny(out, "cannot read");
+    else if (n == 65536) deny(out, "file larger than 64 KiB");
+    else {
+        text[n] = 0;
+        if (memchr(text, 0, (size_t)n)) deny(out, "file contains NUL bytes");
+        else if (vg_config_parse(text, out) != 0) out->deny = 1;
+    }
+    free(text);
+}
+
+extern char **environ;
+
+/* the VGPUD_* names in the environment that Kubernetes mode ignores */
+static void note_ignored_env(vg_config *out)
+{
+    size_t len = 0;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "VGPUD_", 6) || !strncmp(*e, "VGPUD_LOG_LEVEL=", 16)) continue;
+        const char *eq = strchr(*e, '=');
+        size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
+        if (len + n + 2 >= sizeof out->env_ignored) break;
+        if (len) out->env_ignored[len++] = ',';
+        memcpy(out->env_ignored + len, *e, n);
+        len += n;
+        out->env_ignored[len] = 0;
+    }
+}
+
+void vg_config_load(vg_config *out)
+{
+    struct stat sb;
+    const char *path;
+    int kube = stat(VG_MOUNT_DIR, &sb) == 0 && S_ISDIR(sb.st_mode);
+    if (kube) {
+        path = VG_MOUNT_DIR "/config";
+    } else {
+        path = getenv("VGPUD_CONFIG");
+        if (!path || !*path) {
             load_env(out);
-            VG_INFO("no config file at %s: using VGPUD_* environment", path);
+            VG_INFO("no %s and no VGPUD_CONFIG: using the VGPUD_* environment", VG_MOUNT_DIR);
             return;
         }
-        memset(out, 0, sizeof *out);
-        out->source = VG_SRC_FILE;
-        out->deny = 1;
-        snprintf(out->error, sizeof out->error, "cannot open: %s", strerror(errno));
-    } else {
-        char *text = malloc(65537);
-        ssize_t n = text ? read(fd, text, 65536) : -1;
-        close(fd);
-        if (n < 0) {
-            memset(out, 0, sizeof *out);
-            out->source = VG_SRC_FILE;
-            out->deny = 1;
-            snprintf(out->error, sizeof out->error, "cannot read");
-        } else if (n == 65536) {
-            memset(out, 0, sizeof *out);
-            out->source = VG_SRC_FILE;
-            out->deny = 1;
-            snprintf(out->error, sizeof out->error, "file larger than 64 KiB");
-        } else {
-            text[n] = 0;
-            if (memchr(text, 0, (size_t)n)) {
-                memset(out, 0, sizeof *out);
-                out->source = VG_SRC_FILE;
-                out->deny = 1;
-                snprintf(out->error, sizeof out->error, "file contains NUL bytes");
-            } else if (vg_config_parse(text, out) != 0) {
-                out->deny = 1;
-            }
-        }
-        free(text);
+    }
+    read_file(path, out);
+    out->kube = kube;
+    if (kube) {
+        note_ignored_env(out);
+        if (out->env_ignored[0])
+            VG_WARN("ignoring %s: limits come from %s only", out->env_ignored, path);
     }
     if (out->deny)
         VG_ERROR("config %s rejected (%s): GPU memory allocations will be refused until "

@@ -1,31 +1,44 @@
 /* SM limit.
  *
- * Enforcement: a token bucket per device, shared by all processes of the container
- * (header.sm_tokens / sm_refill in the usage state), denominated in nanoseconds of
- * device time. It refills at rate = the container's share of the device
- * (header.sm_rate, permille) and each launch takes its estimated device time
- * before it reaches the driver; a launch that leaves the bucket in debt sleeps
- * until the refill has covered the debt. The work a container can enqueue is
- * therefore paced at its rate, whether it is alone on the device or not.
+ * Enforcement: a token bucket per device, shared by every process of the container
+ * (header.sm_tokens / sm_refill in the usage state), counted in nanoseconds of device
+ * time and refilled at the container's rate (header.sm_rate, permille of the device).
+ * Every launch takes its estimated device time before it reaches the driver; a launch
+ * that leaves the bucket more than SLEEP_MIN_NS in debt sleeps until the refill has
+ * covered it. The debt is bounded (DEBT_DEPTHS bucket depths) and so, therefore, is any
+ * one sleep: a wrong estimate can slow a workload, never stall it. The work a container
+ * can enqueue is paced at its rate whether it is alone on the device or not.
  *
- * Estimation: a launch costs blocks x ps_per_block (per process; graphs cost
- * kernel nodes x the mean blocks of this process's launches). A controller thread
- * per process reads NVML's per-process utilisation every 100 ms and corrects
- * ps_per_block by the ratio of the device time NVML saw this process use to the
- * time the bucket charged it (geometric gain 1/2). The estimate therefore converges
- * to what the kernels really take, which a grid-size count alone never does.
- * NVML reports host PIDs: pidmap.c maps ours; without a mapping no correction is
- * possible and the shim logs it once.
+ * Estimation: a launch costs waves x ns_per_wave, with waves = ceil(blocks / SMs) (at
+ * least 1): a grid's blocks run in parallel on the SMs, so its time grows with its waves,
+ * not its blocks; a graph costs its kernel nodes x this process's mean waves. The shim
+ * cannot know what a kernel does, so ns_per_wave is learnt, per process and device:
  *
- * Policies (one rate per container and device, written by one leader process):
- *   fixed    rate = limit.
- *   balance  rate grows into idle capacity (device utilisation < 90 %) and falls
- *            back towards the limit, never below it, when the device saturates.
+ *   - it starts optimistic (INITIAL_PS): too low an estimate lets a new process run
+ *     fast for a fraction of a second; too high a one throttles it to nothing;
+ *   - a controller thread reads NVML's per-process utilisation. Each sample covers the
+ *     interval since the previous one (lastSeenTimeStamp .. the sample's timestamp,
+ *     CPU time in microseconds); the device time NVML saw this process use there is
+ *     compared with the device time the bucket charged it over the same interval
+ *     (kept in 10 ms bins), and ns_per_wave moves by that ratio: in one step when it is
+ *     far off, in half steps (the square root) when close, against the noise of
+ *     integer-percent samples;
+ *   - a sample of 0 % is a measurement too, once the host PID is known (pidmap.c): a
+ *     throttled process shows 0 %, and that is the sign its estimate is too high.
+ * NVML names processes by host PID; without one no calibration is possible and the
+ * shim says so once.
+ *
+ * Policies (one rate per container and device, adjusted by one leader process):
+ *   fixed    rate = limit, alone or shared.
+ *   balance  rate grows into idle capacity (device utilisation < 90 %) and falls back
+ *            towards the limit, never below it, when the device saturates.
  *   none     no pacing.
- *   priority: under contention (device saturated while the container gets less
- *            than its rate) a fixed container with priority <= 0 yields, down to
- *            half its limit; priority > 0 holds its limit and, in balance mode,
- *            gives back its burst more slowly. */
+ *   priority: under contention (the device saturated, and not by this container alone)
+ *            a fixed container with priority <= 0 yields, down to half its limit, and
+ *            comes back slowly once the device has room; priority > 0 holds its limit
+ *            and, in balance mode, gives back its burst more slowly. A container cannot
+ *            see whether the others are of higher priority: this rule gives way to
+ *            anyone; arbitration across containers needs the node's view. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
@@ -38,28 +51,30 @@
 
 int vg_sm_any_limited;
 
+#define INITIAL_PS 1000000ull       /* 1 us per wave: optimistic until NVML says otherwise */
+#define PS_MIN 1000ull              /* 1 ns per wave */
+#define PS_MAX 10000000000000ull    /* 10 s per wave */
+#define TICK_NS 50000000ull         /* the controller looks for new samples every 50 ms */
+#define DEPTH_NS 50000000ull        /* bucket depth: 50 ms of device time at full rate */
+#define DEBT_DEPTHS 4               /* the bucket never owes more than 4 depths */
+#define SLEEP_MIN_NS 1000000ull     /* debts below 1 ms of device time wait for more */
+#define REFILL_NS 20000ull          /* the bucket is refilled at most every 20 us */
+#define BIN_NS 10000000ull          /* charged device time is kept in 10 ms bins ... */
+#define BINS 512                    /* ... for the last 5 s */
+
 typedef struct sm_dev {
     int active;
-    uint64_t ps_per_block;      /* estimate, picoseconds of device time per block */
-    uint64_t charged_ns;        /* since the last controller tick (this process) */
-    uint64_t blocks;            /* kernel launches' blocks, for the graph estimate */
-    uint64_t launches;
-    unsigned long long last_seen_us;
-    uint64_t last_tick_ns;
-    int zero_ticks;
+    int sms;                        /* multiprocessors, for waves; 0 until known */
+    uint64_t ps_per_wave;           /* estimate, picoseconds of device time per wave */
+    uint64_t waves, launches;       /* for the graph estimate */
+    uint64_t bin_index[BINS];       /* which 10 ms bin each slot holds */
+    uint64_t bin_ns[BINS];          /* device ns charged in it (this process) */
+    unsigned long long last_seen_us;/* NVML: the end of the interval measured last */
+    int misses;                     /* consecutive ticks of NOT_FOUND while charging */
 } sm_dev;
 
 static sm_dev devs[VG_MAX_DEVICES];
 static pthread_once_t thread_once = PTHREAD_ONCE_INIT;
-static int host_pid_cache;
-static uint64_t host_pid_next_try;
-static pthread_mutex_t host_pid_mu = PTHREAD_MUTEX_INITIALIZER;
-
-#define PS_INITIAL 20000000ull  /* 20 us per block: pessimistic until calibrated */
-#define PS_MIN 1000ull
-#define PS_MAX 100000000000ull
-#define TICK_NS 100000000ull
-#define BURST_NS 10000000ull    /* bucket depth: 10 ms of device time at full rate */
 
 static vg_state_header *hdr(void) { return vg_state_header_ptr(); }
 
@@ -69,7 +84,7 @@ void vg_sm_setup(void)
     vg_state_header *h = hdr();
     for (int d = 0; d < VG_MAX_DEVICES; d++) {
         const vg_device_config *c = &vg_cfg.dev[d];
-        devs[d].ps_per_block = PS_INITIAL;
+        devs[d].ps_per_wave = INITIAL_PS;
         if (vg_cfg.deny || !c->core_limit || c->core_policy == VG_POLICY_NONE) continue;
         devs[d].active = 1;
         any = 1;
@@ -84,31 +99,6 @@ void vg_sm_setup(void)
     __atomic_store_n(&vg_sm_any_limited, any, __ATOMIC_RELEASE);
 }
 
-int vg_controller_host_pid(void)
-{
-    int hp = __atomic_load_n(&host_pid_cache, __ATOMIC_ACQUIRE);
-    if (hp > 0) return hp;
-    hp = vg_state_own_host_pid(); /* filled in by the plugin? */
-    if (hp > 0) {
-        __atomic_store_n(&host_pid_cache, hp, __ATOMIC_RELEASE);
-        return hp;
-    }
-    uint64_t now = vg_now_ns();
-    if (now < __atomic_load_n(&host_pid_next_try, __ATOMIC_ACQUIRE)) return 0;
-    pthread_mutex_lock(&host_pid_mu);
-    if (host_pid_cache <= 0 && now >= host_pid_next_try) {
-        host_pid_next_try = now + 200000000ull;
-        hp = vg_pidmap_host_pid(vg_cfg.host_proc, getpid());
-        if (hp > 0) {
-            vg_state_set_host_pid(hp);
-            __atomic_store_n(&host_pid_cache, hp, __ATOMIC_RELEASE);
-            VG_INFO("host pid %d", hp);
-        }
-    }
-    pthread_mutex_unlock(&host_pid_mu);
-    return __atomic_load_n(&host_pid_cache, __ATOMIC_ACQUIRE);
-}
-
 static void sleep_ns(uint64_t ns)
 {
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
@@ -116,16 +106,15 @@ static void sleep_ns(uint64_t ns)
     }
 }
 
-/* take cost_ns from the shared bucket; returns how long to wait (ns) */
-static uint64_t bucket_take(int d, uint64_t cost_ns)
+/* take cost_ns from the shared bucket at time now; returns how long to wait (ns) */
+static uint64_t bucket_take(int d, uint64_t cost_ns, uint64_t now)
 {
     vg_state_header *h = hdr();
     uint32_t rate = __atomic_load_n(&h->sm_rate[d], __ATOMIC_ACQUIRE);
     if (rate == 0 || rate >= 1000) return 0;
-    uint64_t now = vg_now_ns();
+    int64_t cap = (int64_t)(DEPTH_NS * rate / 1000), floor = -DEBT_DEPTHS * cap;
     uint64_t last = __atomic_load_n(&h->sm_refill[d], __ATOMIC_ACQUIRE);
-    int64_t cap = (int64_t)(BURST_NS * rate / 1000);
-    if (now > last &&
+    if (now > last + REFILL_NS && /* one shared write per launch, not three */
         __atomic_compare_exchange_n(&h->sm_refill[d], &last, now, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
         uint64_t el = now - last;
@@ -137,9 +126,15 @@ static uint64_t bucket_take(int d, uint64_t cost_ns)
                                               __ATOMIC_ACQUIRE));
     }
     int64_t left = __atomic_sub_fetch(&h->sm_tokens[d], (int64_t)cost_ns, __ATOMIC_ACQ_REL);
-    if (left >= 0) return 0;
-    uint64_t wait = (uint64_t)(-left) * 1000 / rate;
-    return wait > 1000000000ull ? 1000000000ull : wait;
+    if (left < floor) { /* a debt past the floor is forgiven, not waited for */
+        int64_t t = left;
+        while (t < floor && !__atomic_compare_exchange_n(&h->sm_tokens[d], &t, floor, 0,
+                                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        }
+        left = floor;
+    }
+    if (left >= -(int64_t)SLEEP_MIN_NS * (int64_t)rate / 1000) return 0;
+    return (uint64_t)(-left) * 1000 / rate;
 }
 
 static void *controller_main(void *arg);
@@ -159,12 +154,47 @@ static void start_thread(void)
     pthread_attr_destroy(&a);
 }
 
-static void charge_ns(CUdevice dev, uint64_t cost)
+/* The launch path's clock: coarse (a few ms resolution, a few ns to read) is enough
+ * for 10 ms bins and a bucket refilled every 20 us or more. */
+static uint64_t coarse_ns(void)
 {
-    sm_dev *s = &devs[dev];
-    __atomic_add_fetch(&s->charged_ns, cost, __ATOMIC_RELAXED);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t waves_of(int d, uint64_t blocks)
+{
+    sm_dev *s = &devs[d];
+    int sms = __atomic_load_n(&s->sms, __ATOMIC_RELAXED);
+    if (!sms) {
+        int ordinal = vg_dev_ordinal(d), v = 0;
+        if (ordinal >= 0 && vg_real.cuDeviceGetAttribute &&
+            vg_real.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                         ordinal) == CUDA_SUCCESS && v > 0)
+            sms = v;
+        else
+            sms = 1; /* unknown: a block is a wave */
+        __atomic_store_n(&s->sms, sms, __ATOMIC_RELAXED);
+    }
+    if (blocks <= (uint64_t)sms) return 1; /* most launches: no division */
+    return (blocks + (uint64_t)sms - 1) / (uint64_t)sms;
+}
+
+static void charge_waves(int d, uint64_t waves)
+{
+    sm_dev *s = &devs[d];
     pthread_once(&thread_once, start_thread);
-    uint64_t wait = bucket_take(dev, cost);
+    uint64_t ps = __atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED);
+    uint64_t cost = waves > UINT64_MAX / ps ? UINT64_MAX / 1000 : waves * ps / 1000;
+    uint64_t now = coarse_ns(), bin = now / BIN_NS;
+    uint64_t *slot = &s->bin_index[bin % BINS];
+    if (__atomic_load_n(slot, __ATOMIC_RELAXED) != bin) { /* a new bin: start it at 0 */
+        __atomic_store_n(&s->bin_ns[bin % BINS], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(slot, bin, __ATOMIC_RELEASE);
+    }
+    __atomic_add_fetch(&s->bin_ns[bin % BINS], cost, __ATOMIC_RELAXED);
+    uint64_t wait = bucket_take(d, cost, now);
     if (wait) sleep_ns(wait);
 }
 
@@ -172,10 +202,14 @@ void vg_sm_charge(CUdevice dev, uint64_t blocks)
 {
     if (dev < 0 || dev >= VG_MAX_DEVICES || !devs[dev].active || !hdr()) return;
     sm_dev *s = &devs[dev];
-    __atomic_add_fetch(&s->blocks, blocks, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&s->launches, 1, __ATOMIC_RELAXED);
-    uint64_t ps = __atomic_load_n(&s->ps_per_block, __ATOMIC_RELAXED);
-    charge_ns(dev, blocks * ps / 1000);
+    uint64_t waves = waves_of(dev, blocks);
+    /* only a mean for the graph estimate: a lost update between threads is harmless,
+     * a locked add on every launch is not free */
+    __atomic_store_n(&s->waves, __atomic_load_n(&s->waves, __ATOMIC_RELAXED) + waves,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&s->launches, __atomic_load_n(&s->launches, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELAXED);
+    charge_waves(dev, waves);
 }
 
 void vg_sm_charge_graph(CUdevice dev, uint64_t kernel_nodes)
@@ -183,12 +217,21 @@ void vg_sm_charge_graph(CUdevice dev, uint64_t kernel_nodes)
     if (dev < 0 || dev >= VG_MAX_DEVICES || !devs[dev].active || !hdr()) return;
     sm_dev *s = &devs[dev];
     uint64_t l = __atomic_load_n(&s->launches, __ATOMIC_RELAXED);
-    uint64_t mean = l ? __atomic_load_n(&s->blocks, __ATOMIC_RELAXED) / l : 1;
-    uint64_t blocks = kernel_nodes * (mean ? mean : 1);
-    __atomic_add_fetch(&s->blocks, blocks, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&s->launches, kernel_nodes, __ATOMIC_RELAXED);
-    uint64_t ps = __atomic_load_n(&s->ps_per_block, __ATOMIC_RELAXED);
-    charge_ns(dev, blocks * ps / 1000);
+    uint64_t mean = l ? __atomic_load_n(&s->waves, __ATOMIC_RELAXED) / l : 1;
+    charge_waves(dev, kernel_nodes * (mean ? mean : 1));
+}
+
+/* device ns this process was charged in [t0, t1) of CLOCK_MONOTONIC */
+static uint64_t charged_between(const sm_dev *s, uint64_t t0, uint64_t t1)
+{
+    double sum = 0;
+    for (uint64_t b = t0 / BIN_NS; b * BIN_NS < t1; b++) {
+        if (__atomic_load_n(&s->bin_index[b % BINS], __ATOMIC_ACQUIRE) != b) continue;
+        uint64_t lo = b * BIN_NS > t0 ? b * BIN_NS : t0, hi = (b + 1) * BIN_NS < t1 ? (b + 1) * BIN_NS : t1;
+        sum += (double)__atomic_load_n(&s->bin_ns[b % BINS], __ATOMIC_RELAXED) *
+               (double)(hi - lo) / (double)BIN_NS;
+    }
+    return (uint64_t)sum;
 }
 
 /* the rate leader: one process per container adjusts sm_rate */
@@ -210,68 +253,90 @@ static void adjust_rate(int d, unsigned total_util, unsigned container_util)
     double target = c->core_limit * 10.0;
     double rate = __atomic_load_n(&h->sm_rate[d], __ATOMIC_ACQUIRE);
     int saturated = total_util >= 95;
-    int starved = saturated && container_util * 10.0 + 20.0 < rate;
+    /* contended: saturated, and not by this container alone */
+    int contended = saturated && total_util >= container_util + 5;
     if (c->core_policy == VG_POLICY_BALANCE) {
         if (total_util < 90) rate += (90 - total_util) * 10.0 / 2;
         else if (saturated && rate > target)
             rate = target + (rate - target) * (vg_cfg.priority > 0 ? 0.9 : 0.5);
         if (rate < target) rate = target;
-    } else { /* fixed */
-        if (starved && vg_cfg.priority <= 0) rate = rate * 0.8;
-        else if (!saturated && rate < target) rate += target * 0.2;
+    } else { /* fixed: yield fast under contention, come back slowly (else it oscillates) */
+        if (contended && vg_cfg.priority <= 0) rate = rate * 0.8;
+        else if (!saturated && rate < target) rate += target * 0.05;
         if (rate > target) rate = target;
         if (rate < target / 2) rate = target / 2;
     }
     if (rate > 1000) rate = 1000;
+    VG_DEBUG("sm dev %d: device %u%%, container %u%%, rate %.0f permille", d, total_util,
+             container_util, rate);
     __atomic_store_n(&h->sm_rate[d], (uint32_t)rate, __ATOMIC_RELEASE);
+}
+
+static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
+{
+    if (charged < 100000) return; /* too little charged (< 0.1 ms) to tell anything */
+    double ratio = (double)measured / (double)charged;
+    if (ratio < 0.25) ratio = 0.25;
+    if (ratio > 4) ratio = 4;
+    /* far off (start-up, a new kernel mix): the whole step; close: half steps */
+    double step = ratio > 1.5 || ratio < 0.67 ? ratio : sqrt(ratio);
+    double ps = (double)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED) * step;
+    if (ps < PS_MIN) ps = PS_MIN;
+    if (ps > PS_MAX) ps = PS_MAX;
+    __atomic_store_n(&s->ps_per_wave, (uint64_t)ps, __ATOMIC_RELAXED);
 }
 
 static void tick(int d, int host_pid, int leader)
 {
     sm_dev *s = &devs[d];
     nvmlDevice_t h = vg_nvml_device(d);
-    uint64_t now = vg_now_ns();
-    uint64_t window = s->last_tick_ns ? now - s->last_tick_ns : 0;
-    uint64_t charged = __atomic_exchange_n(&s->charged_ns, 0, __ATOMIC_ACQ_REL);
-    s->last_tick_ns = now;
     if (!h || !vg_real.nvmlDeviceGetProcessUtilization) return;
+    /* NVML's timestamps are CPU time (CLOCK_REALTIME us); the bins are monotonic */
+    uint64_t mono = vg_now_ns(), real = vg_realtime_ns();
     nvmlProcessUtilizationSample_t buf[256];
     unsigned int n = 256;
     nvmlReturn_t r = vg_real.nvmlDeviceGetProcessUtilization(h, buf, &n, s->last_seen_us);
-    if (r != NVML_SUCCESS) n = 0;
+    if (s->last_seen_us == 0) { /* the first look: everything kept is history */
+        unsigned long long newest = real / 1000;
+        if (r == NVML_SUCCESS)
+            for (unsigned i = 0; i < n && i < 256; i++)
+                if (buf[i].timeStamp > s->last_seen_us) newest = buf[i].timeStamp;
+        s->last_seen_us = r == NVML_SUCCESS ? newest : real / 1000;
+        return;
+    }
+    if (r == NVML_ERROR_NOT_FOUND) { /* nobody ran kernels since: were we charged much? */
+        uint64_t since = (uint64_t)s->last_seen_us * 1000 + mono - real;
+        if (host_pid > 0 && charged_between(s, since, mono - 2 * TICK_NS) > 2 * TICK_NS / 100 &&
+            ++s->misses >= 3) {
+            calibrate(s, 0, 1 << 30); /* the GPU saw nothing of it: far too high */
+            s->misses = 0;
+        }
+        return;
+    }
+    if (r != NVML_SUCCESS || n == 0) return;
+    s->misses = 0;
+    unsigned long long newest = s->last_seen_us;
     unsigned own = 0, total = 0, container = 0;
     int cp[VG_MAX_SLOTS], hp[VG_MAX_SLOTS];
     int m = vg_state_processes(d, cp, hp, NULL, VG_MAX_SLOTS);
-    unsigned long long newest = s->last_seen_us;
     for (unsigned i = 0; i < n && i < 256; i++) {
         total += buf[i].smUtil;
-        if (host_pid > 0 && (int)buf[i].pid == host_pid) own += buf[i].smUtil;
+        if (host_pid > 0 && (int)buf[i].pid == host_pid) own = buf[i].smUtil;
         for (int j = 0; j < m; j++)
             if (hp[j] > 0 && (unsigned)hp[j] == buf[i].pid) container += buf[i].smUtil;
         if (buf[i].timeStamp > newest) newest = buf[i].timeStamp;
     }
-    s->last_seen_us = newest ? newest : now / 1000;
+    if (newest <= s->last_seen_us) return;
+    uint64_t t0 = (uint64_t)s->last_seen_us * 1000 + mono - real;
+    uint64_t t1 = (uint64_t)newest * 1000 + mono - real;
+    s->last_seen_us = newest;
     if (total > 100) total = 100;
-    if (window == 0 || window > 4 * TICK_NS) return; /* first tick, or we were stalled */
-    if (host_pid > 0 && charged > window / 200 && own == 0) {
-        /* NVML sees nothing of a process that launched work: a wrong mapping or a
-         * lagging sample. Never calibrate on it (that would unthrottle). */
-        if (++s->zero_ticks == 30)
-            VG_WARN("NVML shows no utilisation for host pid %d on device %d: is the PID "
-                    "mapping right? The SM limit runs on uncalibrated estimates", host_pid, d);
-    } else if (host_pid > 0 && charged > window / 200) {
-        s->zero_ticks = 0;
-        /* calibrate: device time NVML saw vs device time we charged */
-        double actual = own / 100.0 * (double)window;
-        double ratio = actual / (double)charged;
-        if (ratio < 0.25) ratio = 0.25;
-        if (ratio > 4) ratio = 4;
-        /* far off (start-up, a new kernel mix): jump; close: half steps against noise */
-        double step = ratio > 1.5 || ratio < 0.67 ? ratio : sqrt(ratio);
-        double ps = (double)__atomic_load_n(&s->ps_per_block, __ATOMIC_RELAXED) * step;
-        if (ps < PS_MIN) ps = PS_MIN;
-        if (ps > PS_MAX) ps = PS_MAX;
-        __atomic_store_n(&s->ps_per_block, (uint64_t)ps, __ATOMIC_RELAXED);
+    if (host_pid > 0) { /* our share of the interval, as the GPU saw it, vs what we charged */
+        uint64_t ch = charged_between(s, t0, t1);
+        VG_DEBUG("sm dev %d: interval %.0f ms, NVML %u%%, charged %.1f%%, ps/wave %llu", d,
+                 (double)(t1 - t0) / 1e6, own, 100.0 * (double)ch / (double)(t1 - t0),
+                 (unsigned long long)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED));
+        calibrate(s, (uint64_t)own * (t1 - t0) / 100, ch);
     }
     if (leader) adjust_rate(d, total, container);
 }
@@ -283,9 +348,9 @@ static void *controller_main(void *arg)
     int warned = 0;
     uint64_t started = vg_now_ns();
     for (;;) {
-        int hp = vg_controller_host_pid();
+        int hp = vg_host_pid();
         if (hp <= 0 && !warned && vg_now_ns() - started > 2000000000ull) {
-            VG_WARN("host pid not found (no NSpid mapping, no host_proc match): the SM "
+            VG_WARN("host pid unknown (no registration with the plugin, no NSpid): the SM "
                     "limit runs on uncalibrated estimates");
             warned = 1;
         }

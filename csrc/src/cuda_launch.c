@@ -1,7 +1,8 @@
 /* Launch hooks: every way of putting work on the SMs is charged to the SM
  * controller before it reaches the driver: kernels, extended and cooperative
  * launches, and graph launches (charged by the number of kernel nodes counted
- * when the graph was instantiated). */
+ * when the graph was instantiated). A graph with allocation nodes is also charged
+ * the growth of its device's graph memory pool before it is launched (cuda_pool.c). */
 #include <pthread.h>
 
 #include "shim.h"
@@ -9,8 +10,8 @@
 static inline void charge(uint64_t blocks)
 {
     if (!__atomic_load_n(&vg_sm_any_limited, __ATOMIC_RELAXED)) return;
-    CUdevice dev;
-    if (vg_current_device(&dev)) vg_sm_charge(dev, blocks);
+    int dev;
+    if (vg_current(NULL, &dev) && dev >= 0) vg_sm_charge(dev, blocks);
 }
 
 static inline uint64_t grid(unsigned x, unsigned y, unsigned z)
@@ -67,62 +68,88 @@ CUresult vg_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, u
     return vg_real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
 }
 
-/* graph exec -> node count, recorded at instantiation */
-#define GRAPHS 1024
-static struct { CUgraphExec exec; uint64_t nodes; } graphs[GRAPHS];
-static pthread_mutex_t graphs_mu = PTHREAD_MUTEX_INITIALIZER;
+/* ---- graphs: per exec, its kernel nodes (aux) and its allocations (bytes, on the
+ * device of ordinal refs), recorded at instantiation ---- */
+static CUresult instantiated(CUresult r, CUgraphExec *exec, CUgraph graph)
+{
+    if (r != CUDA_SUCCESS || !exec || !*exec) return r;
+    size_t n = 0, kernels = 0;
+    if (vg_real.cuGraphGetNodes && vg_real.cuGraphGetNodes(graph, NULL, &n) == CUDA_SUCCESS) {
+        CUgraphNode nodes[512];
+        size_t m = n > 512 ? 512 : n;
+        if (vg_real.cuGraphNodeGetType &&
+            vg_real.cuGraphGetNodes(graph, nodes, &m) == CUDA_SUCCESS) {
+            for (size_t i = 0; i < m; i++) {
+                CUgraphNodeType t;
+                if (vg_real.cuGraphNodeGetType(nodes[i], &t) == CUDA_SUCCESS &&
+                    t == CU_GRAPH_NODE_TYPE_KERNEL)
+                    kernels++;
+            }
+            kernels += n - m;
+        } else {
+            kernels = n; /* node types unknown: every node is taken for a kernel */
+        }
+    }
+    uint64_t bytes;
+    int ordinal;
+    vg_graph_memory(graph, &bytes, &ordinal);
+    vg_remember(VG_T_GRAPH, (vg_alloc){.key = (uint64_t)(uintptr_t)*exec, .bytes = bytes,
+                                       .refs = ordinal, .aux = kernels ? kernels : 1});
+    return r;
+}
 
 CUresult vg_impl_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
                                              unsigned long long flags)
 {
-    CUresult r = vg_real.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
-    if (r != CUDA_SUCCESS || !phGraphExec) return r;
-    size_t n = 0;
-    if (!vg_real.cuGraphGetNodes || vg_real.cuGraphGetNodes(hGraph, NULL, &n) != CUDA_SUCCESS)
-        n = 1;
-    pthread_mutex_lock(&graphs_mu);
-    for (int i = 0; i < GRAPHS; i++)
-        if (!graphs[i].exec) {
-            graphs[i].exec = *phGraphExec;
-            graphs[i].nodes = n ? n : 1;
-            break;
-        }
-    pthread_mutex_unlock(&graphs_mu);
-    return r;
+    return instantiated(vg_real.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags),
+                        phGraphExec, hGraph);
+}
+
+CUresult vg_impl_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                       CUgraphNode *phErrorNode, char *logBuffer,
+                                       size_t bufferSize)
+{
+    return instantiated(vg_real.cuGraphInstantiate_v2(phGraphExec, hGraph, phErrorNode,
+                                                      logBuffer, bufferSize),
+                        phGraphExec, hGraph);
+}
+
+CUresult vg_impl_cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                              CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return instantiated(vg_real.cuGraphInstantiateWithParams(phGraphExec, hGraph, params),
+                        phGraphExec, hGraph);
+}
+
+CUresult vg_impl_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return instantiated(vg_real.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, params),
+                        phGraphExec, hGraph);
 }
 
 CUresult vg_impl_cuGraphExecDestroy(CUgraphExec h)
 {
-    pthread_mutex_lock(&graphs_mu);
-    for (int i = 0; i < GRAPHS; i++)
-        if (graphs[i].exec == h && h) graphs[i].exec = NULL;
-    pthread_mutex_unlock(&graphs_mu);
-    return vg_real.cuGraphExecDestroy(h);
+    CUresult r = vg_real.cuGraphExecDestroy(h);
+    if (r == CUDA_SUCCESS) vg_forget(VG_T_GRAPH, (uint64_t)(uintptr_t)h, NULL);
+    return r;
 }
 
-static void charge_graph(CUgraphExec h)
+static CUresult graph_launch(CUgraphExec h, CUstream s, int ptsz)
 {
-    if (!__atomic_load_n(&vg_sm_any_limited, __ATOMIC_RELAXED)) return;
-    uint64_t nodes = 1;
-    pthread_mutex_lock(&graphs_mu);
-    for (int i = 0; i < GRAPHS; i++)
-        if (graphs[i].exec == h && h) {
-            nodes = graphs[i].nodes;
-            break;
-        }
-    pthread_mutex_unlock(&graphs_mu);
-    CUdevice dev;
-    if (vg_current_device(&dev)) vg_sm_charge_graph(dev, nodes);
+    vg_alloc g = {.aux = 1, .refs = -1};
+    vg_peek(VG_T_GRAPH, (uint64_t)(uintptr_t)h, &g);
+    CUresult c = vg_graph_launch_charge(g.bytes, g.refs);
+    if (c != CUDA_SUCCESS) return c;
+    if (__atomic_load_n(&vg_sm_any_limited, __ATOMIC_RELAXED)) {
+        int dev;
+        if (vg_current(NULL, &dev) && dev >= 0) vg_sm_charge_graph(dev, g.aux);
+    }
+    CUresult r = ptsz ? vg_real.cuGraphLaunch_ptsz(h, s) : vg_real.cuGraphLaunch(h, s);
+    if (g.bytes) vg_graph_launched(g.refs);
+    return r;
 }
 
-CUresult vg_impl_cuGraphLaunch(CUgraphExec h, CUstream s)
-{
-    charge_graph(h);
-    return vg_real.cuGraphLaunch(h, s);
-}
+CUresult vg_impl_cuGraphLaunch(CUgraphExec h, CUstream s) { return graph_launch(h, s, 0); }
 
-CUresult vg_impl_cuGraphLaunch_ptsz(CUgraphExec h, CUstream s)
-{
-    charge_graph(h);
-    return vg_real.cuGraphLaunch_ptsz(h, s);
-}
+CUresult vg_impl_cuGraphLaunch_ptsz(CUgraphExec h, CUstream s) { return graph_launch(h, s, 1); }

@@ -1,142 +1,134 @@
-/* Device-memory hooks. Every path that takes device memory is charged before the
- * driver is asked (so the container never goes over its limit, even for an
- * instant, summed over its processes) and uncharged when the driver fails or the
- * memory is freed. Context memory is charged once per (process, device): see
- * vg_context_charge. With oversubscribe=1, a linear allocation that does not fit
- * the limit (or that the driver refuses for lack of memory) is served from managed
- * memory instead and counted as spilled, not against the limit. */
+/* Device-memory hooks: linear allocations, arrays, and what the workload is told.
+ *
+ * Every path that takes device memory is charged before the driver is asked (so the
+ * container never goes over its limit, even for an instant, summed over its
+ * processes) and uncharged when the driver fails or the memory is freed. Devices are
+ * the config's (devmap.c: by UUID), never raw CUDA ordinals. Each record keeps the
+ * context it was made in, so a destroyed context gives back what the driver freed
+ * with it (cuda_context.c). Virtual memory management is in cuda_vmm.c, stream-ordered
+ * pools and graph memory in cuda_pool.c.
+ *
+ * Oversubscription (device.N.oversubscribe=1): when the driver itself is out of memory
+ * (the GPU's physical memory is shared past its size), a linear or managed allocation
+ * is served from managed memory instead and counted as spilled; spilled bytes are
+ * bounded by device.N.spill_limit, and device plus spilled bytes by memory_limit. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shim.h"
 
 static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
-static vg_alloc_table allocs;   /* device pointers and VMM handles */
-static vg_alloc_table arrays;   /* CUarray / CUmipmappedArray handles */
-static unsigned char ctx_charged[VG_MAX_DEVICES];
-static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static vg_alloc_table tables[VG_T_N];
 
-int vg_current_device(CUdevice *dev)
-{
-    if (!vg_real.cuCtxGetDevice) return 0;
-    return vg_real.cuCtxGetDevice(dev) == CUDA_SUCCESS && *dev >= 0;
-}
-
-static void remember(vg_alloc_table *t, uint64_t key, uint64_t bytes, int dev, int kind)
+void vg_remember(int table, vg_alloc a)
 {
     pthread_mutex_lock(&table_mu);
-    int r = vg_table_put(t, (vg_alloc){.key = key, .bytes = bytes, .dev = dev, .kind = kind});
+    int r = vg_table_put(&tables[table], a);
     pthread_mutex_unlock(&table_mu);
     if (r) VG_ERROR("allocation table full: %llu bytes will stay charged",
-                    (unsigned long long)bytes);
+                    (unsigned long long)a.bytes);
 }
 
-static int forget(vg_alloc_table *t, uint64_t key, vg_alloc *out)
+int vg_forget(int table, uint64_t key, vg_alloc *out)
 {
     pthread_mutex_lock(&table_mu);
-    int r = vg_table_take(t, key, out);
+    int r = vg_table_take(&tables[table], key, out);
     pthread_mutex_unlock(&table_mu);
     return r;
 }
 
-static int peek(vg_alloc_table *t, uint64_t key, vg_alloc *out)
+int vg_peek(int table, uint64_t key, vg_alloc *out)
 {
     pthread_mutex_lock(&table_mu);
-    int r = vg_table_peek(t, key, out);
+    int r = vg_table_peek(&tables[table], key, out);
     pthread_mutex_unlock(&table_mu);
     return r;
 }
 
-static void release(const vg_alloc *a)
+void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg)
 {
-    vg_state_uncharge(a->dev, a->bytes, a->kind == VG_KIND_SPILL ? VG_KIND_SPILL : VG_KIND_DEVICE);
+    /* a snapshot: fn may call back into the tables */
+    vg_alloc_table *t = &tables[table];
+    pthread_mutex_lock(&table_mu);
+    size_t n = 0;
+    vg_alloc *copy = t->len ? malloc(t->len * sizeof *copy) : NULL;
+    for (size_t i = 0; copy && i < t->cap; i++)
+        if (t->slots[i].key) copy[n++] = t->slots[i];
+    pthread_mutex_unlock(&table_mu);
+    if (t->len && !copy) VG_ERROR("out of memory walking the allocation table");
+    for (size_t i = 0; i < n; i++)
+        if (fn(&copy[i], arg)) vg_forget(table, copy[i].key, NULL);
+    free(copy);
 }
 
-static int oversubscribed(int dev)
+uint64_t vg_current_ctx(void)
+{
+    CUcontext c = NULL;
+    if (!vg_real.cuCtxGetCurrent || vg_real.cuCtxGetCurrent(&c) != CUDA_SUCCESS) return 0;
+    return (uint64_t)(uintptr_t)c;
+}
+
+void vg_release(const vg_alloc *a)
+{
+    if (a->kind == VG_KIND_SPILL) vg_state_uncharge(a->dev, a->bytes, VG_KIND_SPILL);
+    else if (a->kind != VG_KIND_POOL) vg_state_uncharge(a->dev, a->bytes, VG_KIND_DEVICE);
+}
+
+int vg_oversubscribed(int dev)
 {
     return !vg_cfg.deny && dev >= 0 && dev < VG_MAX_DEVICES && vg_cfg.dev[dev].oversubscribe;
 }
 
-/* ---- context memory ----
- * A context takes device memory the workload never asked for (~300 MiB on real
- * GPUs). It is charged once per (process, device), the first time the process
- * creates or uses a context there, with the size measured from NVML: this
- * process's memory on the device (by host PID) minus what the shim has already
- * charged it. When NVML cannot tell (no host PID mapping yet), nothing is charged
- * and the next attempt measures again. Released when the process exits. */
-static uint64_t nvml_process_bytes(int dev, int host_pid)
+static void keep(int table, uint64_t key, uint64_t bytes, int dev, int kind)
 {
-    nvmlDevice_t h = vg_nvml_device(dev);
-    if (!h || !vg_real.nvmlDeviceGetComputeRunningProcesses_v3 || host_pid <= 0) return 0;
-    nvmlProcessInfo_t infos[256];
-    unsigned int n = 256;
-    if (vg_real.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos) != NVML_SUCCESS) return 0;
-    for (unsigned i = 0; i < n && i < 256; i++)
-        if ((int)infos[i].pid == host_pid) return infos[i].usedGpuMemory;
-    return 0;
-}
-
-void vg_context_charge(CUdevice dev)
-{
-    if (dev < 0 || dev >= VG_MAX_DEVICES || __atomic_load_n(&ctx_charged[dev], __ATOMIC_ACQUIRE))
-        return;
-    pthread_mutex_lock(&ctx_mu);
-    if (!ctx_charged[dev]) {
-        int hp = vg_controller_host_pid();
-        if (hp > 0) { /* measured once; without a mapping, tried again later */
-            uint64_t seen = nvml_process_bytes(dev, hp);
-            /* what NVML sees beyond our own charges is the context */
-            uint64_t ours = 0, mine;
-            pthread_mutex_lock(&table_mu);
-            for (size_t i = 0; i < allocs.cap; i++)
-                if (allocs.slots[i].key && allocs.slots[i].dev == dev &&
-                    allocs.slots[i].kind == VG_KIND_DEVICE)
-                    ours += allocs.slots[i].bytes;
-            for (size_t i = 0; i < arrays.cap; i++)
-                if (arrays.slots[i].key && arrays.slots[i].dev == dev)
-                    ours += arrays.slots[i].bytes;
-            pthread_mutex_unlock(&table_mu);
-            mine = seen > ours ? seen - ours : 0;
-            if (vg_state_charge(dev, mine, VG_KIND_DEVICE, 1) != 0)
-                VG_WARN("context memory (%llu bytes) does not fit the limit of device %d",
-                        (unsigned long long)mine, dev);
-            else
-                VG_DEBUG("charged %llu bytes of context memory on device %d",
-                         (unsigned long long)mine, dev);
-            __atomic_store_n(&ctx_charged[dev], 1, __ATOMIC_RELEASE);
-        }
-    }
-    pthread_mutex_unlock(&ctx_mu);
+    vg_remember(table, (vg_alloc){.key = key, .bytes = bytes, .dev = dev, .kind = kind,
+                                  .ctx = vg_current_ctx()});
 }
 
 /* ---- linear allocations ---- */
-static CUresult alloc_linear(CUdeviceptr *dptr, size_t bytes, int dev,
-                             CUresult (*do_alloc)(CUdeviceptr *, void *), void *arg)
+typedef CUresult (*alloc_fn)(CUdeviceptr *dptr, void *arg);
+
+/* spill: managed memory the driver migrates on demand, counted as spilled */
+static CUresult spill(CUdeviceptr *dptr, uint64_t bytes, int dev)
+{
+    if (!vg_real.cuMemAllocManaged || vg_state_charge(dev, bytes, VG_KIND_SPILL, 0) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vg_real.cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r != CUDA_SUCCESS) {
+        vg_state_uncharge(dev, bytes, VG_KIND_SPILL);
+        return r;
+    }
+    keep(VG_T_PTR, *dptr, bytes, dev, VG_KIND_SPILL);
+    VG_DEBUG("spilled %llu bytes of device %d into managed memory", (unsigned long long)bytes,
+             dev);
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_linear(CUdeviceptr *dptr, uint64_t bytes, int dev, alloc_fn do_alloc,
+                             void *arg, int *spilled)
 {
     vg_context_charge(dev);
-    int spill = 0;
     if (vg_state_charge(dev, bytes, VG_KIND_DEVICE, 0) != 0) {
-        if (!oversubscribed(dev)) return CUDA_ERROR_OUT_OF_MEMORY;
-        spill = 1;
-    }
-    if (!spill) {
-        CUresult r = do_alloc(dptr, arg);
-        if (r == CUDA_SUCCESS) {
-            remember(&allocs, *dptr, bytes, dev, VG_KIND_DEVICE);
-            return r;
+        if (vg_pools_dirty) { /* a pool may have given memory back: recount, try once more */
+            vg_pools_reconcile(dev);
+            if (vg_state_charge(dev, bytes, VG_KIND_DEVICE, 0) == 0) goto charged;
         }
-        vg_state_uncharge(dev, bytes, VG_KIND_DEVICE);
-        if (r != CUDA_ERROR_OUT_OF_MEMORY || !oversubscribed(dev)) return r;
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    /* oversubscription: host-backed managed memory, migrated on demand */
-    if (!vg_real.cuMemAllocManaged) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = vg_real.cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
-    if (r != CUDA_SUCCESS) return r;
-    vg_state_charge(dev, bytes, VG_KIND_SPILL, 0);
-    remember(&allocs, *dptr, bytes, dev, VG_KIND_SPILL);
-    VG_DEBUG("spilled %zu bytes on device %d into managed memory", bytes, dev);
-    return CUDA_SUCCESS;
+charged:;
+    CUresult r = do_alloc(dptr, arg);
+    if (r == CUDA_SUCCESS) {
+        keep(VG_T_PTR, *dptr, bytes, dev, VG_KIND_DEVICE);
+        return r;
+    }
+    vg_state_uncharge(dev, bytes, VG_KIND_DEVICE);
+    if (r != CUDA_ERROR_OUT_OF_MEMORY || !vg_oversubscribed(dev)) return r;
+    /* the GPU is physically full: spill, if this container may */
+    r = spill(dptr, bytes, dev);
+    if (r == CUDA_SUCCESS && spilled) *spilled = 1;
+    return r;
 }
 
 static CUresult do_mem_alloc(CUdeviceptr *dptr, void *arg)
@@ -146,22 +138,37 @@ static CUresult do_mem_alloc(CUdeviceptr *dptr, void *arg)
 
 CUresult vg_impl_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    CUdevice dev;
-    if (!dptr || bytesize == 0 || !vg_current_device(&dev))
+    int dev;
+    if (!dptr || bytesize == 0 || !vg_current(NULL, &dev))
         return vg_real.cuMemAlloc_v2(dptr, bytesize); /* the driver's own error */
-    return alloc_linear(dptr, bytesize, dev, do_mem_alloc, &bytesize);
+    if (dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    return alloc_linear(dptr, bytesize, dev, do_mem_alloc, &bytesize, NULL);
+}
+
+static CUresult do_mem_alloc32(CUdeviceptr *dptr, void *arg)
+{
+    unsigned int p = 0;
+    CUresult r = vg_real.cuMemAlloc(&p, *(unsigned int *)arg);
+    *dptr = p;
+    return r;
 }
 
 CUresult vg_impl_cuMemAlloc(unsigned int *dptr, unsigned int bytesize)
 {
-    CUdevice dev;
-    if (!dptr || bytesize == 0 || !vg_current_device(&dev))
+    int dev;
+    if (!dptr || bytesize == 0 || !vg_current(NULL, &dev))
         return vg_real.cuMemAlloc(dptr, bytesize);
+    if (dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     vg_context_charge(dev);
     if (vg_state_charge(dev, bytesize, VG_KIND_DEVICE, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = vg_real.cuMemAlloc(dptr, bytesize);
-    if (r == CUDA_SUCCESS) remember(&allocs, *dptr, bytesize, dev, VG_KIND_DEVICE);
-    else vg_state_uncharge(dev, bytesize, VG_KIND_DEVICE);
+    CUdeviceptr p = 0;
+    CUresult r = do_mem_alloc32(&p, &bytesize); /* 32-bit pointers: never spilled */
+    if (r == CUDA_SUCCESS) {
+        *dptr = (unsigned int)p;
+        keep(VG_T_PTR, p, bytesize, dev, VG_KIND_DEVICE);
+    } else {
+        vg_state_uncharge(dev, bytesize, VG_KIND_DEVICE);
+    }
     return r;
 }
 
@@ -176,25 +183,32 @@ static CUresult do_pitch(CUdeviceptr *dptr, void *arg)
 CUresult vg_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                     size_t Height, unsigned int ElementSizeBytes)
 {
-    CUdevice dev;
-    if (!dptr || !pPitch || !WidthInBytes || !Height || !vg_current_device(&dev))
+    int dev;
+    if (!dptr || !pPitch || !WidthInBytes || !Height || !vg_current(NULL, &dev))
         return vg_real.cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    uint64_t est = vg_pitch_bytes(WidthInBytes, Height, NULL);
+    if (dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t est_pitch = 0;
+    uint64_t est = vg_pitch_bytes(WidthInBytes, Height, &est_pitch);
     struct pitch_args a = {pPitch, WidthInBytes, Height, ElementSizeBytes};
-    CUresult r = alloc_linear(dptr, est, dev, do_pitch, &a);
+    int spilled = 0;
+    CUresult r = alloc_linear(dptr, est, dev, do_pitch, &a, &spilled);
     if (r != CUDA_SUCCESS) return r;
+    if (spilled) { /* managed memory has no pitch of its own: ours is the contract */
+        *pPitch = est_pitch;
+        return r;
+    }
     /* the driver chose the pitch: charge any difference to the estimate */
     uint64_t real = (uint64_t)*pPitch * Height;
     vg_alloc rec;
-    if (real > est && peek(&allocs, *dptr, &rec) && rec.kind == VG_KIND_DEVICE) {
+    if (real > est && vg_peek(VG_T_PTR, *dptr, &rec)) {
         if (vg_state_charge(dev, real - est, VG_KIND_DEVICE, 0) != 0) {
-            forget(&allocs, *dptr, &rec);
+            vg_forget(VG_T_PTR, *dptr, &rec);
             vg_real.cuMemFree_v2(*dptr);
-            release(&rec);
+            vg_release(&rec);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        forget(&allocs, *dptr, &rec);
-        remember(&allocs, *dptr, real, dev, VG_KIND_DEVICE);
+        rec.bytes = real;
+        vg_remember(VG_T_PTR, rec);
     }
     return r;
 }
@@ -203,22 +217,23 @@ CUresult vg_impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned 
 {
     /* Managed memory can be resident on the device: it counts against the limit
      * like device memory (beyond the limit only with oversubscribe=1, as spill). */
-    CUdevice dev;
-    if (!dptr || bytesize == 0 || !vg_current_device(&dev))
+    int dev;
+    if (!dptr || bytesize == 0 || !vg_current(NULL, &dev))
         return vg_real.cuMemAllocManaged(dptr, bytesize, flags);
+    if (dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     vg_context_charge(dev);
     int kind = VG_KIND_MANAGED;
     if (vg_state_charge(dev, bytesize, VG_KIND_DEVICE, 0) != 0) {
-        if (!oversubscribed(dev)) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (!vg_oversubscribed(dev) || vg_state_charge(dev, bytesize, VG_KIND_SPILL, 0) != 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
         kind = VG_KIND_SPILL;
     }
     CUresult r = vg_real.cuMemAllocManaged(dptr, bytesize, flags);
     if (r != CUDA_SUCCESS) {
-        if (kind != VG_KIND_SPILL) vg_state_uncharge(dev, bytesize, VG_KIND_DEVICE);
+        vg_state_uncharge(dev, bytesize, kind == VG_KIND_SPILL ? VG_KIND_SPILL : VG_KIND_DEVICE);
         return r;
     }
-    if (kind == VG_KIND_SPILL) vg_state_charge(dev, bytesize, VG_KIND_SPILL, 0);
-    remember(&allocs, *dptr, bytesize, dev, kind);
+    keep(VG_T_PTR, *dptr, bytesize, dev, kind);
     return r;
 }
 
@@ -226,7 +241,10 @@ CUresult vg_impl_cuMemFree_v2(CUdeviceptr dptr)
 {
     CUresult r = vg_real.cuMemFree_v2(dptr);
     vg_alloc a;
-    if (r == CUDA_SUCCESS && forget(&allocs, dptr, &a)) release(&a);
+    if (r == CUDA_SUCCESS && vg_forget(VG_T_PTR, dptr, &a)) {
+        vg_release(&a);
+        if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev); /* freed and synchronised */
+    }
     return r;
 }
 
@@ -234,165 +252,63 @@ CUresult vg_impl_cuMemFree(unsigned int dptr)
 {
     CUresult r = vg_real.cuMemFree(dptr);
     vg_alloc a;
-    if (r == CUDA_SUCCESS && forget(&allocs, dptr, &a)) release(&a);
-    return r;
-}
-
-/* ---- stream-ordered allocations and pools ----
- * Charged when requested, uncharged when the free is enqueued: the limit holds
- * for what the workload holds. Memory a pool keeps cached above that (release
- * threshold > 0) is not charged; see docs/shim.md. */
-struct async_args { size_t bytes; CUstream s; CUmemoryPool pool; int ptsz; int from_pool; };
-
-static CUresult do_async(CUdeviceptr *dptr, void *arg)
-{
-    struct async_args *a = arg;
-    if (a->from_pool)
-        return a->ptsz ? vg_real.cuMemAllocFromPoolAsync_ptsz(dptr, a->bytes, a->pool, a->s)
-                       : vg_real.cuMemAllocFromPoolAsync(dptr, a->bytes, a->pool, a->s);
-    return a->ptsz ? vg_real.cuMemAllocAsync_ptsz(dptr, a->bytes, a->s)
-                   : vg_real.cuMemAllocAsync(dptr, a->bytes, a->s);
-}
-
-static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
-{
-    CUdevice dev;
-    if (!dptr || a->bytes == 0 || !vg_current_device(&dev)) return do_async(dptr, a);
-    return alloc_linear(dptr, a->bytes, dev, do_async, a);
-}
-
-CUresult vg_impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    struct async_args a = {bytesize, hStream, NULL, 0, 0};
-    return alloc_async(dptr, &a);
-}
-
-CUresult vg_impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    struct async_args a = {bytesize, hStream, NULL, 1, 0};
-    return alloc_async(dptr, &a);
-}
-
-CUresult vg_impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                         CUstream hStream)
-{
-    struct async_args a = {bytesize, hStream, pool, 0, 1};
-    return alloc_async(dptr, &a);
-}
-
-CUresult vg_impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                              CUmemoryPool pool, CUstream hStream)
-{
-    struct async_args a = {bytesize, hStream, pool, 1, 1};
-    return alloc_async(dptr, &a);
-}
-
-static CUresult free_async(CUdeviceptr dptr, CUstream s, int ptsz)
-{
-    vg_alloc a;
-    if (peek(&allocs, dptr, &a) && a.kind == VG_KIND_SPILL) {
-        /* a spilled block is managed memory: the stream-ordered free would refuse it */
-        CUresult r = vg_real.cuMemFree_v2(dptr);
-        if (r == CUDA_SUCCESS && forget(&allocs, dptr, &a)) release(&a);
-        return r;
-    }
-    CUresult r = ptsz ? vg_real.cuMemFreeAsync_ptsz(dptr, s) : vg_real.cuMemFreeAsync(dptr, s);
-    if (r == CUDA_SUCCESS && forget(&allocs, dptr, &a)) release(&a);
-    return r;
-}
-
-CUresult vg_impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    return free_async(dptr, hStream, 0);
-}
-
-CUresult vg_impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    return free_async(dptr, hStream, 1);
-}
-
-/* ---- virtual memory management: physical memory is taken by cuMemCreate ---- */
-CUresult vg_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                             const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    if (!handle || !prop || size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return vg_real.cuMemCreate(handle, size, prop, flags); /* host/NUMA: not device memory */
-    int dev = prop->location.id;
-    if (dev < 0) return vg_real.cuMemCreate(handle, size, prop, flags);
-    vg_context_charge(dev);
-    if (vg_state_charge(dev, size, VG_KIND_DEVICE, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = vg_real.cuMemCreate(handle, size, prop, flags);
-    if (r == CUDA_SUCCESS) remember(&allocs, *handle, size, dev, VG_KIND_DEVICE);
-    else vg_state_uncharge(dev, size, VG_KIND_DEVICE);
-    return r;
-}
-
-CUresult vg_impl_cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    CUresult r = vg_real.cuMemRelease(handle);
-    vg_alloc a;
-    if (r == CUDA_SUCCESS && forget(&allocs, handle, &a)) release(&a);
+    if (r == CUDA_SUCCESS && vg_forget(VG_T_PTR, dptr, &a)) vg_release(&a);
     return r;
 }
 
 /* ---- arrays (sizes estimated from the descriptor before the driver is asked) ---- */
-static CUresult charge_array(uint64_t bytes, CUdevice *dev)
+static CUresult charge_array(uint64_t bytes, int *dev)
 {
-    if (!vg_current_device(dev)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!vg_current(NULL, dev)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (*dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     vg_context_charge(*dev);
     return vg_state_charge(*dev, bytes, VG_KIND_DEVICE, 0) ? CUDA_ERROR_OUT_OF_MEMORY
                                                            : CUDA_SUCCESS;
 }
 
+#define ARRAY_CREATE(call, handle, bytes)                                      \
+    do {                                                                       \
+        int dev_;                                                              \
+        CUresult c_ = charge_array((bytes), &dev_);                            \
+        if (c_ == CUDA_ERROR_INVALID_CONTEXT) return call;                     \
+        if (c_ != CUDA_SUCCESS) return c_;                                     \
+        CUresult r_ = call;                                                    \
+        if (r_ == CUDA_SUCCESS)                                                \
+            keep(VG_T_ARRAY, (uint64_t)(uintptr_t)*(handle), (bytes), dev_, 0); \
+        else                                                                   \
+            vg_state_uncharge(dev_, (bytes), VG_KIND_DEVICE);                  \
+        return r_;                                                             \
+    } while (0)
+
 CUresult vg_impl_cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
 {
-    CUdevice dev;
     if (!pHandle || !d) return vg_real.cuArrayCreate_v2(pHandle, d);
     uint64_t bytes = vg_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels);
-    CUresult c = charge_array(bytes, &dev);
-    if (c == CUDA_ERROR_INVALID_CONTEXT) return vg_real.cuArrayCreate_v2(pHandle, d);
-    if (c != CUDA_SUCCESS) return c;
-    CUresult r = vg_real.cuArrayCreate_v2(pHandle, d);
-    if (r == CUDA_SUCCESS) remember(&arrays, (uint64_t)(uintptr_t)*pHandle, bytes, dev, 0);
-    else vg_state_uncharge(dev, bytes, VG_KIND_DEVICE);
-    return r;
+    ARRAY_CREATE(vg_real.cuArrayCreate_v2(pHandle, d), pHandle, bytes);
 }
 
 CUresult vg_impl_cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
-    CUdevice dev;
     if (!pHandle || !d) return vg_real.cuArray3DCreate_v2(pHandle, d);
     uint64_t bytes = vg_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
-    CUresult c = charge_array(bytes, &dev);
-    if (c == CUDA_ERROR_INVALID_CONTEXT) return vg_real.cuArray3DCreate_v2(pHandle, d);
-    if (c != CUDA_SUCCESS) return c;
-    CUresult r = vg_real.cuArray3DCreate_v2(pHandle, d);
-    if (r == CUDA_SUCCESS) remember(&arrays, (uint64_t)(uintptr_t)*pHandle, bytes, dev, 0);
-    else vg_state_uncharge(dev, bytes, VG_KIND_DEVICE);
-    return r;
+    ARRAY_CREATE(vg_real.cuArray3DCreate_v2(pHandle, d), pHandle, bytes);
+}
+
+CUresult vg_impl_cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                        const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    if (!pHandle || !d) return vg_real.cuMipmappedArrayCreate(pHandle, d, levels);
+    uint64_t bytes = vg_mipmap_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels,
+                                     levels);
+    ARRAY_CREATE(vg_real.cuMipmappedArrayCreate(pHandle, d, levels), pHandle, bytes);
 }
 
 CUresult vg_impl_cuArrayDestroy(CUarray hArray)
 {
     CUresult r = vg_real.cuArrayDestroy(hArray);
     vg_alloc a;
-    if (r == CUDA_SUCCESS && forget(&arrays, (uint64_t)(uintptr_t)hArray, &a)) release(&a);
-    return r;
-}
-
-CUresult vg_impl_cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
-                                        const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
-{
-    CUdevice dev;
-    if (!pHandle || !d) return vg_real.cuMipmappedArrayCreate(pHandle, d, levels);
-    uint64_t bytes = vg_mipmap_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels,
-                                     levels);
-    CUresult c = charge_array(bytes, &dev);
-    if (c == CUDA_ERROR_INVALID_CONTEXT) return vg_real.cuMipmappedArrayCreate(pHandle, d, levels);
-    if (c != CUDA_SUCCESS) return c;
-    CUresult r = vg_real.cuMipmappedArrayCreate(pHandle, d, levels);
-    if (r == CUDA_SUCCESS) remember(&arrays, (uint64_t)(uintptr_t)*pHandle, bytes, dev, 0);
-    else vg_state_uncharge(dev, bytes, VG_KIND_DEVICE);
+    if (r == CUDA_SUCCESS && vg_forget(VG_T_ARRAY, (uint64_t)(uintptr_t)hArray, &a))
+        vg_release(&a);
     return r;
 }
 
@@ -400,7 +316,7 @@ CUresult vg_impl_cuMipmappedArrayDestroy(CUmipmappedArray h)
 {
     CUresult r = vg_real.cuMipmappedArrayDestroy(h);
     vg_alloc a;
-    if (r == CUDA_SUCCESS && forget(&arrays, (uint64_t)(uintptr_t)h, &a)) release(&a);
+    if (r == CUDA_SUCCESS && vg_forget(VG_T_ARRAY, (uint64_t)(uintptr_t)h, &a)) vg_release(&a);
     return r;
 }
 
@@ -413,7 +329,7 @@ static int limited(int dev)
 static void slice_info(int dev, uint64_t *free_b, uint64_t *total_b)
 {
     uint64_t limit = vg_cfg.deny ? 0 : vg_cfg.dev[dev].memory_limit;
-    uint64_t used = vg_state_used(dev);
+    uint64_t used = vg_state_used(dev) + vg_state_spilled(dev);
     *total_b = limit;
     *free_b = used < limit ? limit - used : 0;
 }
@@ -422,13 +338,18 @@ CUresult vg_impl_cuMemGetInfo_v2(size_t *free_out, size_t *total_out)
 {
     size_t f = 0, t = 0; /* NULL outputs are tolerated (HC#333) */
     CUresult r = vg_real.cuMemGetInfo_v2(&f, &t);
-    CUdevice dev;
-    if (r == CUDA_SUCCESS && vg_current_device(&dev) && limited(dev)) {
-        vg_context_charge(dev);
-        uint64_t fb, tb;
-        slice_info(dev, &fb, &tb);
-        f = (size_t)fb;
-        t = (size_t)tb;
+    int dev;
+    if (r == CUDA_SUCCESS && vg_current(NULL, &dev)) {
+        if (dev < 0) {
+            f = t = 0;
+        } else if (limited(dev)) {
+            vg_context_charge(dev);
+            if (vg_pools_dirty) vg_pools_reconcile(dev);
+            uint64_t fb, tb;
+            slice_info(dev, &fb, &tb);
+            f = (size_t)fb;
+            t = (size_t)tb;
+        }
     }
     if (r == CUDA_SUCCESS) {
         if (free_out) *free_out = f;
@@ -450,11 +371,13 @@ CUresult vg_impl_cuMemGetInfo(unsigned int *free_out, unsigned int *total_out)
     return r;
 }
 
-CUresult vg_impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+CUresult vg_impl_cuDeviceTotalMem_v2(size_t *bytes, CUdevice ordinal)
 {
-    if (!bytes) return vg_real.cuDeviceTotalMem_v2(bytes, dev);
-    CUresult r = vg_real.cuDeviceTotalMem_v2(bytes, dev);
-    if (r == CUDA_SUCCESS && limited(dev)) *bytes = (size_t)(vg_cfg.deny ? 0 : vg_cfg.dev[dev].memory_limit);
+    CUresult r = vg_real.cuDeviceTotalMem_v2(bytes, ordinal);
+    if (r != CUDA_SUCCESS || !bytes) return r;
+    int dev = vg_dev_index(ordinal);
+    if (dev < 0) *bytes = 0;
+    else if (limited(dev)) *bytes = (size_t)(vg_cfg.deny ? 0 : vg_cfg.dev[dev].memory_limit);
     return r;
 }
 
@@ -465,36 +388,5 @@ CUresult vg_impl_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     CUresult r = vg_real.cuDeviceTotalMem_v2 ? vg_impl_cuDeviceTotalMem_v2(&b, dev)
                                              : vg_real.cuDeviceTotalMem(bytes, dev);
     if (r == CUDA_SUCCESS && vg_real.cuDeviceTotalMem_v2) *bytes = clamp32(b);
-    return r;
-}
-
-/* ---- contexts ---- */
-CUresult vg_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
-{
-    CUresult r = vg_real.cuDevicePrimaryCtxRetain(pctx, dev);
-    if (r == CUDA_SUCCESS) vg_context_charge(dev);
-    return r;
-}
-
-CUresult vg_impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
-{
-    CUresult r = vg_real.cuCtxCreate_v2(pctx, flags, dev);
-    if (r == CUDA_SUCCESS) vg_context_charge(dev);
-    return r;
-}
-
-CUresult vg_impl_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags,
-                                CUdevice dev)
-{
-    CUresult r = vg_real.cuCtxCreate_v3(pctx, p, n, flags, dev);
-    if (r == CUDA_SUCCESS) vg_context_charge(dev);
-    return r;
-}
-
-CUresult vg_impl_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags,
-                                CUdevice dev)
-{
-    CUresult r = vg_real.cuCtxCreate_v4(pctx, p, flags, dev);
-    if (r == CUDA_SUCCESS) vg_context_charge(dev);
     return r;
 }

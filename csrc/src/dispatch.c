@@ -78,6 +78,7 @@ static void do_init(void)
     if (nvml_handle) resolve(nvml_handle, 1);
     vg_config_load(&vg_cfg);
     vg_state_attach(&vg_cfg);
+    if (vg_cfg.register_path[0]) vg_host_pid(); /* register now: the plugin sees us at once */
     vg_sm_setup();
     vg_tls_guard = saved;
 }

@@ -1,9 +1,16 @@
 /* NVML as the workload sees it: the memory of a limited device reads total =
  * limit, used = the container's usage (the same numbers cuMemGetInfo gives; vLLM
  * compares the two), and the compute process list shows the container's own
- * processes, with their container PIDs and charged memory, when the host PIDs
- * of the container's processes are known (pidmap.c). */
+ * processes only, with their container PIDs and charged memory.
+ *
+ * Which row is whose: drivers before 560 list host PIDs, matched against the host
+ * PIDs of the container's processes (registration, pidmap.c); drivers from 560 on
+ * list PIDs as seen from the caller's PID namespace (processes it cannot see are left
+ * out), matched against the container PIDs themselves. In Kubernetes mode a row that
+ * matches no process of the container is never shown, even before any mapping is
+ * known: another container's processes are not this container's business. */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "shim.h"
@@ -34,6 +41,20 @@ nvmlDevice_t vg_nvml_device(int dev)
     return handles[dev];
 }
 
+int vg_nvml_namespace_pids(void)
+{
+    static int cached = -1;
+    int v = __atomic_load_n(&cached, __ATOMIC_ACQUIRE);
+    if (v >= 0) return v;
+    char version[96] = {0};
+    v = 0;
+    if (vg_nvml_ready() && vg_real.nvmlSystemGetDriverVersion &&
+        vg_real.nvmlSystemGetDriverVersion(version, sizeof version) == NVML_SUCCESS)
+        v = atoi(version) >= 560;
+    __atomic_store_n(&cached, v, __ATOMIC_RELEASE);
+    return v;
+}
+
 static int ordinal_of(nvmlDevice_t h)
 {
     if (!h) return -1;
@@ -52,7 +73,7 @@ static void slice(int dev, unsigned long long *total, unsigned long long *used,
                   unsigned long long *free_b)
 {
     uint64_t limit = vg_cfg.deny ? 0 : vg_cfg.dev[dev].memory_limit;
-    uint64_t u = vg_state_used(dev);
+    uint64_t u = vg_state_used(dev) + vg_state_spilled(dev);
     *total = limit;
     *used = u;
     *free_b = u < limit ? limit - u : 0;
@@ -85,18 +106,24 @@ typedef struct { unsigned pid; unsigned long long mem; unsigned gi, ci; } proc_r
 static int container_rows(nvmlDevice_t device, const proc_row *all, int n, proc_row *out)
 {
     int dev = ordinal_of(device);
+    if (dev < 0 && !vg_cfg.kube) { /* not a device of ours, outside Kubernetes: as is */
+        memcpy(out, all, sizeof *out * (size_t)n);
+        return n;
+    }
     int cp[VG_MAX_SLOTS], hp[VG_MAX_SLOTS];
     uint64_t used[VG_MAX_SLOTS];
-    int m = vg_state_processes(dev, cp, hp, used, VG_MAX_SLOTS), known = 0;
-    for (int i = 0; i < m; i++) known += hp[i] > 0;
-    if (dev < 0 || known == 0) { /* no mapping: the driver's list, unchanged */
+    int m = dev < 0 ? 0 : vg_state_processes(dev, cp, hp, used, VG_MAX_SLOTS), known = 0;
+    int by_ns = vg_nvml_namespace_pids();
+    for (int i = 0; i < m; i++) known += by_ns || hp[i] > 0;
+    if (known == 0 && !vg_cfg.kube) { /* standalone, nothing mapped: the driver's list */
         memcpy(out, all, sizeof *out * (size_t)n);
         return n;
     }
     int k = 0;
     for (int i = 0; i < n; i++)
         for (int j = 0; j < m; j++)
-            if (hp[j] > 0 && (unsigned)hp[j] == all[i].pid) {
+            if (by_ns ? (unsigned)cp[j] == all[i].pid
+                      : hp[j] > 0 && (unsigned)hp[j] == all[i].pid) {
                 out[k] = all[i];
                 out[k].pid = (unsigned)cp[j];
                 out[k].mem = used[j];

@@ -1,20 +1,15 @@
-/* Container PID -> host PID (the PID NVML reports).
+/* This process's host PID (the PID NVML reports), found once and cached:
  *
- *  1. The slot's host_pid, when the plugin (or an earlier attempt) filled it in
- *     (controller.c asks the slot first).
- *  2. A host /proc mounted in the container (config key host_proc): the process
- *     whose NSpid ends with our PID and whose start time (field 22 of stat, ticks
- *     since boot: the same in every PID namespace) equals ours. With two or more
- *     candidates (rare: same PID and same start tick in two containers) the one
- *     whose cgroup file ends like ours (cgroup v1 and v2 lines, ignoring the
- *     prefix a cgroup namespace hides) wins; if that is still ambiguous, none.
+ *  1. The slot's host_pid, when an earlier attempt (or another writer) filled it in.
+ *  2. Registration with the plugin (register.c): the kernel tells the plugin.
  *  3. /proc/self/status NSpid with more than one entry: our /proc shows an outer
  *     namespace (hostPID pods): its first entry is the host PID.
  *  4. We are in the initial PID namespace: our PID is the host PID.
- * Without any of these the SM controller cannot be fed and the shim says so. */
+ * Until one of these answers, the SM controller cannot calibrate and context memory
+ * cannot be measured; they ask again (at most every 200 ms) and say so once. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,56 +48,9 @@ static int nspids(const char *status_path, int *out, int max)
     return n;
 }
 
-static unsigned long long start_time(const char *stat_path)
-{
-    char buf[1024];
-    if (slurp(stat_path, buf, sizeof buf) < 0) return 0;
-    char *p = strrchr(buf, ')');
-    if (!p) return 0;
-    p += 2;
-    for (int field = 3; field < 22 && p; field++) {
-        p = strchr(p, ' ');
-        if (p) p++;
-    }
-    return p ? strtoull(p, NULL, 10) : 0;
-}
-
-/* every line of ours ("id:controllers:path") has a host line with the same id and
- * controllers whose path ends with ours */
-static int cgroup_matches(const char *host_cg, const char *own_cg)
-{
-    char own[4096];
-    snprintf(own, sizeof own, "%s", own_cg);
-    for (char *save = NULL, *line = strtok_r(own, "\n", &save); line;
-         line = strtok_r(NULL, "\n", &save)) {
-        char *c2 = strchr(line, ':');
-        char *c3 = c2 ? strchr(c2 + 1, ':') : NULL;
-        if (!c3) continue;
-        size_t prefix = (size_t)(c3 - line) + 1;
-        const char *path = c3 + 1;
-        int found = 0;
-        for (const char *h = host_cg; h && *h;) {
-            const char *eol = strchr(h, '\n');
-            size_t len = eol ? (size_t)(eol - h) : strlen(h);
-            if (len >= prefix && !strncmp(h, line, prefix)) {
-                size_t plen = strlen(path), hlen = len - prefix;
-                if (!strcmp(path, "/") || (hlen >= plen && !strncmp(h + len - plen, path, plen)))
-                    found = 1;
-            }
-            h = eol ? eol + 1 : NULL;
-        }
-        if (!found) return 0;
-    }
-    return 1;
-}
-
-static int scan_host_proc(const char *host_proc, int pid);
-
-int vg_pidmap_host_pid(const char *host_proc, int pid)
+int vg_pidmap_host_pid(int pid)
 {
     int ns[8];
-    /* configured host /proc: authoritative (until it shows us, no guessing) */
-    if (host_proc && host_proc[0]) return scan_host_proc(host_proc, pid);
     int n = nspids("/proc/self/status", ns, 8);
     if (n > 1 && ns[n - 1] == pid) return ns[0];
     /* the initial PID namespace (a fixed inode number in every kernel): our PID is
@@ -116,38 +64,37 @@ int vg_pidmap_host_pid(const char *host_proc, int pid)
     return 0;
 }
 
-static int scan_host_proc(const char *host_proc, int pid)
+static int host_pid_cache;
+static int host_pid_of; /* the getpid() it belongs to (a forked child starts over) */
+static uint64_t host_pid_next_try;
+static pthread_mutex_t host_pid_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int vg_host_pid(void)
 {
-    int ns[8];
-    char path[768];
-    unsigned long long mine = start_time("/proc/self/stat");
-    char own_cg[4096];
-    if (slurp("/proc/self/cgroup", own_cg, sizeof own_cg) < 0) own_cg[0] = 0;
-    DIR *d = opendir(host_proc);
-    if (!d) return 0;
-    int found = 0, candidates = 0, cg_found = 0, cg_candidates = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        char *end;
-        long hp = strtol(e->d_name, &end, 10);
-        if (*end || hp <= 0) continue;
-        snprintf(path, sizeof path, "%s/%ld/status", host_proc, hp);
-        int m = nspids(path, ns, 8);
-        if (m < 2 || ns[m - 1] != pid) continue;
-        snprintf(path, sizeof path, "%s/%ld/stat", host_proc, hp);
-        if (mine && start_time(path) != mine) continue;
-        candidates++;
-        found = (int)hp;
-        char host_cg[4096];
-        snprintf(path, sizeof path, "%s/%ld/cgroup", host_proc, hp);
-        if (own_cg[0] && slurp(path, host_cg, sizeof host_cg) >= 0 &&
-            cgroup_matches(host_cg, own_cg)) {
-            cg_candidates++;
-            cg_found = (int)hp;
+    int me = getpid();
+    int hp = __atomic_load_n(&host_pid_cache, __ATOMIC_ACQUIRE);
+    if (hp > 0 && __atomic_load_n(&host_pid_of, __ATOMIC_ACQUIRE) == me) return hp;
+    uint64_t now = vg_now_ns();
+    if (__atomic_load_n(&host_pid_of, __ATOMIC_ACQUIRE) == me &&
+        now < __atomic_load_n(&host_pid_next_try, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&host_pid_mu);
+    if (host_pid_of != me) { /* first call, or a forked child */
+        host_pid_cache = 0;
+        host_pid_next_try = 0;
+        __atomic_store_n(&host_pid_of, me, __ATOMIC_RELEASE);
+    }
+    if (host_pid_cache <= 0 && now >= host_pid_next_try) {
+        host_pid_next_try = now + 200000000ull;
+        hp = vg_state_own_host_pid();
+        if (hp <= 0) hp = vg_register(vg_state_own_slot(), vg_state_own_start());
+        if (hp <= 0) hp = vg_pidmap_host_pid(me);
+        if (hp > 0) {
+            vg_state_set_host_pid(hp);
+            __atomic_store_n(&host_pid_cache, hp, __ATOMIC_RELEASE);
+            VG_INFO("host pid %d", hp);
         }
     }
-    closedir(d);
-    if (candidates == 1) return found;
-    if (cg_candidates == 1) return cg_found;
-    return 0;
+    pthread_mutex_unlock(&host_pid_mu);
+    return __atomic_load_n(&host_pid_cache, __ATOMIC_ACQUIRE);
 }

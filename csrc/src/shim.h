@@ -51,10 +51,12 @@ void vg_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* ---- config.c ---- */
 enum vg_policy { VG_POLICY_FIXED = 0, VG_POLICY_BALANCE = 1, VG_POLICY_NONE = 2 };
 enum vg_config_source { VG_SRC_NONE = 0, VG_SRC_FILE = 1, VG_SRC_ENV = 2 };
+#define VG_MOUNT_DIR "/etc/vgpud" /* the plugin's read-only per-allocation directory */
 
 typedef struct vg_device_config {
     char uuid[96];
-    uint64_t memory_limit;      /* bytes, 0 = unlimited */
+    uint64_t memory_limit;      /* bytes, 0 = unlimited; device + spilled bytes */
+    uint64_t spill_limit;       /* bytes that may spill into host memory (oversubscribe) */
     uint32_t core_limit;        /* percent, 0 = unlimited (100 is stored as 0) */
     int core_policy;            /* enum vg_policy */
     int oversubscribe;
@@ -63,11 +65,13 @@ typedef struct vg_device_config {
 
 typedef struct vg_config {
     int source;                 /* enum vg_config_source */
-    int deny;                   /* garbled file: every device allocation is refused */
+    int kube;                   /* VG_MOUNT_DIR is mounted: the plugin's file is the only source */
+    int deny;                   /* unusable file: every device allocation is refused */
     int device_count;           /* highest device index + 1 */
     int priority;
     char state_dir[512];
-    char host_proc[512];        /* host /proc mounted in the container, for PID mapping */
+    char register_path[512];    /* the plugin's registration socket ("" = none) */
+    char env_ignored[256];      /* VGPUD_* variables present but ignored (Kubernetes mode) */
     vg_device_config dev[VG_MAX_DEVICES];
     char error[256];            /* why the file was rejected (deny == 1) */
 } vg_config;
@@ -77,7 +81,7 @@ typedef struct vg_config {
 int vg_config_parse(const char *text, vg_config *out);
 /* Parse a byte count with an optional k/m/g/t suffix (binary). -1 on error. */
 int vg_parse_bytes(const char *s, uint64_t *out);
-/* Load the config: file at $VGPUD_CONFIG or /etc/vgpud/config, else env. */
+/* Load the config (see config.c for where from). */
 void vg_config_load(vg_config *out);
 extern vg_config vg_cfg;
 
@@ -88,9 +92,21 @@ uint64_t vg_array_bytes(size_t w, size_t h, size_t d, int format, unsigned chann
 uint64_t vg_mipmap_bytes(size_t w, size_t h, size_t d, int format, unsigned channels,
                          unsigned levels);
 
-/* A table of live allocations of this process: key -> (bytes, device, kind). */
-enum vg_kind { VG_KIND_DEVICE = 0, VG_KIND_SPILL = 1, VG_KIND_MANAGED = 2 };
-typedef struct vg_alloc { uint64_t key; uint64_t bytes; int32_t dev; int32_t kind; } vg_alloc;
+/* A table of live allocations of this process: key -> record. */
+enum vg_kind { VG_KIND_DEVICE = 0, VG_KIND_SPILL = 1, VG_KIND_MANAGED = 2, VG_KIND_POOL = 3 };
+typedef struct vg_alloc {
+    uint64_t key;     /* device pointer, handle, pool, context or graph exec; never 0 */
+    uint64_t bytes;
+    uint64_t ctx;     /* the CUcontext it was made in (0: none) */
+    uint64_t aux;     /* a pool pointer's pool; a mapping's handle */
+    int32_t dev;      /* config index (devmap.c), not the CUDA ordinal */
+    int32_t kind;     /* enum vg_kind */
+    int32_t refs;     /* a VMM handle's live mappings */
+    int32_t flags;    /* VG_F_* */
+} vg_alloc;
+#define VG_F_RELEASED 1 /* a VMM handle released while still mapped */
+#define VG_F_PENDING 2  /* a context whose memory is not measured yet */
+#define VG_F_PRIMARY 4  /* a primary context */
 typedef struct vg_alloc_table { vg_alloc *slots; size_t cap; size_t len; } vg_alloc_table;
 int vg_table_put(vg_alloc_table *t, vg_alloc a);     /* 0, or -1 when out of memory */
 int vg_table_take(vg_alloc_table *t, uint64_t key, vg_alloc *out); /* 1 found+removed */
@@ -99,35 +115,73 @@ void vg_table_free(vg_alloc_table *t);
 
 /* ---- state.c: the shared usage file ---- */
 int vg_state_attach(const vg_config *cfg);   /* 0 shared file, 1 process-local, -1 none */
-/* Charge bytes to device dev of this process. kind: VG_KIND_DEVICE counts
- * against the limit; VG_KIND_SPILL only in spilled. force=1 charges even over
- * the limit (never used for allocations). Returns 0, or -1 when it would exceed. */
-int vg_state_charge(int dev, uint64_t bytes, int kind, int is_context);
+/* Charge bytes to config device dev for this process. VG_KIND_DEVICE counts against
+ * the limit (device + spilled <= memory_limit); VG_KIND_SPILL against spill_limit and
+ * the same total. With VG_CHARGE_FORCE the bytes are charged even over the limit:
+ * memory that exists whatever we say (a context, a pool's reservation). Returns 0, or
+ * -1 when it would exceed. */
+#define VG_CHARGE_FORCE 1
+#define VG_CHARGE_CONTEXT 2
+int vg_state_charge(int dev, uint64_t bytes, int kind, int flags);
 void vg_state_uncharge(int dev, uint64_t bytes, int kind);
-uint64_t vg_state_used(int dev);
-uint64_t vg_state_limit(int dev);            /* 0 = unlimited */
+void vg_state_uncharge_context(int dev, uint64_t bytes); /* context memory given back */
+uint64_t vg_state_used(int dev);             /* device bytes, all processes */
+uint64_t vg_state_spilled(int dev);          /* spilled bytes, all processes */
+uint64_t vg_state_own_used(int dev);         /* device bytes charged to this process */
 int vg_state_processes(int dev, int *cpids, int *hpids, uint64_t *used, int max);
 void vg_state_set_host_pid(int host_pid);
 int vg_state_own_host_pid(void);
+int vg_state_own_slot(void);
+uint64_t vg_state_own_start(void);           /* /proc/self/stat starttime */
 vg_state_header *vg_state_header_ptr(void);
 void vg_state_reclaim(void);
 
-/* ---- pidmap.c ---- */
-int vg_pidmap_host_pid(const char *host_proc, int pid); /* >0, or 0 unknown */
+/* ---- devmap.c: CUDA ordinals -> the config's devices, by UUID ---- */
+int vg_dev_index(CUdevice ordinal);          /* config index, or -1: no device memory there */
+int vg_dev_ordinal(int index);               /* a CUDA ordinal of config device index, or -1 */
+int vg_current(CUdevice *ordinal, int *index); /* 1 when a context is current */
 
-/* ---- cuda_memory.c ---- */
-int vg_current_device(CUdevice *dev);       /* 1 when a context is current */
-void vg_context_charge(CUdevice dev);       /* charge context memory once per device */
+/* ---- cuda_memory.c: this process's allocations ---- */
+enum { VG_T_PTR, VG_T_ARRAY, VG_T_HANDLE, VG_T_MAP, VG_T_POOL, VG_T_CTX, VG_T_GRAPH, VG_T_N };
+void vg_remember(int table, vg_alloc a);
+int vg_forget(int table, uint64_t key, vg_alloc *out);
+int vg_peek(int table, uint64_t key, vg_alloc *out);
+/* Call fn on (a copy of) every record of a table; fn returns 1 to remove the record. */
+void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg);
+uint64_t vg_current_ctx(void);
+void vg_release(const vg_alloc *a);          /* uncharge a forgotten record */
+int vg_oversubscribed(int dev);
+
+/* ---- cuda_context.c ---- */
+void vg_context_charge(int dev);             /* measure contexts still pending on dev */
+void vg_context_created(CUcontext ctx, CUdevice ordinal, int primary);
+
+/* ---- cuda_pool.c ---- */
+void vg_pools_reconcile(int dev);            /* dev -1: every device */
+extern int vg_pools_dirty;                   /* a pool may have released memory */
+void vg_graph_memory(CUgraph graph, uint64_t *bytes, int *ordinal);
+CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal);
+void vg_graph_launched(int ordinal);
+
+/* ---- nvml.c ---- */
+nvmlDevice_t vg_nvml_device(int dev);       /* NVML handle of config device dev, or NULL */
+int vg_nvml_namespace_pids(void);           /* the driver's process lists use our PIDs (>= 560) */
+
+/* ---- pidmap.c ---- */
+int vg_pidmap_host_pid(int pid);            /* from NSpid or the initial namespace; 0 unknown */
+int vg_host_pid(void);                      /* this process's host PID, 0 while unknown */
+
+/* ---- register.c ---- */
+/* Register this process with the plugin (vg_cfg.register_path): the plugin learns our
+ * host PID from the kernel (SO_PEERCRED) and answers it. >0 the host PID, 0 not now
+ * (retry later), -1 never (no socket configured, or the plugin refused). */
+int vg_register(int slot, uint64_t start_time);
 
 /* ---- controller.c: SM limit ---- */
 extern int vg_sm_any_limited;               /* fast-path flag */
 void vg_sm_setup(void);
 void vg_sm_charge(CUdevice dev, uint64_t blocks);
 void vg_sm_charge_graph(CUdevice dev, uint64_t kernel_nodes);
-int vg_controller_host_pid(void);           /* 0 until the mapping is known */
-
-/* ---- nvml.c ---- */
-nvmlDevice_t vg_nvml_device(int dev);       /* NVML handle of CUDA ordinal dev, or NULL */
 
 /* ---- time ---- */
 uint64_t vg_now_ns(void);                   /* CLOCK_MONOTONIC */

@@ -8,7 +8,12 @@
  * totals from the slots. Slots of dead processes (pid gone, zombie, or pid reused:
  * start time differs) are reclaimed when a process attaches, when an allocation
  * would fail, and when a holder died; a process that exits normally frees its
- * slot in an atexit handler. */
+ * slot in an atexit handler. The state directory outlives a container that restarts:
+ * its new first process has PID 1 again, so a slot holding our own PID is ours only if
+ * its start time is ours too (otherwise it is the dead PID 1 of the last run).
+ *
+ * The limit of a device covers device bytes and spilled bytes together:
+ * used + spilled <= memory_limit, and spilled <= spill_limit. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -30,6 +35,7 @@ static vg_state_file *st;      /* the mapping (shared file or process-local) */
 static int st_shared;
 static int my_slot = -1;
 static int my_pid;
+static uint64_t my_start; /* our /proc/self/stat starttime */
 static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define A_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -78,7 +84,10 @@ static int slot_dead(const vg_state_slot *s)
 {
     int pid = A_LOAD(&s->pid);
     if (pid <= 0) return 0;
-    if (pid == my_pid) return 0;
+    if (pid == my_pid) { /* us, or a dead process of an earlier run with our PID */
+        uint64_t rec = A_LOAD(&s->start_time);
+        return rec && my_start && rec != my_start;
+    }
     if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
     int zombie = 0;
     uint64_t start = proc_start_time(pid, &zombie);
@@ -248,6 +257,7 @@ static void after_fork_child(void)
     /* the child is a new process: it must not charge its parent's slot */
     my_slot = -1;
     my_pid = getpid();
+    my_start = proc_start_time(my_pid, NULL);
 }
 
 static void take_slot(void)
@@ -262,7 +272,7 @@ static void take_slot(void)
             memset(s->used, 0, sizeof s->used);
             memset(s->context, 0, sizeof s->context);
             memset(s->spilled, 0, sizeof s->spilled);
-            A_STORE(&s->start_time, proc_start_time(my_pid, NULL));
+            A_STORE(&s->start_time, my_start);
             A_STORE(&s->last_seen, vg_realtime_ns());
             A_STORE(&s->host_pid, 0);
             A_STORE(&s->pid, my_pid);
@@ -280,6 +290,7 @@ static void take_slot(void)
 int vg_state_attach(const vg_config *cfg)
 {
     my_pid = getpid();
+    my_start = proc_start_time(my_pid, NULL);
     if (cfg->state_dir[0]) {
         st = map_shared(cfg->state_dir);
         st_shared = st != NULL;
@@ -311,33 +322,38 @@ int vg_state_attach(const vg_config *cfg)
     return st_shared ? 0 : 1;
 }
 
-uint64_t vg_state_limit(int dev)
-{
-    if (dev < 0 || dev >= VG_MAX_DEVICES) return 0;
-    return vg_cfg.dev[dev].memory_limit;
-}
+static uint64_t limit_of(int dev) { return vg_cfg.dev[dev].memory_limit; }
 
-int vg_state_charge(int dev, uint64_t bytes, int kind, int is_context)
+int vg_state_charge(int dev, uint64_t bytes, int kind, int flags)
 {
-    if (!st || dev < 0 || dev >= VG_MAX_DEVICES) return vg_cfg.deny ? -1 : 0;
-    if (vg_cfg.deny && kind == VG_KIND_DEVICE) return -1;
+    if (dev < 0 || dev >= VG_MAX_DEVICES || !st) return (flags & VG_CHARGE_FORCE) ? 0 : -1;
+    if (vg_cfg.deny && !(flags & VG_CHARGE_FORCE)) return -1;
     if (my_slot < 0) take_slot();
     if (my_slot < 0) return -1;
     vg_state_slot *s = &st->slots[my_slot];
-    if (kind == VG_KIND_SPILL) {
-        A_ADD(&s->spilled[dev], bytes);
-        A_ADD(&st->header.spilled[dev], bytes);
-        return 0;
-    }
-    uint64_t limit = vg_state_limit(dev);
     if (lock_state() != 0) return -1;
-    int ok = vg_budget_fits(A_LOAD(&st->header.used[dev]), bytes, limit);
-    if (!ok && reclaim_locked() > 0)
-        ok = vg_budget_fits(A_LOAD(&st->header.used[dev]), bytes, limit);
+    uint64_t limit = limit_of(dev);
+    int ok = 1;
+    if (!(flags & VG_CHARGE_FORCE)) {
+        for (int pass = 0; pass < 2; pass++) {
+            uint64_t total = A_LOAD(&st->header.used[dev]) + A_LOAD(&st->header.spilled[dev]);
+            ok = vg_budget_fits(total, bytes, limit);
+            if (ok && kind == VG_KIND_SPILL) { /* spill_limit 0: no spilling at all */
+                uint64_t cap = vg_cfg.dev[dev].spill_limit;
+                ok = cap && vg_budget_fits(A_LOAD(&st->header.spilled[dev]), bytes, cap);
+            }
+            if (ok || pass || reclaim_locked() == 0) break;
+        }
+    }
     if (ok) {
-        A_ADD(&st->header.used[dev], bytes);
-        A_ADD(&s->used[dev], bytes);
-        if (is_context) A_ADD(&s->context[dev], bytes);
+        if (kind == VG_KIND_SPILL) {
+            A_ADD(&st->header.spilled[dev], bytes);
+            A_ADD(&s->spilled[dev], bytes);
+        } else {
+            A_ADD(&st->header.used[dev], bytes);
+            A_ADD(&s->used[dev], bytes);
+            if (flags & VG_CHARGE_CONTEXT) A_ADD(&s->context[dev], bytes);
+        }
         A_STORE(&s->last_seen, vg_realtime_ns());
         A_ADD(&st->header.generation, 1);
     }
@@ -356,9 +372,22 @@ void vg_state_uncharge(int dev, uint64_t bytes, int kind)
     if (bytes > have) bytes = have;
     A_SUB(slot_ctr, bytes);
     A_SUB(hdr_ctr, bytes);
+    if (kind != VG_KIND_SPILL) {
+        uint64_t ctx = A_LOAD(&s->context[dev]), used = A_LOAD(&s->used[dev]);
+        if (ctx > used) A_STORE(&s->context[dev], used); /* context <= used */
+    }
     A_STORE(&s->last_seen, vg_realtime_ns());
     A_ADD(&st->header.generation, 1);
     if (locked) unlock_state();
+}
+
+void vg_state_uncharge_context(int dev, uint64_t bytes)
+{
+    if (!st || my_slot < 0 || dev < 0 || dev >= VG_MAX_DEVICES) return;
+    uint64_t *c = &st->slots[my_slot].context[dev];
+    uint64_t have = A_LOAD(c);
+    A_STORE(c, bytes > have ? 0 : have - bytes);
+    vg_state_uncharge(dev, bytes, VG_KIND_DEVICE);
 }
 
 uint64_t vg_state_used(int dev)
@@ -366,6 +395,21 @@ uint64_t vg_state_used(int dev)
     if (!st || dev < 0 || dev >= VG_MAX_DEVICES) return 0;
     return A_LOAD(&st->header.used[dev]);
 }
+
+uint64_t vg_state_spilled(int dev)
+{
+    if (!st || dev < 0 || dev >= VG_MAX_DEVICES) return 0;
+    return A_LOAD(&st->header.spilled[dev]);
+}
+
+uint64_t vg_state_own_used(int dev)
+{
+    if (!st || my_slot < 0 || dev < 0 || dev >= VG_MAX_DEVICES) return 0;
+    return A_LOAD(&st->slots[my_slot].used[dev]);
+}
+
+int vg_state_own_slot(void) { return my_slot; }
+uint64_t vg_state_own_start(void) { return my_start; }
 
 vg_state_header *vg_state_header_ptr(void) { return st ? &st->header : NULL; }
 

@@ -3,17 +3,16 @@ ASan/UBSan build of the shim."""
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from vgpud.shm import read_usage
 
-from .conftest import Shim
+from .conftest import Registration, Shim
 
 OOM = 2
 MIB = 1 << 20
@@ -59,13 +58,15 @@ def test_limit_is_exact_whatever_the_way_to_the_driver(shim: Shim, via: str) -> 
         assert (n["total2"], n["used2"], n["free2"]) == (limit, used, limit - used)
 
 
-# (ops that allocate, bytes the shim must charge)
+# (ops that allocate, bytes the shim must charge). Stream-ordered allocations are
+# charged as their pool's reserved size (the fake's pools grow in 2 MiB pieces), and
+# given back when the pool releases it, at a sync point.
 PATHS = {
     "alloc": (["alloc", 65536], 65536),
     "pitch": (["pitch", 1000, 10], 1024 * 10),
     "managed": (["managed", 65536], 65536),
-    "async": (["async", 65536], 65536),
-    "pool": (["pool", 65536], 65536),
+    "async": (["async", 65536], 2 * MIB),
+    "pool": (["pool", 65536], 2 * MIB),
     "vmm": (["vmm", 2 * MIB], 2 * MIB),
     "array": (["array", 100, 10], 100 * 10 * 4),
     "array3d": (["array3d", 10, 10, 10], 10 * 10 * 10 * 4),
@@ -79,7 +80,8 @@ def test_every_allocation_path_is_charged_and_released(shim: Shim, path: str, vi
     ops, charged = PATHS[path]
     limit = charged + 100
     shim.config(device__0__memory_limit=str(limit))
-    out, _ = shim.run("ctx", *ops, "info", "alloc", 101, "alloc", 100, "free", 0, "info", via=via)
+    out, _ = shim.run("ctx", *ops, "info", "alloc", 101, "alloc", 100, "free", 0, "sync",
+                      "info", via=via)
     assert out[1]["rc"] == 0, out[1]
     info = by_op(out, "info")
     assert info[0]["free"] == limit - charged
@@ -148,7 +150,7 @@ def test_null_arguments_never_crash_and_keep_driver_codes(shim: Shim) -> None:
 
 def test_no_config_file_uses_env(shim: Shim) -> None:
     env = {
-        "VGPUD_CONFIG": str(shim.tmp / "absent"),
+        "VGPUD_CONFIG": "",  # standalone: no /etc/vgpud, no config named
         "VGPUD_MEMORY_LIMIT": "1m",
         "VGPUD_MEMORY_LIMIT_1": "2m",
         "VGPUD_STATE_DIR": str(shim.state_dir),
@@ -157,6 +159,16 @@ def test_no_config_file_uses_env(shim: Shim) -> None:
     assert [o["rc"] for o in out] == [0, 0, OOM, 0] and out[3]["total"] == MIB
     out, _ = shim.run("ctx", "alloc", 2 * MIB, "alloc", 1, "info", env=env, dev=1)
     assert [o["rc"] for o in out] == [0, 0, OOM, 0] and out[3]["total"] == 2 * MIB
+
+
+def test_a_named_config_that_is_missing_denies(shim: Shim) -> None:
+    """Issue 9 item 3: VGPUD_CONFIG=/nonexistent used to fall back to the environment,
+    i.e. no limit at all. A config that was named and is not there denies."""
+    env = {"VGPUD_CONFIG": "/nonexistent/config", "VGPUD_MEMORY_LIMIT": "64g"}
+    out, err = shim.run("ctx", "alloc", 16 << 30, "alloc", 4096, "info", env=env)
+    assert [o["rc"] for o in out[1:3]] == [OOM, OOM]
+    assert (out[3]["total"], out[3]["free"]) == (0, 0)
+    assert "missing" in err and "refused" in err
 
 
 @pytest.mark.parametrize(
@@ -187,34 +199,26 @@ def test_unreadable_config_denies(shim: Shim) -> None:
     assert "rejected" in err
 
 
-def test_oversubscription_spills_into_managed_memory(shim: Shim) -> None:
-    shim.config(device__0__memory_limit=str(MIB), device__0__oversubscribe="1")
-    out, _ = shim.run(
-        "ctx",
-        "alloc",
-        MIB,
-        "alloc",
-        4 * MIB,
-        "async",
-        MIB,
-        "info",
-        "physical",
-        "free",
-        1,
-        "free",
-        2,
-        "free",
-        0,
-        "info",
-    )
-    assert [o["rc"] for o in out] == [0] * 10
-    assert (out[4]["total"], out[4]["free"]) == (MIB, 0)  # spill is beyond the slice
-    assert out[5]["bytes"] == MIB  # only the first MiB is on the device
-    assert out[-1]["free"] == MIB
-    # the same without oversubscription: refused
-    shim.config(device__0__memory_limit=str(MIB))
-    out, _ = shim.run("ctx", "alloc", MIB, "alloc", 4 * MIB)
-    assert out[2]["rc"] == OOM
+def test_oversubscription_spills_only_when_the_gpu_is_full_and_only_so_far(shim: Shim) -> None:
+    """Issue 9 item 8: spilling was unbounded, and a spilled pitched allocation returned
+    success without its pitch. A 2 MiB GPU, a container of 8 MiB of which 2 may spill."""
+    env = {"FAKECUDA_DEVICES": "2", "FAKECUDA_CTX_MIB": "0"}
+    shim.config(device__0__memory_limit=str(8 * MIB), device__0__oversubscribe="1",
+                device__0__spill_limit=str(2 * MIB))
+    out, _ = shim.run("ctx", "alloc", 2 * MIB,  # on the device: it is full now
+                      "pitch", 1000, 10,       # spilled, with its pitch
+                      "alloc", MIB,            # spilled
+                      "alloc", MIB,            # more than 2 MiB spilled: refused
+                      "info", "physical", env=env)
+    assert [o["rc"] for o in out[1:5]] == [0, 0, 0, OOM]
+    assert out[2]["pitch"] == 1024
+    spilled = 10 * 1024 + MIB
+    assert (out[5]["total"], out[5]["free"]) == (8 * MIB, 8 * MIB - 2 * MIB - spilled)
+    assert out[6]["bytes"] == 2 * MIB  # only what fits is on the device
+    # without oversubscription a full GPU is a full GPU
+    shim.config(device__0__memory_limit=str(8 * MIB))
+    out, _ = shim.run("ctx", "alloc", 2 * MIB, "alloc", MIB, env=env)
+    assert [o["rc"] for o in out[1:]] == [0, OOM]
 
 
 def _spawn_hold(
@@ -254,42 +258,26 @@ def test_limit_is_shared_by_processes_and_dead_usage_reclaimed(shim: Shim) -> No
     assert snap.used(0) == 0 and snap.processes == ()
 
 
-def _fake_host_proc(root: Path, pid: int, host_pid: int) -> None:
-    d = root / str(host_pid)
-    d.mkdir(parents=True, exist_ok=True)
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    (d / "stat").write_text(f"{host_pid}{stat[len(str(pid)) :]}")
-    (d / "cgroup").write_text(Path(f"/proc/{pid}/cgroup").read_text())
-    (d / "status").write_text(f"Name:\tdrv\nPid:\t{host_pid}\nNSpid:\t{host_pid}\t{pid}\n")
-
-
-def test_context_memory_is_charged_through_the_pid_mapping(shim: Shim) -> None:
+def test_context_memory_is_charged_through_registration(shim: Shim,
+                                                        registration: Registration) -> None:
+    """Issue 9 item 1: the host PID comes from the plugin (registration), not from a
+    host /proc; with it, the context's memory is measured and charged, and NVML shows
+    the process under its own PID."""
     offset = 100000
-    host_proc = shim.tmp / "hostproc"
-    host_proc.mkdir()
-    shim.config(device__0__memory_limit=str(1 << 30), host_proc=str(host_proc))
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(1 << 30), register=str(registration.path))
     env = {"FAKECUDA_CTX_MIB": "300", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
-    # another process with the same container pid in another container must not match
-    _fake_host_proc(host_proc, os.getpid(), os.getpid() + 2 * offset)
-    p = subprocess.Popen(
-        shim.cmd("ctx", "sleep", 700, "alloc", MIB, "info", "nvml"),
-        env=shim.env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _fake_host_proc(host_proc, p.pid, p.pid + offset)
+    p = subprocess.Popen(shim.cmd("ctx", "alloc", MIB, "info", "nvml"), env=shim.env(env),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 0, stderr
-    import json
-
     out = [json.loads(x) for x in stdout.splitlines()]
     ctx = 300 * MIB
     assert out[2]["free"] == (1 << 30) - ctx - MIB
     nvml = out[3]
     assert nvml["used"] == ctx + MIB
-    # the process list shows the container's pid, not the host's
-    assert nvml["procs"] == [[p.pid, ctx + MIB]]
+    assert registration.requests[0].startswith(f"vgpud-register 1 pid={p.pid} ")
+    assert nvml["procs"] == [[p.pid, ctx + MIB]]  # its own PID, not the host's
 
 
 def test_without_pid_mapping_context_is_not_guessed(shim: Shim) -> None:

@@ -1,177 +1,173 @@
-"""SM limit: the controller's error against its target, measured in the fake
-driver's simulation (fake_busy_ns over steady-state windows)."""
+"""SM limit: the controller's share of the device against its target, on the fake
+driver's honest model (kernels run in waves over the SMs, NVML samples per window in
+integer percent, lagging), measured exactly per sampling window (fake_window_busy_ns).
+
+Kernels of 100 ns, 10 us and 1 ms of device time per launch (FAKECUDA_LAUNCH_NS=100
+plus work per block per wave). A container is held to its target within 3 points
+wherever it can launch more than that; two processes launching 100 ns kernels flat out
+on a 2-core machine cannot each reach 30 % of a device, shim or not, and there the
+test asks for never more than the target and never less than 0.8 of what the process
+can launch at all (measured in the same setting with limits that never bind). Each case prints its
+figures (``pytest -s``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from .conftest import Built, Shim
+from .conftest import Built, Registration, Shim
 
-WINDOW_NS = 250_000_000
 WARMUP_NS = 1_000_000_000
-OFFSET = 100000
-
-
-def _host_proc_entry(root: Path, pid: int) -> None:
-    d = root / str(pid + OFFSET)
-    d.mkdir(parents=True)
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    (d / "stat").write_text(f"{pid + OFFSET}{stat[len(str(pid)) :]}")
-    (d / "cgroup").write_text(Path(f"/proc/{pid}/cgroup").read_text())
-    (d / "status").write_text(f"NSpid:\t{pid + OFFSET}\t{pid}\n")
+RUN_S = 3.0
+# name -> (blocks, work ns per block per wave): with 128 threads a block, 1728 blocks a
+# wave on the fake's 108 SMs; 100 + 6 x 166650 ns ~ 1 ms
+KERNELS = {"100ns": (1, 0), "10us": (100, 9900), "1ms": (10000, 166650)}
 
 
 class Container:
     """One container: its own config and state dir, sharing the fake device."""
 
-    def __init__(self, built: Built, root: Path, name: str, fake_state: Path, **cfg: str):
+    def __init__(self, built: Built, root: Path, name: str, fake_state: Path, *,
+                 offset: int = 0, registration: Registration | None = None, **cfg: str):
         self.shim = Shim(built, root / name, asan=False)
         self.shim.tmp.mkdir()
-        self.host_proc = root / "hostproc"
-        self.host_proc.mkdir(exist_ok=True)
-        self.shim.config(device__0__memory_limit="0", host_proc=str(self.host_proc), **cfg)
-        self.env = {"FAKECUDA_STATE": str(fake_state), "FAKECUDA_HOST_PID_OFFSET": str(OFFSET)}
+        if registration is not None:
+            cfg["register"] = str(registration.path)
+        self.shim.config(device__0__memory_limit="0", **cfg)
+        self.env = {"FAKECUDA_STATE": str(fake_state), "FAKECUDA_HOST_PID_OFFSET": str(offset),
+                    "FAKECUDA_LAUNCH_NS": "100", "FAKECUDA_CTX_MIB": "0"}
+        self.offset = offset
 
-    def start(
-        self, seconds: float, kind: str = "kernel", map_pid: bool = True
-    ) -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            self.shim.cmd("ctx", "launch", 100, seconds, kind, via="proc"),
-            env=self.shim.env(self.env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        if map_pid:  # what the plugin's host-/proc mount shows
-            _host_proc_entry(self.host_proc, p.pid)
-        return p
+    def start(self, kernel: str = "10us", kind: str = "kernel",
+              seconds: float = RUN_S) -> subprocess.Popen[str]:
+        blocks, ns = KERNELS[kernel]
+        return subprocess.Popen(
+            self.shim.cmd("ctx", "launch", blocks, seconds, kind, ns, via="proc"),
+            env=self.shim.env(self.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
 
-
-def _result(p: subprocess.Popen[str]) -> dict:
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err
-    return json.loads(out.splitlines()[-1])
-
-
-def _utilisation(built: Built, fake_state: Path, launch: dict) -> list[float]:
-    """percent of each steady-state window this process's kernels held the device"""
-    t0 = launch["t0"] + WARMUP_NS
-    env = {
-        "LD_LIBRARY_PATH": str(built.fakes),
-        "FAKECUDA_STATE": str(fake_state),
-        "PATH": os.environ.get("PATH", ""),
-    }
-    out = subprocess.run(
-        [
-            str(built.drv),
-            "--via",
-            "dlsym",
-            "busy",
-            str(launch["pid"] + OFFSET),
-            str(t0),
-            str(launch["t1"] - WINDOW_NS // 2),
-            str(WINDOW_NS),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    windows = json.loads(out)["windows"]
-    assert len(windows) >= 6
-    return [100.0 * w / WINDOW_NS for w in windows]
+    def share(self, p: subprocess.Popen[str]) -> list[float]:
+        """Percent of the device this container's process held, per 200 ms window."""
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        launch = json.loads(out.splitlines()[-1])
+        env = {"LD_LIBRARY_PATH": str(self.shim.built.fakes),
+               "FAKECUDA_STATE": self.env["FAKECUDA_STATE"], "PATH": os.environ.get("PATH", "")}
+        got = json.loads(subprocess.run(
+            [str(self.shim.built.drv), "--via", "dlsym", "windows",
+             str(launch["pid"] + self.offset), str(launch["t0"] + WARMUP_NS), str(launch["t1"])],
+            env=env, capture_output=True, text=True, check=True).stdout)
+        busy, w = got["busy"], got["window_ns"]
+        pairs = [100.0 * (busy[i] + busy[i + 1]) / (2 * w) for i in range(0, len(busy) - 1, 2)]
+        assert len(pairs) >= 5
+        return pairs
 
 
-def _mae(util: list[float], target: float) -> float:
-    return sum(abs(u - target) for u in util) / len(util)
+def _judge(label: str, share: list[float], target: float, capacity: float = 100.0) -> None:
+    """Within 3 points of the target where the process could launch more than that;
+    where it could not (CPU-bound), never above the target and never below 0.8 of what
+    it could launch; never below 0.8 of its ideal in any window."""
+    ideal = min(target, capacity)
+    mean = statistics.mean(share)
+    mae = statistics.mean(abs(s - target) for s in share)
+    print(f"{label}: target {target:.0f}, can launch {capacity:.1f}, mean {mean:.1f}, "
+          f"MAE {mae:.2f}, min {min(share):.1f}")
+    if capacity >= target + 3:
+        assert mae <= 3.0, (label, share)
+    else:
+        assert mean <= target + 3.0, (label, share)
+    assert min(share) >= 0.8 * ideal, (label, share)
 
 
 @pytest.fixture
-def fake_state(tmp_path: Path) -> Path:
+def gpu(tmp_path: Path) -> Path:
     return tmp_path / "fake.state"
 
 
-def test_fixed_limit_alone(built: Built, tmp_path: Path, fake_state: Path) -> None:
-    a = Container(built, tmp_path, "a", fake_state, device__0__core_limit="30")
-    util = _utilisation(built, fake_state, _result(a.start(3.0)))
-    print("fixed 30 alone:", [round(u, 1) for u in util], "MAE", round(_mae(util, 30), 2))
-    assert _mae(util, 30) <= 3.0
+def _capacity(built: Built, root: Path, gpu: Path, kernel: str, n: int) -> list[float]:
+    """What n processes launching ``kernel`` together reach with limits that never bind."""
+    cs = [Container(built, root, f"cap{i}", gpu, device__0__core_limit="99") for i in range(n)]
+    ps = [c.start(kernel) for c in cs]
+    return [statistics.mean(c.share(p)) for c, p in zip(cs, ps, strict=True)]
 
 
-def test_fixed_limits_shared(built: Built, tmp_path: Path, fake_state: Path) -> None:
-    a = Container(built, tmp_path, "a", fake_state, device__0__core_limit="30")
-    b = Container(built, tmp_path, "b", fake_state, device__0__core_limit="50")
-    pa, pb = a.start(3.5), b.start(3.5)
-    ua = _utilisation(built, fake_state, _result(pa))
-    ub = _utilisation(built, fake_state, _result(pb))
-    print("30+50: MAE", round(_mae(ua, 30), 2), round(_mae(ub, 50), 2))
-    assert _mae(ua, 30) <= 3.0
-    assert _mae(ub, 50) <= 3.0
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_fixed_30_alone(built: Built, tmp_path: Path, gpu: Path, kernel: str) -> None:
+    capacity = _capacity(built, tmp_path, gpu, kernel, 1)[0]
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
+    _judge(f"{kernel} fixed 30 alone", a.share(a.start(kernel)), 30.0, capacity)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_fixed_30_beside_a_50_neighbour(built: Built, tmp_path: Path, gpu: Path,
+                                        kernel: str) -> None:
+    cap_a, cap_b = _capacity(built, tmp_path, gpu, kernel, 2)
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
+    b = Container(built, tmp_path, "b", gpu, device__0__core_limit="50")
+    pa, pb = a.start(kernel), b.start(kernel)
+    _judge(f"{kernel} fixed 30 beside 50", a.share(pa), 30.0, cap_a)
+    _judge(f"{kernel} its 50 neighbour", b.share(pb), 50.0, cap_b)
 
 
 @pytest.mark.parametrize("kind", ["coop", "graph", "ex"])
-def test_every_launch_kind_is_charged(
-    built: Built, tmp_path: Path, fake_state: Path, kind: str
-) -> None:
-    a = Container(built, tmp_path, "a", fake_state, device__0__core_limit="30")
-    util = _utilisation(built, fake_state, _result(a.start(3.0, kind)))
-    print(kind, [round(u, 1) for u in util])
-    assert _mae(util, 30) <= 3.0
+def test_every_launch_kind_is_charged(built: Built, tmp_path: Path, gpu: Path,
+                                      kind: str) -> None:
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
+    _judge(f"{kind} fixed 30", a.share(a.start("10us", kind)), 30.0)
 
 
-def test_missing_pid_mapping_fails_the_target(
-    built: Built, tmp_path: Path, fake_state: Path
-) -> None:
-    """NVML speaks of host PIDs: a shim that uses its own PID learns nothing."""
-    a = Container(built, tmp_path, "a", fake_state, device__0__core_limit="30")
-    util = _utilisation(built, fake_state, _result(a.start(3.0, map_pid=False)))
-    assert _mae(util, 30) > 3.0
+def test_the_host_pid_through_registration(built: Built, tmp_path: Path, gpu: Path) -> None:
+    """In a container (simulated: NVML reports PID + offset) the host PID comes from the
+    plugin's registration; with it, calibration works."""
+    reg = Registration(tmp_path / "reg.sock", 100000)
+    try:
+        a = Container(built, tmp_path, "a", gpu, offset=100000, registration=reg,
+                      device__0__core_limit="30")
+        _judge("10us fixed 30, registered", a.share(a.start("10us")), 30.0)
+    finally:
+        reg.close()
 
 
-def test_balance_uses_idle_capacity(built: Built, tmp_path: Path, fake_state: Path) -> None:
-    a = Container(
-        built,
-        tmp_path,
-        "a",
-        fake_state,
-        device__0__core_limit="30",
-        device__0__core_policy="balance",
-    )
-    util = _utilisation(built, fake_state, _result(a.start(3.0)))
-    print("balance 30 alone:", [round(u, 1) for u in util])
-    assert min(util[2:]) > 45
+def test_without_the_host_pid_the_target_is_missed(built: Built, tmp_path: Path,
+                                                   gpu: Path) -> None:
+    """NVML speaks of host PIDs: a shim that takes its own PID for one learns nothing
+    (so the test above is not passing by luck)."""
+    a = Container(built, tmp_path, "a", gpu, offset=100000, device__0__core_limit="30")
+    share = a.share(a.start("10us"))
+    print("10us fixed 30, unregistered:", round(statistics.mean(share), 1))
+    assert statistics.mean(abs(s - 30) for s in share) > 3.0
 
 
-def test_balance_never_below_limit_under_contention(
-    built: Built, tmp_path: Path, fake_state: Path
-) -> None:
-    a = Container(
-        built,
-        tmp_path,
-        "a",
-        fake_state,
-        device__0__core_limit="40",
-        device__0__core_policy="balance",
-    )
-    b = Container(built, tmp_path, "b", fake_state, device__0__core_limit="0")  # unlimited
-    pa, pb = a.start(3.5), b.start(3.5)
-    ua = _utilisation(built, fake_state, _result(pa))
-    _result(pb)
-    print("balance 40 vs greedy:", [round(u, 1) for u in ua])
-    assert sum(ua) / len(ua) >= 40 - 3.0
+def test_balance_uses_idle_capacity(built: Built, tmp_path: Path, gpu: Path) -> None:
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30",
+                  device__0__core_policy="balance")
+    share = a.share(a.start("10us"))
+    print("balance 30 alone:", [round(u, 1) for u in share])
+    assert min(share[2:]) > 45
 
 
-def test_priority_wins_under_contention(built: Built, tmp_path: Path, fake_state: Path) -> None:
-    hi = Container(built, tmp_path, "hi", fake_state, device__0__core_limit="60", priority="1")
-    lo = Container(built, tmp_path, "lo", fake_state, device__0__core_limit="60", priority="0")
-    ph, pl = hi.start(3.5), lo.start(3.5)
-    uh = _utilisation(built, fake_state, _result(ph))
-    ul = _utilisation(built, fake_state, _result(pl))
-    print("priority 60/60:", round(sum(uh) / len(uh), 1), round(sum(ul) / len(ul), 1))
-    assert sum(uh) / len(uh) >= 60 - 3.0
-    assert sum(ul) / len(ul) < sum(uh) / len(uh)
+def test_balance_never_below_limit_under_contention(built: Built, tmp_path: Path,
+                                                    gpu: Path) -> None:
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit="40",
+                  device__0__core_policy="balance")
+    b = Container(built, tmp_path, "b", gpu, device__0__core_limit="0")  # unlimited
+    pa, pb = a.start("10us", seconds=3.5), b.start("10us", seconds=3.5)
+    share = a.share(pa)
+    b.share(pb)
+    print("balance 40 vs greedy:", [round(u, 1) for u in share])
+    assert statistics.mean(share) >= 40 - 3.0
+
+
+def test_priority_wins_under_contention(built: Built, tmp_path: Path, gpu: Path) -> None:
+    hi = Container(built, tmp_path, "hi", gpu, device__0__core_limit="60", priority="1")
+    lo = Container(built, tmp_path, "lo", gpu, device__0__core_limit="60", priority="0")
+    ph, pl = hi.start("10us", seconds=3.5), lo.start("10us", seconds=3.5)
+    uh, ul = hi.share(ph), lo.share(pl)
+    print("priority 60/60:", round(statistics.mean(uh), 1), round(statistics.mean(ul), 1))
+    assert statistics.mean(uh) >= 60 - 3.0
+    assert statistics.mean(ul) < statistics.mean(uh)

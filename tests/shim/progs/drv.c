@@ -14,6 +14,7 @@
  *   --via procself cuGetProcAddress_v2 obtained from cuGetProcAddress_v2 itself
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
@@ -95,6 +96,8 @@ static struct {
 
 static unsigned long long (*fake_now)(void);
 static unsigned long long (*fake_busy)(int, int, unsigned long long, unsigned long long);
+static unsigned long long (*fake_window_busy)(int, int, unsigned long long);
+static unsigned long long (*fake_window_ns)(void);
 static unsigned long long (*fake_used)(int);
 static int dev = 0;
 
@@ -153,6 +156,8 @@ static void setup(const char *via)
     *(void **)&fake_now = dlsym(h, "fake_now_ns");
     *(void **)&fake_used = dlsym(h, "fake_device_used_bytes");
     *(void **)&fake_busy = dlsym(h, "fake_busy_ns");
+    *(void **)&fake_window_busy = dlsym(h, "fake_window_busy_ns");
+    *(void **)&fake_window_ns = dlsym(h, "fake_sample_window_ns");
 }
 
 typedef struct { int kind; unsigned long long v; size_t bytes; } item;
@@ -207,13 +212,17 @@ static void ctx(void)
     out("ctx", r, NULL);
 }
 
-static void launch_loop(unsigned blocks, double seconds, const char *kind)
+/* launch BLOCKS SECONDS [KIND] [NS]: launch back to back for SECONDS; NS picks the
+ * fake driver's kernel fake_ns_NS (NS ns of work per block per wave) */
+static void launch_loop(unsigned blocks, double seconds, const char *kind, const char *ns)
 {
     CUmodule m;
     CUfunction fn;
     static const char image[] = "fake";
+    char name[64];
+    snprintf(name, sizeof name, ns ? "fake_ns_%s" : "k", ns);
     CUresult r = f.cuModuleLoadData(&m, image);
-    if (!r) r = f.cuModuleGetFunction(&fn, m, "k");
+    if (!r) r = f.cuModuleGetFunction(&fn, m, name);
     CUgraphExec exec = NULL;
     if (!r && !strcmp(kind, "graph")) {
         CUgraph g;
@@ -372,6 +381,8 @@ int main(int argc, char **argv)
             for (int k = 0; k < nitems; k++)
                 if (items[k].v && free_item(k)) r = CUDA_ERROR_UNKNOWN;
             out(op, r, NULL);
+        } else if (!strcmp(op, "sync")) {
+            out(op, f.cuCtxSynchronize(), NULL);
         } else if (!strcmp(op, "info")) {
             size_t fr = 0, tot = 0;
             CUresult r = f.cuMemGetInfo_v2(&fr, &tot);
@@ -412,8 +423,10 @@ int main(int argc, char **argv)
             unsigned blocks = (unsigned)ARG(1);
             double secs = atof(i + 2 < argc ? argv[i + 2] : "1");
             const char *kind = i + 3 < argc ? argv[i + 3] : "kernel";
-            i += 3;
-            launch_loop(blocks, secs, kind);
+            const char *ns = i + 4 < argc && isdigit((unsigned char)argv[i + 4][0]) ? argv[i + 4]
+                                                                                   : NULL;
+            i += ns ? 4 : 3;
+            launch_loop(blocks, secs, kind, ns);
         } else if (!strcmp(op, "busy")) {
             /* busy HOSTPID T0 T1 STEP: device time of HOSTPID (-1: all) per window */
             int hp = (int)strtol(i + 1 < argc ? argv[i + 1] : "-1", NULL, 0);
@@ -422,6 +435,19 @@ int main(int argc, char **argv)
             printf("{\"op\":\"busy\",\"rc\":0,\"windows\":[");
             for (unsigned long long t = t0, k = 0; step && t + step <= t1; t += step, k++)
                 printf("%s%llu", k ? "," : "", fake_busy ? fake_busy(dev, hp, t, t + step) : 0ull);
+            printf("]}\n");
+            fflush(stdout);
+        } else if (!strcmp(op, "windows")) {
+            /* windows HOSTPID T0 T1: exact device time of HOSTPID in each of the fake's
+             * sampling windows inside [T0, T1) (exact for any number of kernels) */
+            int hp = (int)strtol(i + 1 < argc ? argv[i + 1] : "-1", NULL, 0);
+            unsigned long long t0 = ARG(2), t1 = ARG(3);
+            i += 3;
+            unsigned long long w = fake_window_ns ? fake_window_ns() : 0;
+            printf("{\"op\":\"windows\",\"rc\":0,\"window_ns\":%llu,\"busy\":[", w);
+            for (unsigned long long k = w ? (t0 + w - 1) / w : 0, n = 0; w && (k + 1) * w <= t1;
+                 k++, n++)
+                printf("%s%llu", n ? "," : "", fake_window_busy(dev, hp, k * w));
             printf("]}\n");
             fflush(stdout);
         } else if (!strcmp(op, "sleep")) {

@@ -1,0 +1,210 @@
+/* Contexts: their memory, and what goes with them.
+ *
+ * A context takes device memory the workload never asked for (300-500 MiB on real
+ * GPUs). It is charged to the process once it exists — forced: it exists whatever the
+ * limit says — with its size measured from NVML: this process's memory on the device
+ * minus what the shim has already charged it. NVML names the process by host PID
+ * (drivers >= 560 by the PID in our namespace, nvml.c tells which); a measurement
+ * that cannot be made yet (the host PID not known yet, the process not in NVML's list
+ * yet) stays pending and is tried again at the next allocation on that device, never
+ * given up.
+ *
+ * Destroying a context (cuCtxDestroy, the last release of a primary context, or its
+ * reset) frees its memory and every allocation made in it, in the driver; the shim
+ * gives back the same: the context's charge, and each record that names the context.
+ * Pools and VMM handles belong to the device, not to a context; pools are counted
+ * again after a teardown (cuda_pool.c). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#define ORDINALS 64
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static int pending[VG_MAX_DEVICES];       /* contexts not measured yet, per device */
+static CUcontext primary[ORDINALS];       /* the primary context of each ordinal */
+
+/* This process's device memory on config device dev as NVML sees it, or -1 when NVML
+ * cannot tell yet (no host PID, not listed yet, no usage figure). */
+static int64_t nvml_process_bytes(int dev)
+{
+    nvmlDevice_t h = vg_nvml_device(dev);
+    if (!h || !vg_real.nvmlDeviceGetComputeRunningProcesses_v3) return -1;
+    int want = vg_nvml_namespace_pids() ? getpid() : vg_host_pid();
+    if (want <= 0) return -1;
+    nvmlProcessInfo_t infos[256];
+    unsigned int n = 256;
+    if (vg_real.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos) != NVML_SUCCESS) return -1;
+    for (unsigned i = 0; i < n && i < 256; i++)
+        if ((int)infos[i].pid == want && infos[i].usedGpuMemory != ~0ull)
+            return (int64_t)infos[i].usedGpuMemory;
+    return -1;
+}
+
+struct measure { int dev; uint64_t bytes; int done; };
+
+static int assign(vg_alloc *a, void *arg)
+{
+    struct measure *m = arg;
+    if (a->dev != m->dev || !(a->flags & VG_F_PENDING)) return 0;
+    /* NVML shows the sum of the pending contexts: the first one carries it */
+    a->bytes = m->done ? 0 : m->bytes;
+    a->flags &= ~VG_F_PENDING;
+    m->done = 1;
+    vg_remember(VG_T_CTX, *a);
+    return 0;
+}
+
+void vg_context_charge(int dev)
+{
+    if (dev < 0 || dev >= VG_MAX_DEVICES || !__atomic_load_n(&pending[dev], __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&ctx_mu);
+    if (pending[dev]) {
+        int64_t seen = nvml_process_bytes(dev);
+        uint64_t ours = vg_state_own_used(dev);
+        if (seen >= 0) {
+            struct measure m = {dev, (uint64_t)seen > ours ? (uint64_t)seen - ours : 0, 0};
+            vg_each(VG_T_CTX, assign, &m);
+            vg_state_charge(dev, m.bytes, VG_KIND_DEVICE, VG_CHARGE_FORCE | VG_CHARGE_CONTEXT);
+            VG_DEBUG("charged %llu bytes of context memory on device %d",
+                     (unsigned long long)m.bytes, dev);
+            __atomic_store_n(&pending[dev], 0, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&ctx_mu);
+}
+
+void vg_context_created(CUcontext ctx, CUdevice ordinal, int is_primary)
+{
+    int dev = vg_dev_index(ordinal);
+    if (!ctx || dev < 0) return;
+    pthread_mutex_lock(&ctx_mu);
+    if (is_primary && ordinal < ORDINALS) primary[ordinal] = ctx;
+    if (!vg_peek(VG_T_CTX, (uint64_t)(uintptr_t)ctx, NULL)) {
+        vg_remember(VG_T_CTX, (vg_alloc){.key = (uint64_t)(uintptr_t)ctx, .dev = dev,
+                                         .flags = VG_F_PENDING | (is_primary ? VG_F_PRIMARY : 0)});
+        __atomic_add_fetch(&pending[dev], 1, __ATOMIC_ACQ_REL);
+    }
+    pthread_mutex_unlock(&ctx_mu);
+    vg_context_charge(dev);
+}
+
+static int made_in(vg_alloc *a, void *arg)
+{
+    if (a->ctx != *(uint64_t *)arg) return 0;
+    vg_release(a);
+    return 1;
+}
+
+static void teardown(CUcontext c)
+{
+    uint64_t ctx = (uint64_t)(uintptr_t)c;
+    if (!ctx) return;
+    vg_alloc rec;
+    int dev = -1;
+    pthread_mutex_lock(&ctx_mu);
+    if (vg_forget(VG_T_CTX, ctx, &rec)) {
+        dev = rec.dev;
+        if (rec.flags & VG_F_PENDING) __atomic_sub_fetch(&pending[dev], 1, __ATOMIC_ACQ_REL);
+        else vg_state_uncharge_context(dev, rec.bytes);
+    }
+    pthread_mutex_unlock(&ctx_mu);
+    vg_each(VG_T_PTR, made_in, &ctx);
+    vg_each(VG_T_ARRAY, made_in, &ctx);
+    vg_pools_reconcile(dev);
+    VG_DEBUG("context %p destroyed: its memory given back", (void *)c);
+}
+
+static CUresult created(CUresult r, CUcontext *pctx, CUdevice dev)
+{
+    if (r == CUDA_SUCCESS && pctx) vg_context_created(*pctx, dev, 0);
+    return r;
+}
+
+CUresult vg_impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return created(vg_real.cuCtxCreate_v2(pctx, flags, dev), pctx, dev);
+}
+
+CUresult vg_impl_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags,
+                                CUdevice dev)
+{
+    return created(vg_real.cuCtxCreate_v3(pctx, p, n, flags, dev), pctx, dev);
+}
+
+CUresult vg_impl_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags,
+                                CUdevice dev)
+{
+    return created(vg_real.cuCtxCreate_v4(pctx, p, flags, dev), pctx, dev);
+}
+
+CUresult vg_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CUresult r = vg_real.cuDevicePrimaryCtxRetain(pctx, dev);
+    if (r == CUDA_SUCCESS && pctx) vg_context_created(*pctx, dev, 1);
+    return r;
+}
+
+CUresult vg_impl_cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r = vg_real.cuCtxDestroy_v2(ctx);
+    if (r == CUDA_SUCCESS) teardown(ctx);
+    return r;
+}
+
+CUresult vg_impl_cuCtxDestroy(CUcontext ctx)
+{
+    CUresult r = vg_real.cuCtxDestroy(ctx);
+    if (r == CUDA_SUCCESS) teardown(ctx);
+    return r;
+}
+
+static CUcontext primary_of(CUdevice ordinal)
+{
+    if (ordinal < 0 || ordinal >= ORDINALS) return NULL;
+    pthread_mutex_lock(&ctx_mu);
+    CUcontext c = primary[ordinal];
+    pthread_mutex_unlock(&ctx_mu);
+    return c;
+}
+
+/* after a release: the primary context is gone once it is no longer active */
+static void released(CUresult r, CUdevice ordinal)
+{
+    unsigned flags = 0;
+    int active = 1;
+    if (r != CUDA_SUCCESS || !vg_real.cuDevicePrimaryCtxGetState ||
+        vg_real.cuDevicePrimaryCtxGetState(ordinal, &flags, &active) != CUDA_SUCCESS || active)
+        return;
+    teardown(primary_of(ordinal));
+}
+
+CUresult vg_impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult r = vg_real.cuDevicePrimaryCtxRelease_v2(dev);
+    released(r, dev);
+    return r;
+}
+
+CUresult vg_impl_cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    CUresult r = vg_real.cuDevicePrimaryCtxRelease(dev);
+    released(r, dev);
+    return r;
+}
+
+CUresult vg_impl_cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CUresult r = vg_real.cuDevicePrimaryCtxReset_v2(dev);
+    if (r == CUDA_SUCCESS) teardown(primary_of(dev));
+    return r;
+}
+
+CUresult vg_impl_cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    CUresult r = vg_real.cuDevicePrimaryCtxReset(dev);
+    if (r == CUDA_SUCCESS) teardown(primary_of(dev));
+    return r;
+}

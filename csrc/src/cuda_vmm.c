@@ -1,0 +1,97 @@
+/* Virtual memory management (cuMemCreate / cuMemMap / cuMemUnmap / cuMemRelease).
+ *
+ * Physical memory is taken by cuMemCreate and lives while its handle is held OR
+ * mapped: NVIDIA's samples (and PyTorch's expandable segments) release the handle
+ * right after mapping it, and the memory stays until the last cuMemUnmap. So a handle
+ * is charged at cuMemCreate and given back only when it has been released and has no
+ * mapping left. Mappings are recorded by virtual address; one cuMemUnmap may cover
+ * several of them. */
+#include <pthread.h>
+
+#include "shim.h"
+
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+CUresult vg_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!handle || !prop || size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return vg_real.cuMemCreate(handle, size, prop, flags); /* host/NUMA: not device memory */
+    int dev = vg_dev_index(prop->location.id);
+    if (dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    vg_context_charge(dev);
+    if (vg_state_charge(dev, size, VG_KIND_DEVICE, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vg_real.cuMemCreate(handle, size, prop, flags);
+    if (r == CUDA_SUCCESS)
+        vg_remember(VG_T_HANDLE, (vg_alloc){.key = *handle, .bytes = size, .dev = dev});
+    else
+        vg_state_uncharge(dev, size, VG_KIND_DEVICE);
+    return r;
+}
+
+CUresult vg_impl_cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CUresult r = vg_real.cuMemRelease(handle);
+    if (r != CUDA_SUCCESS) return r;
+    vg_alloc a;
+    pthread_mutex_lock(&vmm_mu);
+    int gone = 0;
+    if (vg_peek(VG_T_HANDLE, handle, &a)) {
+        if (a.refs > 0) { /* still mapped: the memory lives until the last unmap */
+            a.flags |= VG_F_RELEASED;
+            vg_remember(VG_T_HANDLE, a);
+        } else {
+            gone = vg_forget(VG_T_HANDLE, handle, &a);
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    if (gone) vg_release(&a);
+    return r;
+}
+
+CUresult vg_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                          CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    CUresult r = vg_real.cuMemMap(ptr, size, offset, handle, flags);
+    if (r != CUDA_SUCCESS) return r;
+    vg_alloc a;
+    pthread_mutex_lock(&vmm_mu);
+    if (vg_peek(VG_T_HANDLE, handle, &a)) {
+        a.refs++;
+        vg_remember(VG_T_HANDLE, a);
+        vg_remember(VG_T_MAP, (vg_alloc){.key = ptr, .bytes = size, .aux = handle,
+                                         .dev = a.dev});
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return r;
+}
+
+struct unmap { uint64_t lo, hi; };
+
+static int unmapped(vg_alloc *m, void *arg)
+{
+    struct unmap *u = arg;
+    if (m->key < u->lo || m->key >= u->hi) return 0;
+    vg_alloc h;
+    if (vg_peek(VG_T_HANDLE, m->aux, &h)) {
+        if (h.refs > 0) h.refs--;
+        if (h.refs == 0 && (h.flags & VG_F_RELEASED)) {
+            vg_forget(VG_T_HANDLE, h.key, NULL);
+            vg_release(&h);
+        } else {
+            vg_remember(VG_T_HANDLE, h);
+        }
+    }
+    return 1;
+}
+
+CUresult vg_impl_cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CUresult r = vg_real.cuMemUnmap(ptr, size);
+    if (r != CUDA_SUCCESS) return r;
+    struct unmap u = {ptr, ptr + size > ptr ? ptr + size : UINT64_MAX};
+    pthread_mutex_lock(&vmm_mu);
+    vg_each(VG_T_MAP, unmapped, &u);
+    pthread_mutex_unlock(&vmm_mu);
+    return r;
+}
