@@ -53,6 +53,12 @@ class PluginSettings(_Model):
     featureGates: FeatureGates = FeatureGates()
     shimHostDir: str = "/usr/local/vgpud"
     metricsListen: str = "0.0.0.0:9394"
+    # the watchdog (vgpud/node/watchdog.py): a container over its memory limit (by NVML,
+    # beyond the tolerance) for longer than the grace period is reported, or killed
+    overLimitAction: Literal["warn", "kill"] = "warn"
+    overLimitGraceSeconds: float = Field(default=10.0, ge=0, le=3600)
+    overLimitToleranceMiB: int = Field(default=32, ge=0, le=1 << 20)
+    watchdogIntervalSeconds: float = Field(default=2.0, gt=0, le=600)
 
 
 class Settings(_Model):

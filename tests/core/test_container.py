@@ -22,13 +22,14 @@ from vgpud.core.model import ComputePolicy, ContainerGrant, DeviceGrant, Gpu, No
 # what a value in the file may hold: printable ASCII, no '#', no spaces at the ends
 words = st.text(st.characters(min_codepoint=32, max_codepoint=126, exclude_characters="#"),
                 min_size=1, max_size=24).filter(lambda w: w == w.strip(" "))
-device_limits = st.builds(
-    DeviceLimits, uuid=words, memory_limit=st.integers(0, (1 << 64) - 1),
-    core_limit=st.integers(0, 100), core_policy=st.sampled_from(ComputePolicy),
-    oversubscribe=st.booleans())
+device_limits = st.integers(0, (1 << 64) - 1).flatmap(lambda mem: st.builds(
+    DeviceLimits, uuid=words, memory_limit=st.just(mem), core_limit=st.integers(0, 100),
+    core_policy=st.sampled_from(ComputePolicy), oversubscribe=st.booleans(),
+    spill_limit=st.integers(0, mem)))
+maybe_word = st.one_of(st.just(""), words)
 limits = st.builds(Limits, devices=st.lists(device_limits, max_size=16).map(tuple),
-                   priority=st.integers(-1000, 1000), state_dir=st.one_of(st.just(""), words),
-                   container=st.one_of(st.just(""), words))
+                   priority=st.integers(-1000, 1000), state_dir=maybe_word,
+                   register=maybe_word, container=maybe_word)
 
 
 @pytest.mark.property
@@ -50,6 +51,8 @@ def test_no_limit_and_a_whole_gpu_survive_the_round_trip() -> None:
     assert got.visible_uuids == ("GPU-a", "GPU-b")  # CUDA order: the node's index order
     assert [(d.memory_limit, d.core_limit) for d in got.devices] == [(0, 0), (3000 * MIB, 100)]
     assert all(d.oversubscribe and d.core_policy is ComputePolicy.BALANCE for d in got.devices)
+    # scaling 1.5: a third of the grant may spill, two thirds must be device memory
+    assert [d.spill_limit for d in got.devices] == [0, 1000 * MIB]
     assert (got.priority, got.state_dir, got.container) == (-3, "/var/run/vgpud", "main")
 
 
@@ -65,6 +68,7 @@ def test_a_grant_for_a_gpu_the_node_lacks_is_refused() -> None:
     (Limits((DeviceLimits("", 1, 1),)), "must not be empty"),
     (Limits((DeviceLimits("GPU-a", -1, 1),)), "negative"),
     (Limits((DeviceLimits("GPU-a", 1, 101),)), "0-100"),
+    (Limits((DeviceLimits("GPU-a", 1, 1, spill_limit=2),)), "spill_limit"),
     (Limits((), priority=5000), "±1000"),
     (Limits((), state_dir="/a\nversion=2"), "cannot be written"),
     (Limits((), container="ü"), "printable ASCII"),

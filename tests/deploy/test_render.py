@@ -76,6 +76,16 @@ def test_feature_gates_grant_node_status_and_unignore_resources(helm: Path) -> N
     assert settings.plugin.featureGates.MemoryPlugin is True
 
 
+def test_kill_on_over_limit_grants_the_kill_capability_only_then(helm: Path) -> None:
+    sc = template(helm).container("DaemonSet", "plugin")["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    m = template(helm, "config.plugin.overLimitAction=kill")
+    sc = m.container("DaemonSet", "plugin")["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    settings = parse_settings(yaml.safe_load(m.configmap_file("vgpud-settings", "vgpud.yaml")))
+    assert settings.plugin.overLimitAction == "kill"
+
+
 def test_extender_election_adds_its_flag_and_its_lease(helm: Path) -> None:
     m = template(helm, "scheduler.extender.leaderElect=true", "scheduler.replicas=2")
     args = m.container("Deployment", "extender")["args"]

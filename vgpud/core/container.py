@@ -36,7 +36,8 @@ class DeviceLimits:
     memory_limit: int  # bytes; 0 = no limit
     core_limit: int  # percent of the GPU's SMs, 0-100; 0 and 100 mean no SM limit
     core_policy: ComputePolicy = ComputePolicy.FIXED
-    oversubscribe: bool = False  # may spill past the physical share into host memory
+    oversubscribe: bool = False  # may spill into host memory when the GPU is full
+    spill_limit: int = 0  # bytes that may spill (part of memory_limit); 0 = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class Limits:
     devices: tuple[DeviceLimits, ...]
     priority: int = 0
     state_dir: str = ""  # the writable per-container state directory, inside the container
+    register: str = ""  # the plugin's registration socket, inside the container
     container: str = ""  # whose limits these are (for people reading the file)
 
     @property
@@ -51,14 +53,25 @@ class Limits:
         return tuple(d.uuid for d in self.devices)
 
 
+def spill_limit(memory_limit: int, memory_scaling: float) -> int:
+    """Bytes of ``memory_limit`` that may spill into host memory on a GPU shared past
+    its physical size (``deviceMemoryScaling`` > 1): the part of the grant the GPU
+    cannot back, ``limit × (1 − 1/scaling)``. The rest must fit in device memory."""
+    if memory_scaling <= 1.0 or memory_limit == 0:
+        return 0
+    return memory_limit - int(memory_limit / memory_scaling)
+
+
 def limits_for(grant: ContainerGrant, inventory: NodeInventory, *,
-               compute_policy: ComputePolicy, priority: int, state_dir: str) -> Limits:
+               compute_policy: ComputePolicy, priority: int, state_dir: str,
+               register: str = "") -> Limits:
     """The limits of one container.
 
     Devices are listed in the node's GPU index order, which is the order CUDA
     enumerates them in the container (the plugin sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``);
     the shim matches each entry by UUID, so a workload's own ``CUDA_VISIBLE_DEVICES``
-    order does not matter.
+    order does not matter. Memory may spill only when the node oversubscribes
+    (:func:`spill_limit`).
     """
     by_uuid = {g.uuid: g for g in inventory.devices}
     missing = [d.uuid for d in grant.devices if d.uuid not in by_uuid]
@@ -66,12 +79,14 @@ def limits_for(grant: ContainerGrant, inventory: NodeInventory, *,
         raise GrantError(f"container {grant.name!r} was assigned GPUs this node does not have: "
                          + ", ".join(missing))
     devices = sorted(grant.devices, key=lambda d: by_uuid[d.uuid].index)
-    oversubscribe = inventory.memory_scaling > 1.0
+    scaling = inventory.memory_scaling
     return Limits(
         devices=tuple(DeviceLimits(uuid=d.uuid, memory_limit=d.memory * MIB,
                                    core_limit=d.cores, core_policy=compute_policy,
-                                   oversubscribe=oversubscribe) for d in devices),
-        priority=priority, state_dir=state_dir, container=grant.name)
+                                   oversubscribe=scaling > 1.0,
+                                   spill_limit=spill_limit(d.memory * MIB, scaling))
+                      for d in devices),
+        priority=priority, state_dir=state_dir, register=register, container=grant.name)
 
 
 def _text(key: str, value: str, *, empty: bool = True) -> str:
@@ -98,20 +113,27 @@ def render(limits: Limits) -> str:
             raise LimitsError(f"device.{i}.memory_limit: {d.memory_limit} is negative")
         if not 0 <= d.core_limit <= 100:
             raise LimitsError(f"device.{i}.core_limit: {d.core_limit} is not 0-100")
+        if not 0 <= d.spill_limit <= d.memory_limit:
+            raise LimitsError(f"device.{i}.spill_limit: {d.spill_limit} is not within "
+                              f"0..memory_limit")
         lines += [
             f"device.{i}.uuid={_text(f'device.{i}.uuid', d.uuid, empty=False)}",
             f"device.{i}.memory_limit={d.memory_limit}",
             f"device.{i}.core_limit={d.core_limit}",
             f"device.{i}.core_policy={d.core_policy.value}",
             f"device.{i}.oversubscribe={int(d.oversubscribe)}",
+            f"device.{i}.spill_limit={d.spill_limit}",
         ]
     lines.append(f"priority={limits.priority}")
     if limits.state_dir:
         lines.append(f"state_dir={_text('state_dir', limits.state_dir)}")
+    if limits.register:
+        lines.append(f"register={_text('register', limits.register)}")
     return "\n".join(lines) + "\n"
 
 
-_DEVICE_FIELDS = ("uuid", "memory_limit", "core_limit", "core_policy", "oversubscribe")
+_DEVICE_FIELDS = ("uuid", "memory_limit", "core_limit", "core_policy", "oversubscribe",
+                  "spill_limit")
 
 
 def _int(where: str, value: str, lo: int, hi: int) -> int:
@@ -151,7 +173,7 @@ def parse(text: str) -> Limits:
                 raise LimitsError(f"{where}: device index out of range (< {MAX_DEVICES})")
             if field in _DEVICE_FIELDS:
                 devices.setdefault(i, {})[field] = value
-        elif key in ("priority", "state_dir", "container"):
+        elif key in ("priority", "state_dir", "register", "container"):
             top[key] = value
     if version is None:
         raise LimitsError("no version line")
@@ -175,7 +197,10 @@ def parse(text: str) -> Limits:
             uuid=f["uuid"], memory_limit=_int(f"{where}.memory_limit", f["memory_limit"], 0,
                                               (1 << 64) - 1),
             core_limit=_int(f"{where}.core_limit", f.get("core_limit", "0"), 0, 100),
-            core_policy=policy, oversubscribe=over == "1"))
+            core_policy=policy, oversubscribe=over == "1",
+            spill_limit=_int(f"{where}.spill_limit", f.get("spill_limit", "0"), 0,
+                             (1 << 64) - 1)))
     return Limits(devices=tuple(out),
                   priority=_int("priority", top.get("priority", "0"), -1000, 1000),
-                  state_dir=top.get("state_dir", ""), container=top.get("container", ""))
+                  state_dir=top.get("state_dir", ""), register=top.get("register", ""),
+                  container=top.get("container", ""))

@@ -50,6 +50,11 @@ class GpuSource(Protocol):
         """Device memory in use per GPU uuid, MiB (for metrics)."""
         ...
 
+    async def processes(self) -> Mapping[str, list[tuple[int, int]]]:
+        """Per GPU uuid, (host PID, device bytes) of every process using it (the
+        watchdog's truth); empty when the source cannot tell."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -114,5 +114,8 @@ class FakeGpus:
     async def memory_used(self) -> Mapping[str, int]:
         return dict(self._used)
 
+    async def processes(self) -> Mapping[str, list[tuple[int, int]]]:
+        return {}  # a file knows no processes: the watchdog has nothing to compare
+
     async def aclose(self) -> None:
         return None

@@ -117,6 +117,19 @@ def _memory_used() -> dict[str, int]:
     return out
 
 
+def _processes() -> dict[str, list[tuple[int, int]]]:
+    out: dict[str, list[tuple[int, int]]] = {}
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        rows = []
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            used = p.usedGpuMemory
+            if used is not None:  # None: NVML cannot tell (not permitted, WDDM)
+                rows.append((int(p.pid), int(used)))
+        out[_text(pynvml.nvmlDeviceGetUUID(h))] = rows
+    return out
+
+
 def _probe(uuid: str) -> bool:
     """A GPU answers NVML and has no pending page retirement or row remapping."""
     try:
@@ -218,6 +231,13 @@ class NvmlGpus:
             return await anyio.to_thread.run_sync(_memory_used)
         except pynvml.NVMLError as e:
             log.warning("memory_used_failed", error=str(e))
+            return {}
+
+    async def processes(self) -> Mapping[str, list[tuple[int, int]]]:
+        try:
+            return await anyio.to_thread.run_sync(_processes)
+        except pynvml.NVMLError as e:
+            log.warning("processes_failed", error=str(e))
             return {}
 
     async def aclose(self) -> None:

@@ -1,9 +1,12 @@
 """``/metrics`` of the plugin (prometheus-client), computed at scrape time.
 
 Per GPU: capacity, memory and cores allocated, memory used (from the GPU source),
-containers sharing it, health. Per container: its limits and, when the shim's usage
-state is readable (``vgpud.shm``), the memory it uses. Labels name the GPU by uuid
-and index and the container by namespace, pod and container.
+containers sharing it, health. Per container: its limits; the memory its shim counts
+(``vgpud.shm``; slots of processes that are gone are left out, whatever the file
+says); the memory NVML says it uses and whether it is over its limit past the grace
+period (the watchdog). Node-wide: process registrations, ``VGPUD_*`` variables that
+containers set and the shim ignored, the watchdog's reports and kills. Labels name the
+GPU by uuid and index and the container by namespace, pod and container.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vgpud import shm
+from vgpud.node import procfs
+from vgpud.node.registration import Registry
+from vgpud.node.watchdog import Watchdog
 from vgpud.plugin.allocations import AllocationStore
 from vgpud.plugin.devices import NodeDevices
 
@@ -29,21 +35,39 @@ MIB = 1 << 20
 UsageReader = Callable[[Path, Sequence[str]], Mapping[str, int] | None]
 
 
-def shim_usage(state: Path, uuids: Sequence[str]) -> Mapping[str, int] | None:
-    """Bytes used per GPU uuid from the shim's usage-state file, None if there is none yet.
+def _alive(p: shm.ProcessSlot) -> bool:
+    """The slot's process still runs (by its host PID and start time); a slot whose host
+    PID is not known yet counts as alive."""
+    if p.host_pid <= 0:
+        return True
+    facts = procfs.read(p.host_pid)
+    return facts is not None and (not p.start_time or facts.start_time == p.start_time)
 
-    The file's devices are the container's CUDA ordinals, i.e. the limits file's order.
+
+def shim_usage(state: Path, uuids: Sequence[str]) -> Mapping[str, int] | None:
+    """Device bytes per GPU uuid that the shim charged to live processes, None if there
+    is no usage file yet.
+
+    The file's devices are the limits file's (the shim indexes them by UUID).
     """
     if not (state / shm.STATE_FILE).exists():
         return None
     snap = shm.read_usage(state)
-    return {uuids[d.index]: d.used for d in snap.devices if d.index < len(uuids)}
+    out = dict.fromkeys(uuids[: snap.device_count], 0)
+    for p in snap.processes:
+        if _alive(p):
+            for i, b in enumerate(p.used[: len(uuids)]):
+                out[uuids[i]] += b
+    return out
 
 
 class PluginCollector(Collector):
     def __init__(self, node: str, devices: NodeDevices, store: AllocationStore,
                  used: Callable[[], Mapping[str, int]],
-                 usage_reader: UsageReader | None = None) -> None:
+                 usage_reader: UsageReader | None = None, *,
+                 registry: Registry | None = None, watchdog: Watchdog | None = None) -> None:
+        self.registry = registry
+        self.watchdog = watchdog
         self.node = node
         self.devices = devices
         self.store = store
@@ -105,6 +129,51 @@ class PluginCollector(Collector):
             health.add_metric(labels, 1 if gpu.healthy else 0)
         yield from (cap_mem, alloc_mem, alloc_cores, used_mem, sharing, health,
                     c_mem, c_cores, c_used)
+        yield from self._node_side(cl)
+
+    def _node_side(self, cl: list[str]) -> Iterator[Any]:
+        owners = {a.key: a.owner for a in self.store.configured() if a.owner is not None}
+
+        def labels(key: str, uuid: str) -> list[str] | None:
+            o = owners.get(key)
+            return None if o is None else [self.node, o.namespace, o.pod, o.container, uuid]
+
+        if self.watchdog is not None:
+            device = GaugeMetricFamily(
+                "vgpud_container_memory_device_bytes",
+                "Device memory a container's processes hold, by NVML (the watchdog's view)",
+                labels=cl)
+            over = GaugeMetricFamily(
+                "vgpud_container_over_limit",
+                "1 while a container is over its memory limit past the grace period",
+                labels=cl)
+            for u in self.watchdog.last:
+                lab = labels(u.key, u.uuid)
+                if lab is not None:
+                    device.add_metric(lab, u.used)
+            for u in self.watchdog.over:
+                lab = labels(u.key, u.uuid)
+                if lab is not None:
+                    over.add_metric(lab, 1)
+            actions = CounterMetricFamily("vgpud_watchdog_actions",
+                                          "Over-limit incidents reported, and processes killed",
+                                          labels=["node", "action"])
+            actions.add_metric([self.node, "report"], self.watchdog.reports)
+            actions.add_metric([self.node, "kill"], self.watchdog.kills)
+            yield from (device, over, actions)
+        if self.registry is not None:
+            regs = CounterMetricFamily("vgpud_registrations",
+                                       "GPU processes that registered with the plugin",
+                                       labels=["node", "result"])
+            regs.add_metric([self.node, "accepted"], self.registry.accepted)
+            regs.add_metric([self.node, "refused"], self.registry.refused)
+            env = CounterMetricFamily(
+                "vgpud_container_env_ignored",
+                "Processes that set a VGPUD_* variable the shim ignored (limits come from "
+                "the plugin only)", labels=["node", "variable"])
+            for name, n in sorted(self.registry.ignored_env.items()):
+                env.add_metric([self.node, name], n)
+            yield from (regs, env)
 
 
 def metrics_app(registry: CollectorRegistry) -> web.Application:

@@ -76,6 +76,7 @@ def plan(
     chosen: Sequence[str],
     inventory: NodeInventory,
     state_dir: str,
+    register: str = "",
     others: Mapping[str, GpuUsage] | None = None,
 ) -> Configure | Refuse | _Needs:
     """What PreStartContainer does for ``container`` of the pod with ``annotations``,
@@ -98,7 +99,7 @@ def plan(
     assert grant is not None  # reconcile checked it
     try:
         limits = limits_for(grant, inventory, compute_policy=got.compute_policy,
-                            priority=got.priority, state_dir=state_dir)
+                            priority=got.priority, state_dir=state_dir, register=register)
     except GrantError as e:
         return Refuse(f"{where}: {e}")
     return Configure(placement=got, grant=grant, limits=limits, rewrite=got is not placement)

@@ -3,8 +3,10 @@
 :func:`run_plugin` discovers the GPUs, restores the allocations on disk, installs
 the shim, and then runs, side by side: the health watcher, the gRPC server with its
 kubelet registration (:func:`vgpud.plugin.kubelet.serve_plugin`), the inventory
-publisher, the housekeeping loop (stale allocation directories, memory in use) and
-the metrics server. ``task_status.started`` hands back a :class:`Running` once
+publisher, the process registrar (one socket per allocation,
+:mod:`vgpud.node.registration`), the watchdog (:mod:`vgpud.node.watchdog`), the
+housekeeping loop (stale allocation directories, memory in use) and the metrics
+server. ``task_status.started`` hands back a :class:`Running` once
 kubelet has accepted the registration. Cancelling the scope stops everything; the
 files of running containers stay where they are.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +28,11 @@ from prometheus_client import CollectorRegistry
 
 from vgpud.config import Settings
 from vgpud.kube.client import KubeClient
+from vgpud.node.registration import Owner, Registered, Registrar, Registry
+from vgpud.node.watchdog import Usage, Watchdog, Watched
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.allocations import AllocationStore
-from vgpud.plugin.cluster import ClusterApi, KubeCluster
+from vgpud.plugin.cluster import ClusterApi, KubeCluster, PodView
 from vgpud.plugin.devices import GpuSource, HealthEvent, NodeDevices
 from vgpud.plugin.inventory import publish_inventory
 from vgpud.plugin.kubelet import serve_plugin
@@ -131,27 +136,56 @@ async def run_plugin(
     log.info("gpus_found", node=opts.node_name, gpus=len(found), split=split)
     store = AllocationStore(opts.state_dir)
     shim = await anyio.to_thread.run_sync(_shim, settings, opts.require_shim)
+    registry = Registry()
+
+    async def env_ignored(owner: Owner, r: Registered) -> None:
+        await cluster.pod_event(
+            _pod_of(owner), "VgpuEnvIgnored",
+            f"container {owner.container!r} (process {r.host_pid}) set "
+            f"{', '.join(r.claim.ignored)}: ignored, its limits come from the vgpud plugin")
+
+    registrar = Registrar(registry, on_ignored_env=env_ignored)
     service = PluginService(
         node=opts.node_name, devices=devices, store=store,
         podresources=PodResourcesClient(str(opts.pod_resources_socket), RESOURCE),
-        cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim)
-    await anyio.to_thread.run_sync(store.all)  # loads the records into the store's index
+        cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
+        registrar=registrar)
+    allocations = await anyio.to_thread.run_sync(store.all)  # also loads the store's index
     log.info("allocations_restored", configured=len(store.configured()))
+    plug = settings.plugin
+    watchdog = Watchdog(registry, lambda: _watched(store), action=plug.overLimitAction,
+                        grace=plug.overLimitGraceSeconds,
+                        tolerance=plug.overLimitToleranceMiB << 20,
+                        interval=plug.watchdogIntervalSeconds)
+
+    async def over_limit(u: Usage, owner: Owner) -> None:
+        await cluster.pod_event(
+            _pod_of(owner), "VgpuOverLimit",
+            f"container {owner.container!r} uses {u.used >> 20} MiB of GPU {u.uuid}, over "
+            f"its limit of {u.limit >> 20} MiB for {plug.overLimitGraceSeconds:.0f} s"
+            + (": killing its largest processes there" if plug.overLimitAction == "kill"
+               else ""))
+
     used: dict[str, int] = {}
     listen = settings.plugin.metricsListen if opts.metrics_listen is None else opts.metrics_listen
     gates = settings.plugin.featureGates
     try:
         async with anyio.create_task_group() as tg:
+            await tg.start(registrar.run)
+            for a in allocations:  # running containers register again after a restart
+                await service.listen(a)
             tg.start_soon(_health, source, devices)
             tg.start_soon(cluster.run)
+            tg.start_soon(watchdog.run, source, time.monotonic, over_limit)
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
                 memory=gates.MemoryPlugin))
             port = None
             if listen:
-                registry = CollectorRegistry(auto_describe=False)
-                registry.register(PluginCollector(opts.node_name, devices, store, lambda: used))
-                port = await tg.start(_serve_metrics, metrics_app(registry), listen)
+                metrics = CollectorRegistry(auto_describe=False)
+                metrics.register(PluginCollector(opts.node_name, devices, store, lambda: used,
+                                                 registry=registry, watchdog=watchdog))
+                port = await tg.start(_serve_metrics, metrics_app(metrics), listen)
             options = await service.get_device_plugin_options(pb.Empty())
             sock = await tg.start(lambda task_status: serve_plugin(
                 [service], opts.device_plugin_dir, SOCKET, RESOURCE, options,
@@ -162,6 +196,22 @@ async def run_plugin(
     finally:
         with anyio.CancelScope(shield=True):
             await source.aclose()
+
+
+def _pod_of(owner: Owner) -> PodView:
+    return PodView(namespace=owner.namespace, name=owner.pod, uid=owner.uid,
+                   resource_version="", node_name="", phase="")
+
+
+def _watched(store: AllocationStore) -> dict[str, Watched]:
+    """What the watchdog compares: every configured container's limits, in bytes."""
+    out = {}
+    for a in store.configured():
+        if a.owner is None:
+            continue
+        owner = Owner(a.key, a.owner.namespace, a.owner.pod, a.owner.container, a.owner.uid)
+        out[a.key] = Watched(owner, {d.uuid: d.memory << 20 for d in a.devices})
+    return out
 
 
 def make_source(fake_devices: str | None) -> GpuSource:

@@ -33,6 +33,8 @@ from vgpud.core.codec import encode_assignment
 from vgpud.core.container import LimitsError, render
 from vgpud.core.model import GpuUsage
 from vgpud.kube.errors import Conflict, KubeError, NotFound
+from vgpud.node.registration import SOCKET_NAME, Registrar
+from vgpud.node.registration import Owner as RegistrationOwner
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.allocations import Allocation, AllocationStore, Owner
 from vgpud.plugin.cluster import ClusterApi, PodView
@@ -55,6 +57,7 @@ log = structlog.get_logger(__name__)
 RESOURCE = "nvidia.com/vgpu-number"
 CONFIG_DIR = "/etc/vgpud"
 STATE_DIR = "/var/run/vgpud"
+REGISTER = f"{CONFIG_DIR}/{SOCKET_NAME}"
 PRELOAD = "/etc/ld.so.preload"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -94,11 +97,12 @@ def _with_shim(r: pb.ContainerAllocateResponse, shim: ShimFiles | None) -> None:
 
 
 def _with_dirs(r: pb.ContainerAllocateResponse, alloc: Allocation) -> None:
+    # No env: a pod's own env overrides the plugin's. The shim finds /etc/vgpud mounted
+    # and then reads its limits from there only.
     r.mounts.append(pb.Mount(container_path=CONFIG_DIR, host_path=str(alloc.etc),
                              read_only=True))
     r.mounts.append(pb.Mount(container_path=STATE_DIR, host_path=str(alloc.state),
                              read_only=False))
-    r.envs["VGPUD_CONFIG"] = f"{CONFIG_DIR}/config"
 
 
 class PluginService(pb.DevicePluginBase):
@@ -112,9 +116,11 @@ class PluginService(pb.DevicePluginBase):
         cluster: ClusterApi,
         visible: str = "env",
         shim: ShimFiles | None = None,
+        registrar: Registrar | None = None,
         clock: Callable[[], float] = time.time,
         owner_retries: int = 5,
     ) -> None:
+        self.registrar = registrar
         self.node = node
         self.devices = devices
         self.store = store
@@ -204,6 +210,7 @@ class PluginService(pb.DevicePluginBase):
         except OSError as e:
             raise GRPCError(Status.INTERNAL,
                             f"cannot create the allocation directory: {e.strerror or e}") from None
+        await self.listen(alloc)
         r = pb.ContainerAllocateResponse()
         _with_visible(r, [i.gpu.uuid for i in infos], [i.minor for i in infos], self.visible)
         _with_shim(r, self.shim)
@@ -275,6 +282,9 @@ class PluginService(pb.DevicePluginBase):
                                    f"{e.strerror or e}", pod) from None
         log.info("configured", pod=f"{h.namespace}/{h.pod}", container=h.container,
                  key=alloc.key, gpus=list(step.limits.visible_uuids))
+        if self.registrar is not None:
+            self.registrar.set_owner(alloc.key, RegistrationOwner(
+                alloc.key, owner.namespace, owner.pod, owner.container, owner.uid))
         return alloc
 
     async def _pod(self, namespace: str, name: str, where: str) -> PodView:
@@ -290,7 +300,19 @@ class PluginService(pb.DevicePluginBase):
               others: dict[str, GpuUsage] | None = None) -> Configure | Refuse | object:
         return plan(where, pod.annotations, node=self.node, container=container,
                     chosen=chosen, inventory=self.devices.inventory(), state_dir=STATE_DIR,
-                    others=others)
+                    register=REGISTER if self.registrar is not None else "", others=others)
+
+    async def listen(self, alloc: Allocation) -> None:
+        """Serve the allocation's registration socket (after Allocate, and on restart)."""
+        if self.registrar is None:
+            return
+        owner = None if alloc.owner is None else RegistrationOwner(
+            alloc.key, alloc.owner.namespace, alloc.owner.pod, alloc.owner.container,
+            alloc.owner.uid)
+        try:
+            await self.registrar.open(alloc.key, alloc.etc, owner)
+        except OSError as e:
+            log.error("registration_socket_failed", key=alloc.key, error=str(e))
 
     async def _reconcile(self, where: str, pod: PodView, container: str,
                          chosen: list[str]) -> Configure | Refuse:
@@ -339,6 +361,8 @@ class PluginService(pb.DevicePluginBase):
         gone = stale(((a.key, frozenset(a.ids), a.written) for a in allocations),
                      {h.ids for h in held if h.ids}, self.clock(), grace)
         for key in gone:
+            if self.registrar is not None:
+                self.registrar.close(key)
             await anyio.to_thread.run_sync(self.store.remove, key)
         if gone:
             log.info("allocations_collected", removed=len(gone))
