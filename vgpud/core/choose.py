@@ -14,10 +14,9 @@ ledger holds exactly that.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 from vgpud.core.cluster import Cluster, GpuView
-from vgpud.core.fit import GpuState, demand, gpu_reason, gpu_selected
+from vgpud.core.fit import demand, gpu_reason, gpu_selected
 from vgpud.core.model import (
     ContainerGrant,
     ContainerRequest,
@@ -34,37 +33,45 @@ from vgpud.core.model import (
 MAX_LINK_SEARCH = 20_000  # combinations tried for an NVLink clique before giving up
 
 
-@dataclass(slots=True)
 class _Free:
-    """What is held on one GPU while a pod is being placed (others' and this pod's)."""
+    """One GPU while a pod is being placed: what others and this pod hold on it, under
+    the names the rules read (:class:`~vgpud.core.fit.GpuState`'s), kept up to date as
+    this pod's containers take their share, so checking a GPU builds nothing."""
 
-    view: GpuView
-    held: GpuUsage
-    selected: bool
+    __slots__ = ("cap_cores", "cap_memory", "cap_vgpus", "free_cores", "free_memory",
+                 "free_vgpus", "healthy", "held_exclusive", "held_vgpus", "selected",
+                 "uuid", "view", "whole")
 
-    @classmethod
-    def of(cls, g: GpuView, pod: PodRequest, *, pristine: bool = False) -> _Free:
-        held = GpuUsage() if pristine else GpuUsage(
-            vgpus=g.used_vgpus, memory=g.cap_memory - g.free_memory,
-            cores=g.cap_cores - g.free_cores, exclusive=1 if g.exclusive else 0)
-        return cls(g, held, gpu_selected(pod, g.gpu.model, g.gpu.uuid))
+    def __init__(self, g: GpuView, pod: PodRequest, *, pristine: bool = False) -> None:
+        self.view = g
+        self.uuid = g.gpu.uuid
+        self.healthy = g.gpu.healthy
+        self.whole = not g.gpu.mig
+        self.selected = gpu_selected(pod, g.gpu.model, g.gpu.uuid)
+        self.cap_vgpus, self.cap_memory, self.cap_cores = g.gpu.split, g.cap_memory, g.cap_cores
+        if pristine:
+            self.held_vgpus, self.held_exclusive = 0, 0
+            self.free_vgpus, self.free_memory, self.free_cores = (
+                self.cap_vgpus, self.cap_memory, self.cap_cores)
+        else:
+            self.held_vgpus, self.held_exclusive = g.used_vgpus, 1 if g.exclusive else 0
+            self.free_vgpus, self.free_memory, self.free_cores = (
+                g.free_split, g.free_memory, g.free_cores)
 
     @property
     def memory(self) -> int:
-        return self.view.cap_memory - self.held.memory
+        return self.free_memory
 
     @property
     def vgpus(self) -> int:
-        return self.held.vgpus
+        return self.held_vgpus
 
-    def state(self) -> GpuState:
-        g = self.view
-        cap = GpuUsage(vgpus=g.gpu.split, memory=g.cap_memory, cores=g.cap_cores, exclusive=1)
-        return GpuState.of(g.gpu.uuid, cap, self.held, healthy=g.gpu.healthy,
-                           whole=not g.gpu.mig, selected=self.selected)
-
-    def take(self, usage: GpuUsage) -> None:
-        self.held = self.held + usage
+    def take(self, u: GpuUsage) -> None:
+        self.held_vgpus += u.vgpus
+        self.held_exclusive += u.exclusive
+        self.free_vgpus -= u.vgpus
+        self.free_memory -= u.memory
+        self.free_cores -= u.cores
 
 
 def _order(cands: list[_Free], policy: Policy) -> list[_Free]:
@@ -110,7 +117,7 @@ def _place_container(c: ContainerRequest, state: list[_Free], pod: PodRequest,
     cands = []
     reasons: dict[str, int] = {}
     for f in state:
-        why = gpu_reason(f.state(), demand(c, f.view.cap_memory))
+        why = gpu_reason(f, demand(c, f.cap_memory))
         if why is None:
             cands.append(f)
         else:
@@ -135,15 +142,15 @@ def _place_all(pod: PodRequest, views: list[GpuView], *, pristine: bool,
     grants: dict[str, ContainerGrant] = {}
     ph = phases(pod.containers)
     main = sorted(ph[0], key=lambda c: (-c.number, -(c.memory or 0), -c.cores))
-    state = [_Free.of(g, pod, pristine=pristine) for g in views]
-    by_uuid = {f.view.gpu.uuid: i for i, f in enumerate(state)}
+    state = [_Free(g, pod, pristine=pristine) for g in views]
+    by_uuid = {f.uuid: i for i, f in enumerate(state)}
     for c in main:
         got = _place_container(c, state, pod)
         if isinstance(got, str):
             return got
         grants[c.name] = got
     for phase in ph[1:]:
-        state = [_Free.of(g, pod, pristine=pristine) for g in views]
+        state = [_Free(g, pod, pristine=pristine) for g in views]
         *sidecars, init = phase
         for s in sidecars:  # they keep the GPUs they got in the main phase
             for d in grants[s.name].devices:

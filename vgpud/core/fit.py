@@ -162,17 +162,20 @@ PREDICATES: tuple[Predicate, ...] = (
               "{have}"),
 )
 BY_CODE = {p.code: p for p in PREDICATES}
+_TESTS = tuple((p.test, p) for p in PREDICATES)  # device choice checks GPUs in a loop
 # What a GPU must pass whoever asks: all but the pod's own filters.
 DEVICE = tuple(p for p in PREDICATES if p.code != "gpu-filter")
 # Capacity and what others hold: the ledger's admission check.
 ROOM = tuple(p for p in PREDICATES if p.code not in ("unhealthy", "mig", "gpu-filter"))
 
 
-def gpu_reason(g: GpuState, n: GpuUsage,
+def gpu_reason(g: Any, n: GpuUsage,
                predicates: Sequence[Predicate] = PREDICATES) -> Reason | None:
-    """The first rule GPU ``g`` breaks for demand ``n``; None when it passes them all."""
-    for p in predicates:
-        if not p.test(g, n):
+    """The first rule GPU ``g`` (a :class:`GpuState`, or anything with its names)
+    breaks for demand ``n``; None when it passes them all."""
+    tests = _TESTS if predicates is PREDICATES else tuple((p.test, p) for p in predicates)
+    for test, p in tests:
+        if not test(g, n):
             return Reason(p.code, p.gpu_message.format(g=g, n=n), p.resolvable)
     return None
 
