@@ -83,8 +83,10 @@ FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
-/* The physical device's UUID: the 16 bytes whose string form is NVML's GPU-... UUID. */
-FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
+/* The physical device's UUID: the 16 bytes whose string form is NVML's GPU-... UUID.
+ * Both entry points share a static body: an LD_PRELOADed library that exports one of
+ * the names must not be reached from inside the driver. */
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
     int phys;
     CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
@@ -93,15 +95,10 @@ FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+
 /* The same bytes (the two differ on MIG instances only, which the fake has none of). */
-FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
-    int phys;
-    CUresult r = fc_dev_arg(dev, &phys);
-    if (r) return r;
-    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
-    fc_uuid_bytes(phys, (unsigned char *)uuid->bytes);
-    return CUDA_SUCCESS;
-}
+FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
 
 FC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     int phys;
