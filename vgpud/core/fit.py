@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from vgpud.core.cluster import Cluster, GpuView
+from vgpud.core.cluster import Cluster
 from vgpud.core.model import ContainerRequest, GpuUsage, PodRequest, Reason, TopologyMode
 
 NUMA_BUCKETS = 9  # NUMA ids -1..7 are told apart; larger ids share the last bucket
@@ -96,15 +96,6 @@ class GpuState:
                    free_cores=cap.cores - held.cores, healthy=healthy, whole=whole,
                    selected=selected)
 
-    @classmethod
-    def of_view(cls, g: GpuView, pod: PodRequest | None = None) -> GpuState:
-        return cls(uuid=g.gpu.uuid, cap_vgpus=g.gpu.split, cap_memory=g.cap_memory,
-                   cap_cores=g.cap_cores, held_vgpus=g.used_vgpus,
-                   held_exclusive=1 if g.exclusive else 0, free_vgpus=g.free_split,
-                   free_memory=g.free_memory, free_cores=g.free_cores, healthy=g.gpu.healthy,
-                   whole=not g.gpu.mig,
-                   selected=pod is None or gpu_selected(pod, g.gpu.model, g.gpu.uuid))
-
 
 # A test returns a bool for one GPU, a bool array for many, or True for "no constraint".
 Test = Callable[[Any, GpuUsage], Any]
@@ -161,7 +152,6 @@ PREDICATES: tuple[Predicate, ...] = (
               "container {name} needs {need} GPU(s) with {cores}% cores free; the node has "
               "{have}"),
 )
-BY_CODE = {p.code: p for p in PREDICATES}
 _TESTS = tuple((p.test, p) for p in PREDICATES)  # device choice checks GPUs in a loop
 # What a GPU must pass whoever asks: all but the pod's own filters.
 DEVICE = tuple(p for p in PREDICATES if p.code != "gpu-filter")
