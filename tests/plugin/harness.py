@@ -23,8 +23,8 @@ from anyio.abc import TaskGroup
 from tests.fakekubelet import FakeKubelet
 from tests.standin import ApiServer
 from vgpud.config import Settings, parse_settings
-from vgpud.core.codec import ASSIGNMENT, encode_assignment
-from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
+from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, decode_node_devices, encode_assignment
+from vgpud.core.model import ContainerGrant, DeviceGrant, NodeInventory, Placement
 from vgpud.kube.client import KubeClient
 from vgpud.plugin.cluster import KubeCluster
 from vgpud.plugin.fakegpus import FakeGpus
@@ -69,6 +69,13 @@ def pod_manifest(name: str, containers: dict[str, int], assignment: str | None,
             for c, n in containers.items()]},
         "status": {"phase": "Pending"},
     }
+
+
+async def wait_for(predicate: Callable[[], Any], seconds: float = 10.0) -> None:
+    """Poll a condition the plugin reaches asynchronously, with a deadline."""
+    with anyio.fail_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - the condition lives in other threads' state
+            await anyio.sleep(0.02)
 
 
 class Harness:
@@ -118,6 +125,14 @@ class Harness:
                 namespace: str = "default") -> dict[str, Any]:
         text = encode_assignment(assignment) if isinstance(assignment, Placement) else assignment
         return self.api.create("pods", pod_manifest(name, containers, text, namespace), namespace)
+
+    async def published_inventory(self) -> NodeInventory:
+        """The node's inventory annotation, once the plugin (which publishes it beside
+        serving kubelet) has written it."""
+        def annotations() -> dict[str, str]:
+            return self.api.get("nodes", NODE, "")["metadata"].get("annotations") or {}
+        await wait_for(lambda: NODE_DEVICES in annotations())
+        return decode_node_devices(annotations()[NODE_DEVICES])
 
     def assignment(self, name: str, namespace: str = "default") -> str:
         return str(self.api.get("pods", name, namespace)["metadata"]["annotations"][ASSIGNMENT])

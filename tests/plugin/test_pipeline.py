@@ -19,7 +19,7 @@ from tests.e2e.cluster import Driver
 from tests.fakekubelet import FakePod
 from tests.plugin.harness import NODE, node_harness, pod_manifest
 from vgpud.core.allocate import Allocator
-from vgpud.core.codec import ASSIGNMENT, decode_assignment, decode_node_devices
+from vgpud.core.codec import ASSIGNMENT, decode_assignment
 from vgpud.core.container import limits_for, render
 from vgpud.core.model import ContainerRequest, PodRequest
 from vgpud.extender.metrics import Metrics
@@ -101,8 +101,7 @@ async def bind_all_with_the_scheduler(kube: KubeClient, api_url: str,
 async def test_fifty_pods_no_mixups() -> None:
     rng = random.Random(5)
     async with node_harness(8) as h:
-        node = h.api.get("nodes", NODE, "")
-        inv = decode_node_devices(node["metadata"]["annotations"]["vgpud.io/node-devices"])
+        inv = await h.published_inventory()
         pods = shapes(rng)
         for p in pods:
             h.api.create("pods", manifest(p), "default")

@@ -10,20 +10,13 @@ import pytest
 
 from tests.fakekubelet import AdmitError, FakePod
 from tests.fakekubelet.kubelet import mount_of
-from tests.plugin.harness import NODE, node_harness, placement, uuid_of, write_devices
+from tests.plugin.harness import NODE, node_harness, placement, uuid_of, wait_for, write_devices
 from vgpud.core.codec import NODE_DEVICES, decode_assignment, decode_node_devices
 from vgpud.core.container import limits_for, render
 from vgpud.core.model import ComputePolicy, DeviceGrant
 from vgpud.plugin.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
-
-
-async def wait_for(predicate, seconds: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a condition the plugin reaches asynchronously, with a deadline."""
-    with anyio.fail_after(seconds):
-        while not predicate():  # noqa: ASYNC110 - the condition lives in other threads' state
-            await anyio.sleep(0.02)
 
 
 def config_of(h, ids) -> str:  # type: ignore[no-untyped-def]
@@ -42,8 +35,7 @@ async def test_list_and_watch_replicas_topology_and_health_recovery() -> None:
         await wait_for(lambda: h.kubelet.devices()[f"{uuid_of(2)}::0"] == "Unhealthy")
         assert [d for d, s in h.kubelet.devices().items() if s == "Unhealthy"] == [
             f"{uuid_of(2)}::{i}" for i in range(10)]
-        inv = decode_node_devices(h.api.get("nodes", NODE, "")["metadata"]["annotations"]
-                                  [NODE_DEVICES])
+        inv = await h.published_inventory()
         await wait_for(lambda: not decode_node_devices(
             h.api.get("nodes", NODE, "")["metadata"]["annotations"][NODE_DEVICES]
         ).devices[2].healthy)
@@ -62,8 +54,7 @@ async def test_node_annotation_overrides_and_feature_gates() -> None:
         def node():  # type: ignore[no-untyped-def]
             return h.api.get("nodes", NODE, "")
 
-        await wait_for(lambda: NODE_DEVICES in (node()["metadata"].get("annotations") or {}))
-        inv = decode_node_devices(node()["metadata"]["annotations"][NODE_DEVICES])
+        inv = await h.published_inventory()
         assert [g.split for g in inv.devices] == [4, 4] and inv.memory_scaling == 2.0
         assert [g.uuid for g in inv.devices] == [uuid_of(0), uuid_of(1)]
         await wait_for(lambda: "nvidia.com/vgpu-memory" in (node()["status"].get("capacity")
@@ -93,8 +84,7 @@ async def test_allocate_and_prestart_write_the_assigned_limits() -> None:
         # no limit travels by env: the pod's own env would override it (kubelet applies
         # the pod's env after the plugin's); the shim reads /etc/vgpud only
         assert not [k for k in r.envs if k.startswith("VGPUD_")]
-        inv = decode_node_devices(h.api.get("nodes", NODE, "")["metadata"]["annotations"]
-                                  [NODE_DEVICES])
+        inv = await h.published_inventory()
         want = render(limits_for(p.containers[0], inv, compute_policy=ComputePolicy.FIXED,
                                  priority=0, state_dir="/var/run/vgpud",
                                  register="/etc/vgpud/register.sock"))
