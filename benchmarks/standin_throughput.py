@@ -41,7 +41,7 @@ from tests.standin import ApiServer  # noqa: E402
 from vgpud.kube.cache import Informer, Modified  # noqa: E402
 from vgpud.kube.client import Json, KubeClient  # noqa: E402
 from vgpud.kube.resources import NODES, PODS  # noqa: E402
-from vgpud.kube.writes import PodWriter  # noqa: E402
+from vgpud.kube.writes import PodBinder  # noqa: E402
 
 
 class PodSummary(NamedTuple):
@@ -137,7 +137,7 @@ async def measure_writes(
     await seed(url, [pod_obj(i, "writes") for i in range(count)])
     out: dict[str, float] = {}
     async with KubeClient.for_url(url, qps=qps, burst=burst) as kube:
-        writer = PodWriter(kube)
+        writer = PodBinder(kube)
         watched: Informer[PodSummary] = Informer(kube, PODS, project=summarize, name="bench-writes")
         bound = 0
         all_bound = anyio.Event()
