@@ -6,9 +6,9 @@ Kernels of 100 ns, 10 us and 1 ms of device time per launch (FAKECUDA_LAUNCH_NS=
 plus work per block per wave). A container is held to its target within 3 points
 wherever it can launch more than that; two processes launching 100 ns kernels flat out
 on a 2-core machine cannot each reach 30 % of a device, shim or not, and there the
-test asks for never more than the target and never less than 0.8 of what the process
-can launch at all (measured in the same setting with limits that never bind). Each case prints its
-figures (``pytest -s``)."""
+test asks for never more than the target, each process near what it can launch at all
+(measured in the same setting with limits that never bind; see ``_judge``), and the
+pair together at least 0.8 of that. Each case prints its figures (``pytest -s``)."""
 
 from __future__ import annotations
 
@@ -68,20 +68,29 @@ class Container:
         return pairs
 
 
-def _judge(label: str, share: list[float], target: float, capacity: float = 100.0) -> None:
-    """Within 3 points of the target where the process could launch more than that;
-    where it could not (CPU-bound), never above the target and never below 0.8 of what
-    it could launch; never below 0.8 of its ideal in any window."""
-    ideal = min(target, capacity)
+def _judge(label: str, share: list[float], target: float,
+           capacity: list[float] | None = None) -> None:
+    """Within 3 points of the target, and never below 0.8 of it in any window, wherever
+    the process could launch more than that. Where it could not (CPU-bound: ``capacity``
+    is what it reached per window with limits that never bind), never above the target,
+    and on average and in its lowest window at least 0.7 of what it reached unlimited:
+    there the CPU sets the pace, and one process's figures move by up to 14 % between
+    two runs on a 2-core machine (the mean ratio ranged 0.86 to 1.07 over 16 runs),
+    limited or not. A stalling controller (0.1 % before the rewrite) is far below."""
+    can = statistics.mean(capacity) if capacity else 100.0
     mean = statistics.mean(share)
     mae = statistics.mean(abs(s - target) for s in share)
-    print(f"{label}: target {target:.0f}, can launch {capacity:.1f}, mean {mean:.1f}, "
-          f"MAE {mae:.2f}, min {min(share):.1f}")
-    if capacity >= target + 3:
+    print(f"{label}: target {target:.0f}, can launch {can:.1f}, mean {mean:.1f}, "
+          f"MAE {mae:.2f}, min {min(share):.1f}"
+          + (f", its lowest window unlimited {min(capacity):.1f}" if capacity else ""))
+    if can >= target + 3:
         assert mae <= 3.0, (label, share)
+        assert min(share) >= 0.8 * target, (label, share)
     else:
+        assert capacity is not None
         assert mean <= target + 3.0, (label, share)
-    assert min(share) >= 0.8 * ideal, (label, share)
+        assert mean >= 0.7 * can, (label, share, capacity)
+        assert min(share) >= 0.7 * min(target, *capacity), (label, share, capacity)
 
 
 @pytest.fixture
@@ -89,11 +98,22 @@ def gpu(tmp_path: Path) -> Path:
     return tmp_path / "fake.state"
 
 
-def _capacity(built: Built, root: Path, gpu: Path, kernel: str, n: int) -> list[float]:
-    """What n processes launching ``kernel`` together reach with limits that never bind."""
-    cs = [Container(built, root, f"cap{i}", gpu, device__0__core_limit="99") for i in range(n)]
-    ps = [c.start(kernel) for c in cs]
-    return [statistics.mean(c.share(p)) for c, p in zip(cs, ps, strict=True)]
+def _capacity(built: Built, root: Path, gpu: Path, kernel: str, n: int) -> list[list[float]]:
+    """What n processes launching ``kernel`` together reach, per window, with limits that
+    never bind (99 %: each launch pays for its accounting, as a limited one does)."""
+    def run(limit: str) -> list[list[float]]:
+        cs = [Container(built, root, f"cap{limit}-{i}", gpu, device__0__core_limit=limit)
+              for i in range(n)]
+        ps = [c.start(kernel) for c in cs]
+        return [c.share(p) for c, p in zip(cs, ps, strict=True)]
+
+    loose, free = run("99"), run("0")
+    # a limit that never binds must not bind: a stalling controller would otherwise
+    # lower the bar it is judged by (the accounting alone costs about 20 % of a
+    # CPU-bound 100 ns launcher's rate)
+    for w, wo in zip(loose, free, strict=True):
+        assert statistics.mean(w) >= 0.5 * statistics.mean(wo), (kernel, loose, free)
+    return loose
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
@@ -110,8 +130,15 @@ def test_fixed_30_beside_a_50_neighbour(built: Built, tmp_path: Path, gpu: Path,
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
     b = Container(built, tmp_path, "b", gpu, device__0__core_limit="50")
     pa, pb = a.start(kernel), b.start(kernel)
-    _judge(f"{kernel} fixed 30 beside 50", a.share(pa), 30.0, cap_a)
-    _judge(f"{kernel} its 50 neighbour", b.share(pb), 50.0, cap_b)
+    share_a, share_b = a.share(pa), b.share(pb)
+    _judge(f"{kernel} fixed 30 beside 50", share_a, 30.0, cap_a)
+    _judge(f"{kernel} its 50 neighbour", share_b, 50.0, cap_b)
+    # together: at least 0.8 of the 80 % they ask for, or of what the two could launch
+    # without limits where that is less (the pair's total moves less than either share)
+    together = statistics.mean(share_a) + statistics.mean(share_b)
+    could = statistics.mean(cap_a) + statistics.mean(cap_b)
+    print(f"{kernel} together: {together:.1f} of {min(80.0, could):.1f}")
+    assert together >= 0.8 * min(80.0, could), (share_a, share_b, cap_a, cap_b)
 
 
 @pytest.mark.parametrize("kind", ["coop", "graph", "ex"])
