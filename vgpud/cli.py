@@ -84,6 +84,12 @@ def _register_roles() -> None:
         pass
     else:
         app.command("plugin", help="Run the kubelet device plugin on a GPU node.")(plugin)
+    try:
+        from vgpud.webhook.command import webhook
+    except ImportError:
+        pass
+    else:
+        app.command("webhook", help="Run the admission webhook for GPU pods.")(webhook)
 
 
 _register_roles()

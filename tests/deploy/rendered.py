@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes_asyncio.client import CoordinationV1Api, CoreV1Api
+from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoordinationV1Api, CoreV1Api
 
+from vgpud.core.requests import PRESETS
 from vgpud.kube import resources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,19 +51,24 @@ class Manifests:
         assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
         return found[0]
 
-    def workload(self, kind: str) -> dict[str, Any]:
+    def workload(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        """The Deployment/DaemonSet ``name``; without a name, the only one of its kind."""
+        if name is not None:
+            return self.one(kind, name)
         found = self.of_kind(kind)
-        assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+        assert len(found) == 1, f"expected one {kind}, found {len(found)}: name it"
         return found[0]
 
-    def pod_spec(self, kind: str) -> dict[str, Any]:
-        spec: dict[str, Any] = self.workload(kind)["spec"]["template"]["spec"]
+    def pod_spec(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        spec: dict[str, Any] = self.workload(kind, name)["spec"]["template"]["spec"]
         return spec
 
     def container(self, kind: str, name: str) -> dict[str, Any]:
+        """The container ``name`` of the one workload of ``kind`` that has it."""
         found: list[dict[str, Any]] = [
-            c for c in self.pod_spec(kind)["containers"] if c["name"] == name]
-        assert len(found) == 1, f"{kind} has no container {name}"
+            c for w in self.of_kind(kind) for c in w["spec"]["template"]["spec"]["containers"]
+            if c["name"] == name]
+        assert len(found) == 1, f"expected one {kind} container {name}, found {len(found)}"
         return found[0]
 
     def configmap_file(self, name: str, key: str) -> str:
@@ -108,6 +114,76 @@ def cli_params(args: list[str]) -> dict[str, Any]:
     return dict(ctx.params)
 
 
+def cel_matches(expression: str, obj: dict[str, Any]) -> bool:
+    """Evaluate a webhook matchCondition (CEL) with ``object`` bound to ``obj``, as the API
+    server does for a CREATE (cel-python, the `test` extra; the caller skips without it)."""
+    import celpy
+    from celpy.adapter import json_to_cel
+
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    result = program.evaluate({"object": json_to_cel(obj)})
+    assert isinstance(result, celpy.celtypes.BoolType), f"{expression!r} gave {result!r}"
+    return bool(result)
+
+
+# Sample containers' resources (besides every preset's names, alone and mixed).
+OTHER_RESOURCES = [{}, {"cpu": "1"}, {"memory": "1Gi", "ephemeral-storage": "1Gi"},
+                   {"example.com/fpga": "1"}, {"nvidia.com/vgpu": "1"},
+                   {"nvidia.com/mig-1g.5gb": "1"}]
+PRESET_FIELDS = ("number", "memory", "cores", "memory_percent", "priority")
+
+
+def sample_pods() -> Iterator[dict[str, Any]]:
+    """Pods whose one GPU-ish container (or init container) names each resource of every
+    preset, in its limits or its requests, with and without other resources; and pods
+    with no such container."""
+    names = sorted({getattr(p, f) for p in PRESETS.values() for f in PRESET_FIELDS} - {None})
+    resources: list[dict[str, Any]] = list(OTHER_RESOURCES)
+    resources += [{n: "1"} for n in names] + [{"cpu": "1", n: "1"} for n in names]
+    main = {"name": "main", "image": "cuda"}
+    yield {"spec": {"containers": [main]}}
+    yield {"spec": {"containers": [{**main, "resources": {}}], "initContainers": []}}
+    for res in resources:
+        for part in ("limits", "requests"):
+            gpu = {"name": "gpu", "image": "cuda", "resources": {part: res}}
+            yield {"spec": {"containers": [main, gpu]}}
+            yield {"spec": {"initContainers": [gpu], "containers": [main]}}
+        both = {"name": "gpu", "image": "cuda", "resources": {"limits": {"cpu": "1"},
+                                                              "requests": res}}
+        yield {"spec": {"containers": [both]}}
+
+
+def match_condition(hook: dict[str, Any]) -> str:
+    (cond,) = hook["matchConditions"]
+    assert cond["name"]
+    expression: str = cond["expression"]
+    return expression
+
+
+def check_match_condition(expression: str, preset: str, compat: tuple[str, ...]) -> None:
+    """The expression selects exactly the pods the webhook's code acts on
+    (vgpud/core/admission.py is_gpu_pod): none is admitted without it, no other is sent."""
+    from vgpud.core.admission import is_gpu_pod
+    from vgpud.core.model import Defaults
+
+    defaults = Defaults(preset=preset, compat_presets=compat)
+    matched = 0
+    for pod in sample_pods():
+        want = is_gpu_pod(pod, defaults)
+        assert cel_matches(expression, pod) is want, (want, pod)
+        matched += want
+    assert matched  # the samples do hold GPU pods
+
+
+def helm_define(text: str, name: str) -> str:
+    """The body of ``{{- define "name" -}} ... {{- end -}}`` in a template file."""
+    m = re.search(r'\{\{-? define "' + re.escape(name) + r'" -?\}\}\n?(.*?)\{\{-? end -?\}\}',
+                  text, re.S)
+    assert m, f"no define {name!r}"
+    return m.group(1)
+
+
 def port_of(listen: str) -> int:
     return int(listen.rpartition(":")[2])
 
@@ -126,13 +202,17 @@ def seconds(duration: str) -> float:
 # -- what the code asks of the API server ---------------------------------------------------
 
 VGPUD = ROOT / "vgpud"
-_API = {name for api in (CoreV1Api, CoordinationV1Api) for name in dir(api)
+_API = {name for api in (CoreV1Api, CoordinationV1Api, AdmissionregistrationV1Api)
+        for name in dir(api)
         if not name.startswith("_") and not name.endswith("_with_http_info")}
 _VERBS = {"read": "get", "list": "list", "patch": "patch", "create": "create",
           "replace": "update", "delete": "delete"}
 # kubernetes_asyncio's object part of a method name -> the RBAC resource.
 _RESOURCES = {"pod": "pods", "pod_binding": "pods/binding", "node": "nodes",
-              "node_status": "nodes/status", "event": "events", "lease": "leases"}
+              "node_status": "nodes/status", "event": "events", "lease": "leases",
+              "secret": "secrets",
+              "mutating_webhook_configuration": "mutatingwebhookconfigurations",
+              "validating_webhook_configuration": "validatingwebhookconfigurations"}
 
 
 class UnmappedCall(AssertionError):
@@ -200,6 +280,7 @@ def _on_kube(call: ast.Call) -> bool:
 def api_needs(package: str) -> set[tuple[str, str]]:
     """(resource, verb) pairs the code of ``vgpud/<package>`` can issue: its own calls of
     the generated API, the vgpud.kube classes it constructs, and its informers."""
+    assert (VGPUD / package).is_dir(), f"vgpud/{package}/ does not exist (yet)"
     files = [p for p in sorted((VGPUD / package).rglob("*.py")) if "_pb" not in p.parts]
     classes = _kube_classes()
     methods: set[str] = set()

@@ -72,13 +72,14 @@ def test_shim_is_built_with_make_and_installed_where_the_plugin_finds_it() -> No
     assert re.fullmatch(src.split("/")[-1].replace(".", r"\.").replace("*", ".*"), built)
 
 
-def test_image_user_is_the_schedulers_and_entrypoint_is_the_cli() -> None:
+def test_image_user_is_the_deployments_and_entrypoint_is_the_cli() -> None:
     final = stages()[-1]
     (user,) = [a for i, a in final if i == "USER"]
     uid = int(user.split(":")[0])
     assert uid != 0
-    spec = Manifests.committed().pod_spec("Deployment")
-    assert spec["securityContext"]["runAsUser"] == uid
+    for name in ("vgpud-scheduler", "vgpud-webhook"):
+        spec = Manifests.committed().pod_spec("Deployment", name)
+        assert spec["securityContext"]["runAsUser"] == uid, name
     (entry,) = [a for i, a in final if i == "ENTRYPOINT"]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert entry == '["vgpud"]' and "vgpud" in project["project"]["scripts"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import posixpath
 import re
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -19,8 +20,11 @@ from tests.deploy.rendered import (
     Manifests,
     Rule,
     api_needs,
+    check_match_condition,
     cli_params,
     flag,
+    helm_define,
+    match_condition,
     port_of,
     seconds,
 )
@@ -38,6 +42,8 @@ from vgpud.plugin.shim import IMAGE_LIB_DIR
 
 M = Manifests.committed()
 NAMESPACE = "kube-system"
+WORKLOADS = [("Deployment", "vgpud-scheduler"), ("DaemonSet", "vgpud-plugin"),
+             ("Deployment", "vgpud-webhook")]
 
 # -- RBAC: exactly these grants, nothing more -----------------------------------------------
 
@@ -57,6 +63,18 @@ EXPECTED_RULES: dict[tuple[str, str], dict[Rule, set[str]]] = {
         ("", "pods", ()): {"get", "list", "patch"},
         ("", "events", ()): {"create", "patch"},
     },
+    # bootstrap mode (the default): its own two configurations by name, its Secret
+    ("ClusterRole", "vgpud-webhook"): {
+        ("", "nodes", ()): {"list", "watch"},
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("vgpud-webhook",)):
+            {"get", "patch"},
+        ("admissionregistration.k8s.io", "validatingwebhookconfigurations",
+         ("vgpud-webhook",)): {"get", "patch"},
+    },
+    ("Role", "vgpud-webhook"): {
+        ("", "secrets", ()): {"create"},  # create cannot be limited by name
+        ("", "secrets", ("vgpud-webhook-tls",)): {"get", "update"},
+    },
 }
 
 # binding -> (namespace or None, role kind, role name, service account)
@@ -73,6 +91,10 @@ EXPECTED_BINDINGS = {
         (NAMESPACE, "Role", "vgpud-scheduler-leases", "vgpud-scheduler"),
     ("ClusterRoleBinding", "vgpud-plugin"):
         (None, "ClusterRole", "vgpud-plugin", "vgpud-plugin"),
+    ("ClusterRoleBinding", "vgpud-webhook"):
+        (None, "ClusterRole", "vgpud-webhook", "vgpud-webhook"),
+    ("RoleBinding", "vgpud-webhook"):
+        (NAMESPACE, "Role", "vgpud-webhook", "vgpud-webhook"),
 }
 
 
@@ -129,18 +151,72 @@ def test_plugin_rbac_is_what_its_code_calls() -> None:
     assert needs - {("nodes/status", "patch")} == granted
 
 
+def test_webhook_rbac_is_what_its_code_calls() -> None:
+    # The default render is bootstrap mode, where the webhook makes every call it can.
+    needs = api_needs("webhook")
+    granted = _granted(("ClusterRole", "vgpud-webhook"), ("Role", "vgpud-webhook"))
+    assert needs == granted
+
+
+def test_webhook_rbac_names_the_objects_its_flags_name() -> None:
+    args = M.container("Deployment", "webhook")["args"]
+    config = flag(args, "webhook-configuration")
+    secret = flag(args, "bootstrap-secret")
+    assert config and secret
+    configurations = M.of_kind("MutatingWebhookConfiguration") + M.of_kind(
+        "ValidatingWebhookConfiguration")
+    assert len(configurations) == 2
+    assert {d["metadata"]["name"] for d in configurations} == {config}
+    for group, resource, names in M.rules("ClusterRole", "vgpud-webhook"):
+        if group == "admissionregistration.k8s.io":
+            assert names == (config,), resource
+    role = M.one("Role", "vgpud-webhook")
+    assert role["metadata"]["namespace"] == M.one("Deployment", "vgpud-webhook")["metadata"][
+        "namespace"], "the Secret's Role must be in the namespace the webhook runs in"
+    named = {names for (_, res, names) in M.rules("Role", "vgpud-webhook") if names}
+    assert named == {(secret,)}
+    # No list/watch of Secrets: nothing reads them in bulk.
+    assert not {"list", "watch"} & {v for vs in M.rules("Role", "vgpud-webhook").values()
+                                    for v in vs}
+
+
 def test_workloads_run_as_their_service_accounts() -> None:
-    assert M.pod_spec("Deployment")["serviceAccountName"] == "vgpud-scheduler"
-    assert M.pod_spec("DaemonSet")["serviceAccountName"] == "vgpud-plugin"
+    for kind, name in WORKLOADS:
+        assert M.pod_spec(kind, name)["serviceAccountName"] == name
 
 
 # -- names that must never appear --------------------------------------------------------
 
+def _outside_the_preset_table(path: Path, text: str) -> str:
+    if path.name == "_helpers.tpl":  # the preset table names HAMi's resources: only there
+        text = text.replace(helm_define(text, "vgpud.presets"), "")
+    return text
+
+
 def test_nvidia_com_gpu_appears_nowhere() -> None:
+    # The default render, and the chart outside its preset table: only resourcePreset=hami
+    # (or compatPresets with hami) names NVIDIA's resource.
     texts = {MANIFEST: MANIFEST.read_text(), SCHEDULER_CONFIG: SCHEDULER_CONFIG.read_text()}
-    texts |= {p: p.read_text() for p in CHART.rglob("*") if p.is_file()}
+    texts |= {p: _outside_the_preset_table(p, p.read_text())
+              for p in CHART.rglob("*") if p.is_file()}
     for path, text in texts.items():
         assert "nvidia.com/gpu" not in text, path
+
+
+# -- the resource presets ------------------------------------------------------------------
+
+def chart_presets() -> dict[str, dict[str, str]]:
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    table: dict[str, dict[str, str]] = yaml.safe_load(helm_define(text, "vgpud.presets"))
+    return table
+
+
+def test_chart_preset_table_is_the_codes() -> None:
+    fields = {"number": "number", "memory": "memory", "cores": "cores",
+              "memoryPercent": "memory_percent", "priority": "priority"}
+    code = {name: {k: getattr(p, attr) for k, attr in fields.items()
+                   if getattr(p, attr) is not None} for name, p in PRESETS.items()}
+    assert chart_presets() == code
 
 
 # -- the settings ConfigMap ---------------------------------------------------------------
@@ -161,14 +237,14 @@ def test_chart_values_config_is_what_was_rendered() -> None:
     assert parse_settings(values["config"]) == settings()
 
 
-@pytest.mark.parametrize("kind", ["Deployment", "DaemonSet"])
-def test_both_roles_read_the_settings_file(kind: str) -> None:
-    container = M.pod_spec(kind)["containers"][-1]
+@pytest.mark.parametrize(("kind", "name"), WORKLOADS)
+def test_every_role_reads_the_settings_file(kind: str, name: str) -> None:
+    container = M.pod_spec(kind, name)["containers"][-1]
     path = flag(container["args"], "config")
     assert path is not None
     directory, key = posixpath.split(path)
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in M.pod_spec(kind)["volumes"]}
+    volumes = {v["name"]: v for v in M.pod_spec(kind, name)["volumes"]}
     cm = volumes[mounts[directory]]["configMap"]["name"]
     assert cm == "vgpud-settings"
     assert key in M.one("ConfigMap", cm)["data"]
@@ -247,7 +323,7 @@ def test_kube_scheduler_reads_this_config() -> None:
     assert path is not None
     directory, key = posixpath.split(path)
     mounts = {m["mountPath"]: m["name"] for m in ks["volumeMounts"]}
-    volumes = {v["name"]: v for v in M.pod_spec("Deployment")["volumes"]}
+    volumes = {v["name"]: v for v in M.pod_spec("Deployment", "vgpud-scheduler")["volumes"]}
     cm = volumes[mounts[directory]]["configMap"]["name"]
     assert yaml.safe_load(M.configmap_file(cm, key)) == sched()
 
@@ -345,8 +421,11 @@ def test_scheduler_service_targets_the_extender_port() -> None:
     svc = M.one("Service", "vgpud-scheduler")
     (port,) = svc["spec"]["ports"]
     assert port["targetPort"] == "metrics"
-    labels = M.workload("Deployment")["spec"]["template"]["metadata"]["labels"]
+    labels = M.workload("Deployment", "vgpud-scheduler")["spec"]["template"]["metadata"][
+        "labels"]
     assert svc["spec"]["selector"].items() <= labels.items()
+    others = M.workload("Deployment", "vgpud-webhook")["spec"]["template"]["metadata"]["labels"]
+    assert not svc["spec"]["selector"].items() <= others.items()
 
 
 def test_plugin_metrics_port_and_probe_match_its_settings() -> None:
@@ -402,7 +481,8 @@ def test_plugin_flags_are_its_defaults() -> None:
 
 
 @pytest.mark.parametrize(("kind", "container"), [("Deployment", "extender"),
-                                                 ("DaemonSet", "plugin")])
+                                                 ("DaemonSet", "plugin"),
+                                                 ("Deployment", "webhook")])
 def test_vgpud_cli_accepts_the_rendered_args(kind: str, container: str) -> None:
     args = M.container(kind, container)["args"]
     params = cli_params(args)
@@ -437,8 +517,9 @@ def test_plugin_is_root_but_not_privileged() -> None:
     assert sc["runAsUser"] == 0
 
 
-def test_scheduler_runs_as_non_root() -> None:
-    spec = M.pod_spec("Deployment")
+@pytest.mark.parametrize("name", ["vgpud-scheduler", "vgpud-webhook"])
+def test_deployments_run_as_non_root(name: str) -> None:
+    spec = M.pod_spec("Deployment", name)
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] != 0
     for c in spec["containers"]:
@@ -450,17 +531,211 @@ def test_scheduler_runs_as_non_root() -> None:
 
 
 def test_every_container_has_requests_and_a_tagged_image() -> None:
-    for kind in ("Deployment", "DaemonSet"):
-        for c in M.pod_spec(kind)["containers"]:
+    for kind, name in WORKLOADS:
+        for c in M.pod_spec(kind, name)["containers"]:
             assert c["resources"]["requests"]["memory"]
             assert re.fullmatch(r"[^:@]+(:[\w.-]+|@sha256:[0-9a-f]{64})", c["image"]), c["image"]
 
 
 def test_everything_namespaced_is_in_the_release_namespace() -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                      "ValidatingWebhookConfiguration"}
     for d in M.docs:
         ns = d["metadata"].get("namespace")
         if d["kind"] in cluster_scoped:
             assert ns is None
         else:
             assert ns == NAMESPACE, (d["kind"], d["metadata"]["name"])
+
+
+# -- the admission webhook ----------------------------------------------------------------
+
+def webhook_configurations() -> dict[str, dict[str, Any]]:
+    """{"/mutate": the mutating webhook entry, "/validate": the validating one}."""
+    out = {}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (cfg,) = M.of_kind(kind)
+        (hook,) = cfg["webhooks"]
+        out[hook["clientConfig"]["service"]["path"]] = hook
+    return out
+
+
+def test_webhook_configurations_call_the_service_at_its_paths() -> None:
+    hooks = webhook_configurations()
+    assert set(hooks) == {"/mutate", "/validate"}
+    svc = M.one("Service", "vgpud-webhook")
+    ports = {p["port"]: p for p in svc["spec"]["ports"]}
+    for hook in hooks.values():
+        ref = hook["clientConfig"]["service"]
+        assert (ref["name"], ref["namespace"]) == ("vgpud-webhook", NAMESPACE)
+        assert ports[ref["port"]]["targetPort"] == "https"
+        assert "url" not in hook["clientConfig"]
+        assert "caBundle" not in hook["clientConfig"]  # bootstrap mode: the webhook patches it
+    # the webhook serves HTTPS on the port the Service targets
+    c = M.container("Deployment", "webhook")
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    listen = flag(c["args"], "listen")
+    assert listen is not None and named["https"] == port_of(listen)
+    # and its certificate is for the Service's names (bootstrap: --service-name)
+    assert flag(c["args"], "service-name") == svc["metadata"]["name"]
+
+
+def _webhook_app_routes() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(routes of the HTTPS app, routes of the plain-HTTP ops app), as `vgpud webhook`
+    builds them with --metrics-listen."""
+    from vgpud.webhook.server import Metrics as WebhookMetrics
+    from vgpud.webhook.server import make_app as make_webhook_app
+
+    def routes(**parts: bool) -> set[tuple[str, str]]:
+        # routes only: no review is answered, so no policy or catalogue is needed
+        app = make_webhook_app(cast(Any, None), cast(Any, None), WebhookMetrics(),
+                               lambda: True, **parts)
+        return {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
+
+    return routes(reviews=True, ops=False), routes(reviews=False, ops=True)
+
+
+def test_webhook_serves_the_rendered_paths() -> None:
+    https, ops = _webhook_app_routes()
+    assert {("POST", path) for path in webhook_configurations()} <= https
+    c = M.container("Deployment", "webhook")
+    assert flag(c["args"], "metrics-listen") is not None  # so the probes are on the ops app
+    for path, _port in _probe_paths(c).values():
+        assert ("GET", path) in ops
+    assert ("GET", "/metrics") in ops
+
+
+def test_webhook_service_targets_the_deployment() -> None:
+    svc = M.one("Service", "vgpud-webhook")
+    dep = M.workload("Deployment", "vgpud-webhook")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    c = M.container("Deployment", "webhook")
+    names = {p["name"] for p in c["ports"]}
+    for port in svc["spec"]["ports"]:
+        assert port["targetPort"] in names
+    https = [p for p in svc["spec"]["ports"] if p["targetPort"] == "https"]
+    assert [p["port"] for p in https] == [443]
+
+
+def test_webhook_probes_hit_the_metrics_port() -> None:
+    c = M.container("Deployment", "webhook")
+    probes = _probe_paths(c)
+    assert probes == {"readinessProbe": ("/readyz", "metrics"),
+                      "livenessProbe": ("/healthz", "metrics")}
+    ops = flag(c["args"], "metrics-listen")
+    assert ops is not None
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"] == port_of(ops)
+    assert port_of(ops) != port_of(flag(c["args"], "listen") or "")
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"].get("scheme", "HTTP") == "HTTP"
+
+
+def test_webhook_writes_its_bootstrap_certificate_into_an_emptydir() -> None:
+    c = M.container("Deployment", "webhook")
+    volumes = {v["name"]: v for v in M.pod_spec("Deployment", "vgpud-webhook")["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    for name in ("tls-cert", "tls-key"):
+        path = flag(c["args"], name)
+        assert path is not None
+        mount = mounts[posixpath.dirname(path)]
+        assert "emptyDir" in volumes[mount["name"]]
+        assert not mount.get("readOnly")
+    # The Secret's namespace is the pod's own (the Role's namespace).
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert flag(c["args"], "namespace") is None
+
+
+def test_webhook_takes_its_namespace_from_the_downward_api(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)  # what the fieldRef above gives it
+    params = cli_params(M.container("Deployment", "webhook")["args"])
+    assert params["namespace"] == NAMESPACE
+    assert params["bootstrap_secret"] == "vgpud-webhook-tls"
+    assert params["service_name"] == "vgpud-webhook"
+    assert params["webhook_configuration"] == "vgpud-webhook"
+
+
+def test_webhook_has_two_replicas_a_budget_and_spread() -> None:
+    dep = M.workload("Deployment", "vgpud-webhook")
+    assert dep["spec"]["replicas"] == 2
+    pdb = M.one("PodDisruptionBudget", "vgpud-webhook")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_webhook_admission_contract() -> None:
+    hooks = webhook_configurations()
+    for hook in hooks.values():
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["sideEffects"] == "None"
+        assert hook["failurePolicy"] == "Fail"
+        assert 1 <= hook["timeoutSeconds"] <= 30
+        assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                                  "operations": ["CREATE"], "resources": ["pods"],
+                                  "scope": "Namespaced"}]
+        assert hook["name"].count(".") >= 2  # a fully qualified name
+    assert hooks["/mutate"]["reinvocationPolicy"] == "IfNeeded"
+    assert "reinvocationPolicy" not in hooks["/validate"]
+
+
+def _selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        present = e["key"] in labels
+        op = e["operator"]
+        if op == "In" and not (present and labels[e["key"]] in e["values"]):
+            return False
+        if op == "NotIn" and present and labels[e["key"]] in e["values"]:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def _namespace(name: str, **labels: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": name, **labels}  # the API server sets the first
+
+
+def test_webhook_spares_system_namespaces_and_opted_out_objects() -> None:
+    for hook in webhook_configurations().values():
+        ns, obj = hook["namespaceSelector"], hook["objectSelector"]
+        assert _selector_matches(ns, _namespace("ml-team"))
+        assert _selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "enabled"}))
+        assert not _selector_matches(ns, _namespace("kube-system"))
+        assert not _selector_matches(ns, _namespace(NAMESPACE))  # the release namespace
+        assert not _selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "disabled"}))
+        assert _selector_matches(obj, {"app": "train"})
+        assert not _selector_matches(obj, {"app": "train", "vgpud.io/webhook": "disabled"})
+
+
+def test_webhook_sees_only_gpu_pods() -> None:
+    pytest.importorskip("celpy", reason="cel-python (the `test` extra) is not installed")
+    for hook in webhook_configurations().values():
+        check_match_condition(match_condition(hook), settings().resourcePreset,
+                              settings().compatPresets)
+
+
+def test_webhook_match_condition_text_names_the_enabled_presets() -> None:
+    # Without a CEL library, at least: every enabled GPU name is in the expression, no
+    # other (a priority alone does not make a GPU pod: is_gpu_pod).
+    names = [n for p in [PRESETS[settings().resourcePreset]]
+             for n in (p.number, p.memory, p.cores, p.memory_percent) if n]
+    every = {getattr(p, f) for p in PRESETS.values()
+             for f in ("number", "memory", "cores", "memory_percent", "priority")} - {None}
+    for hook in webhook_configurations().values():
+        text = match_condition(hook)
+        quoted = set(re.findall(r'"([^"]+)"', text))
+        assert quoted == set(names), quoted
+        assert not (every - set(names)) & quoted
+        for part in ("object.spec.containers", "object.spec.initContainers",
+                     "c.resources.limits", "c.resources.requests"):
+            assert part in text

@@ -5,6 +5,7 @@ these tests need network on first use (then a cache); they skip with the reason 
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -12,8 +13,16 @@ from types import ModuleType
 import pytest
 import yaml
 
-from tests.deploy.rendered import ROOT, Manifests, cli_params, flag
+from tests.deploy.rendered import (
+    ROOT,
+    Manifests,
+    check_match_condition,
+    cli_params,
+    flag,
+    match_condition,
+)
 from vgpud.config import parse_settings
+from vgpud.core.requests import PRESETS
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +103,8 @@ def test_extender_election_adds_its_flag_and_its_lease(helm: Path) -> None:
     assert params["lease_namespace"] == "kube-system"
     names = {n for (_, _, ns) in m.rules("Role", "vgpud-scheduler-leases") for n in ns}
     assert names == {"vgpu-scheduler", "vgpud-scheduler"}
-    assert m.workload("Deployment")["spec"]["replicas"] == 2
-    assert "podAntiAffinity" in m.pod_spec("Deployment")["affinity"]
+    assert m.workload("Deployment", "vgpud-scheduler")["spec"]["replicas"] == 2
+    assert "podAntiAffinity" in m.pod_spec("Deployment", "vgpud-scheduler")["affinity"]
 
 
 def test_host_paths_and_scheduler_name_follow_the_values(helm: Path) -> None:
@@ -121,7 +130,12 @@ def test_kube_scheduler_image_defaults_to_the_cluster_version(helm: Path) -> Non
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ("config.resourcePreset=hami", "supports only resourcePreset=vgpu-manager"),
+    ("config.resourcePreset=nvidia", 'unknown preset "nvidia"; choose one of hami, tke, '
+                                     "vgpu-manager, volcano"),
+    ("config.compatPresets={hami,kai}", r'config.compatPresets: unknown preset "kai"'),
+    ("webhook.certs.mode=vault", "webhook.certs.mode"),
+    ("webhook.failurePolicy=Retry", "neither Fail nor Ignore"),
+    ("webhook.timeoutSeconds=31", "between 1 and 30"),
     ("config.schedulerName=default-scheduler", "must not be default-scheduler"),
     ("scheduler.replicas=2,scheduler.leaderElect=false", "needs scheduler.leaderElect=true"),
 ])
@@ -130,10 +144,219 @@ def test_unsupported_values_fail_with_a_reason(helm: Path, setting: str, message
         render.render(helm, (setting,), lint=False)
 
 
-def test_variants_match_the_kubernetes_schema(helm: Path) -> None:
+# kinds that kubernetes-validate has no schema for (CRDs)
+NOT_BUILT_IN = ("cert-manager.io/",)
+
+
+def validate_built_in(m: Manifests, version: str) -> None:
     kv = pytest.importorskip("kubernetes_validate")
-    m = template(helm, "config.plugin.featureGates.CorePlugin=true",
-                 "scheduler.extender.leaderElect=true", "scheduler.replicas=3",
-                 "plugin.runtimeClassName=nvidia", "imagePullSecrets[0].name=regcred")
     for doc in m.docs:
-        kv.validate(doc, render.KUBE_VERSION, strict=True)
+        if not doc["apiVersion"].startswith(NOT_BUILT_IN):
+            kv.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("sets", [
+    ("config.plugin.featureGates.CorePlugin=true", "scheduler.extender.leaderElect=true",
+     "scheduler.replicas=3", "plugin.runtimeClassName=nvidia", "imagePullSecrets[0].name=regcred"),
+    ("webhook.certs.mode=cert-manager", "webhook.replicas=1", "config.resourcePreset=hami",
+     "config.compatPresets={volcano,tke}", "webhook.failurePolicy=Ignore"),
+    ("webhook.certs.mode=cert-manager", "webhook.certs.certManager.issuerRef.name=corp-ca",
+     "webhook.certs.certManager.issuerRef.kind=ClusterIssuer",
+     "webhook.namespaceSelector.matchLabels.team=ml", "webhook.nodeSelector.role=infra"),
+    ("webhook.enabled=false",),
+], ids=["gates-and-election", "cert-manager-hami", "cert-manager-issuer", "no-webhook"])
+def test_variants_match_the_kubernetes_schema(helm: Path, sets: tuple[str, ...]) -> None:
+    validate_built_in(template(helm, *sets), render.KUBE_VERSION)
+
+
+def _template_for(helm: Path, kube_version: str, *sets: str) -> Manifests:
+    args = [a for s_ in sets for a in ("--set", s_)]
+    return Manifests.parse(render._helm(helm, "template", render.RELEASE, str(render.CHART),
+                                        "--namespace", render.NAMESPACE,
+                                        "--kube-version", kube_version, *args))
+
+
+def test_the_charts_floor_renders_without_match_conditions(helm: Path) -> None:
+    # matchConditions: alpha (off) in 1.27, on by default from 1.28, GA in 1.30.
+    for version, present in (("1.25.0", False), ("1.27.0", False), ("1.28.0", True)):
+        m = _template_for(helm, version)
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            (cfg,) = m.of_kind(kind)
+            assert ("matchConditions" in cfg["webhooks"][0]) is present, (version, kind)
+        validate_built_in(m, version)
+
+
+# -- resource presets ---------------------------------------------------------------------
+
+FIELDS = ("number", "memory", "cores", "memory_percent", "priority")
+
+
+def expected_managed(preset: str, compat: tuple[str, ...], *, memory_gate: bool = False,
+                     core_gate: bool = False) -> dict[str, bool]:
+    """The code's resource names of the enabled presets -> ignoredByScheduler."""
+    names = [getattr(PRESETS[p], f) for p in dict.fromkeys((preset, *compat)) for f in FIELDS]
+    out = {n: True for n in names if n is not None}
+    out["nvidia.com/vgpu-memory"] = not memory_gate
+    out["nvidia.com/vgpu-cores"] = not core_gate
+    out = {n: v for n, v in out.items() if n in names}
+    out[PRESETS[preset].number] = False  # the one the device plugin advertises
+    return out
+
+
+@pytest.mark.parametrize(("preset", "compat"), [
+    *[(p, ()) for p in PRESETS],
+    ("vgpu-manager", ("hami", "volcano", "tke")),
+    ("hami", ("vgpu-manager",)),
+    ("volcano", ("volcano", "tke")),
+])
+def test_every_preset_renders_with_the_codes_names(helm: Path, preset: str,
+                                                   compat: tuple[str, ...]) -> None:
+    sets = [f"config.resourcePreset={preset}"]
+    if compat:
+        sets.append("config.compatPresets={" + ",".join(compat) + "}")
+    m = template(helm, *sets, "config.plugin.featureGates.MemoryPlugin=true")
+    settings = parse_settings(yaml.safe_load(m.configmap_file("vgpud-settings", "vgpud.yaml")))
+    assert (settings.resourcePreset, settings.compatPresets) == (preset, compat)
+    (ext,) = m.scheduler_config()["extenders"]
+    got = {r["name"]: r["ignoredByScheduler"] for r in ext["managedResources"]}
+    assert len(got) == len(ext["managedResources"])
+    assert got == expected_managed(preset, compat, memory_gate=True)
+    gpu_names = {getattr(PRESETS[p], f) for p in (preset, *compat)
+                 for f in ("number", "memory", "cores", "memory_percent")} - {None}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (cfg,) = m.of_kind(kind)
+        expression = match_condition(cfg["webhooks"][0])
+        assert set(re.findall(r'"([^"]+)"', expression)) == gpu_names
+        if importlib.util.find_spec("celpy") is not None:
+            check_match_condition(expression, preset, compat)
+
+
+def test_nvidia_com_gpu_is_rendered_only_with_the_hami_preset(helm: Path) -> None:
+    assert "nvidia.com/gpu" not in render.render(helm, (), lint=False)
+    assert "nvidia.com/gpu" not in render.render(
+        helm, ("config.compatPresets={volcano,tke}",), lint=False)
+    hami = template(helm, "config.resourcePreset=hami")
+    (ext,) = hami.scheduler_config()["extenders"]
+    assert {"name": "nvidia.com/gpu", "ignoredByScheduler": False} in ext["managedResources"]
+    # The chart says why NVIDIA's and HAMi's device plugins must stay off those nodes.
+    values = (render.CHART / "values.yaml").read_text()
+    notes = (render.CHART / "templates" / "NOTES.txt").read_text()
+    assert "kubelet keeps one plugin per resource name" in values
+    assert 'eq .Values.config.resourcePreset "hami"' in notes
+    assert "kubelet keeps one device plugin per" in notes
+
+
+# -- the webhook's switches ------------------------------------------------------------------
+
+WEBHOOK_KINDS = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                 "PodDisruptionBudget", "Certificate", "Issuer"}
+
+
+def _webhook_objects(m: Manifests) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in m.docs
+            if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook"
+            or d["kind"] in WEBHOOK_KINDS}
+
+
+def test_cert_manager_mode_makes_its_own_ca_chain(helm: Path) -> None:
+    m = template(helm, "webhook.certs.mode=cert-manager")
+    assert _webhook_objects(m) >= {
+        ("Issuer", "vgpud-webhook-selfsigned"), ("Certificate", "vgpud-webhook-ca"),
+        ("Issuer", "vgpud-webhook-ca"), ("Certificate", "vgpud-webhook")}
+    selfsigned = m.one("Issuer", "vgpud-webhook-selfsigned")
+    assert selfsigned["spec"] == {"selfSigned": {}}
+    ca = m.one("Certificate", "vgpud-webhook-ca")
+    assert ca["spec"]["isCA"] is True
+    assert ca["spec"]["issuerRef"]["name"] == "vgpud-webhook-selfsigned"
+    assert m.one("Issuer", "vgpud-webhook-ca")["spec"]["ca"]["secretName"] == ca["spec"][
+        "secretName"]
+    cert = m.one("Certificate", "vgpud-webhook")
+    assert cert["spec"]["issuerRef"] == {"group": "cert-manager.io", "kind": "Issuer",
+                                         "name": "vgpud-webhook-ca"}
+    svc, ns = "vgpud-webhook", render.NAMESPACE
+    assert cert["spec"]["dnsNames"] == [svc, f"{svc}.{ns}", f"{svc}.{ns}.svc",
+                                        f"{svc}.{ns}.svc.cluster.local"]
+    assert "server auth" in cert["spec"]["usages"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (cfg,) = m.of_kind(kind)
+        assert cfg["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": f"{ns}/vgpud-webhook"}
+    # The Secret the Certificate writes is what the webhook serves with.
+    c = m.container("Deployment", "webhook")
+    volumes = {v["name"]: v for v in m.pod_spec("Deployment", "vgpud-webhook")["volumes"]}
+    mounts = {mt["mountPath"]: mt for mt in c["volumeMounts"]}
+    for name, key in (("tls-cert", "tls.crt"), ("tls-key", "tls.key")):
+        path = flag(c["args"], name)
+        assert path is not None and path.endswith("/" + key)
+        mount = mounts[path.rsplit("/", 1)[0]]
+        assert mount["readOnly"] is True
+        assert volumes[mount["name"]]["secret"]["secretName"] == cert["spec"]["secretName"]
+    params = cli_params(c["args"])
+    assert params["bootstrap_secret"] is None and params["webhook_configuration"] is None
+    # No bootstrap: no Secret or webhook-configuration rights at all.
+    assert m.rules("ClusterRole", "vgpud-webhook") == {("", "nodes", ()): {"list", "watch"}}
+    assert not [d for d in m.of_kind("Role") if d["metadata"]["name"] == "vgpud-webhook"]
+    assert not [d for d in m.of_kind("RoleBinding") if d["metadata"]["name"] == "vgpud-webhook"]
+
+
+def test_cert_manager_mode_with_an_issuer_uses_it(helm: Path) -> None:
+    m = template(helm, "webhook.certs.mode=cert-manager",
+                 "webhook.certs.certManager.issuerRef.name=corp-ca",
+                 "webhook.certs.certManager.issuerRef.kind=ClusterIssuer",
+                 "webhook.certs.certManager.issuerRef.group=cert-manager.io")
+    assert not m.of_kind("Issuer")
+    (cert,) = m.of_kind("Certificate")
+    assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
+                                         "group": "cert-manager.io"}
+
+
+def test_bootstrap_mode_renders_no_cert_manager_objects(helm: Path) -> None:
+    m = template(helm)
+    assert not m.of_kind("Certificate") and not m.of_kind("Issuer")
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (cfg,) = m.of_kind(kind)
+        assert "cert-manager.io/inject-ca-from" not in (cfg["metadata"].get("annotations") or {})
+
+
+def test_webhook_can_be_left_out(helm: Path) -> None:
+    m = template(helm, "webhook.enabled=false")
+    assert _webhook_objects(m) == set()
+    assert {(d["kind"], d["metadata"]["name"]) for d in m.of_kind("Deployment")} == {
+        ("Deployment", "vgpud-scheduler")}
+
+
+def test_one_webhook_replica_has_no_budget_or_spread(helm: Path) -> None:
+    m = template(helm, "webhook.replicas=1")
+    assert not m.of_kind("PodDisruptionBudget")
+    assert "affinity" not in m.pod_spec("Deployment", "vgpud-webhook")
+
+
+def test_webhook_selectors_follow_the_release_namespace_and_values(helm: Path) -> None:
+    out = render._helm(helm, "template", "gpu", str(render.CHART), "--namespace", "gpu-system",
+                       "--kube-version", render.KUBE_VERSION,
+                       "--set", "webhook.excludeNamespaces={kube-system,monitoring}",
+                       "--set", "webhook.namespaceSelector.matchExpressions[0].key=tier",
+                       "--set", "webhook.namespaceSelector.matchExpressions[0].operator=In",
+                       "--set", "webhook.namespaceSelector.matchExpressions[0].values={gpu}",
+                       "--set", "webhook.objectSelector.matchLabels.gpu=yes",
+                       "--set", "webhook.failurePolicy=Ignore",
+                       "--set", "webhook.timeoutSeconds=5")
+    m = Manifests.parse(out)
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (cfg,) = m.of_kind(kind)
+        (hook,) = cfg["webhooks"]
+        assert hook["clientConfig"]["service"]["name"] == "gpu-vgpud-webhook"
+        assert hook["clientConfig"]["service"]["namespace"] == "gpu-system"
+        assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)
+        exprs = hook["namespaceSelector"]["matchExpressions"]
+        assert exprs[0] == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                            "values": ["kube-system", "monitoring", "gpu-system"]}
+        assert {"key": "vgpud.io/webhook", "operator": "NotIn", "values": ["disabled"]} in exprs
+        assert {"key": "tier", "operator": "In", "values": ["gpu"]} in exprs
+        assert hook["objectSelector"]["matchLabels"] == {"gpu": "yes"}
+    args = m.container("Deployment", "webhook")["args"]
+    assert flag(args, "service-name") == "gpu-vgpud-webhook"
+    assert flag(args, "webhook-configuration") == "gpu-vgpud-webhook"
+    assert flag(args, "bootstrap-secret") == "gpu-vgpud-webhook-tls"
+    role = m.one("Role", "gpu-vgpud-webhook")
+    assert role["metadata"]["namespace"] == "gpu-system"

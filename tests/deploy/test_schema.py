@@ -15,8 +15,11 @@ from tests.deploy.rendered import Manifests
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
 
 M = Manifests.committed()
-# The chart's floor (Chart.yaml kubeVersion) and the version it is rendered for.
-VERSIONS = ["1.25.0", "1.30.0"]
+# The oldest version the committed manifests apply to as they are (the webhooks'
+# matchConditions are on by default from 1.28), and the version they are rendered for.
+# The chart's own floor (Chart.yaml kubeVersion, 1.25) renders without matchConditions:
+# test_render.py validates that render against the 1.25 schemas.
+VERSIONS = ["1.28.0", "1.30.0"]
 
 
 def _id(doc: dict[str, Any]) -> str:
@@ -37,7 +40,7 @@ def test_validator_rejects_an_unknown_field() -> None:
 
 
 def test_validator_rejects_a_wrong_type() -> None:
-    deployment = copy.deepcopy(M.workload("Deployment"))
+    deployment = copy.deepcopy(M.workload("Deployment", "vgpud-scheduler"))
     deployment["spec"]["replicas"] = "one"
     with pytest.raises(kv.ValidationError):
         kv.validate(deployment, VERSIONS[-1], strict=True)

@@ -69,6 +69,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "pods", "Pod", namespaced=True, has_status=True),
     Kind("", "v1", "events", "Event", namespaced=True),
     Kind("", "v1", "configmaps", "ConfigMap", namespaced=True),
+    Kind("", "v1", "secrets", "Secret", namespaced=True),
+    Kind("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+         "MutatingWebhookConfiguration", namespaced=False),
+    Kind("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+         "ValidatingWebhookConfiguration", namespaced=False),
     Kind("events.k8s.io", "v1", "events", "Event", namespaced=True),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
 )

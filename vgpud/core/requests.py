@@ -10,7 +10,7 @@ container, the resource and what was wrong.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -116,9 +116,19 @@ def _resources(container: Mapping[str, Any], cname: str) -> dict[str, object]:
     return merged
 
 
-def _presets(defaults: Defaults) -> list[Preset]:
+def enabled_presets(defaults: Defaults) -> list[Preset]:
+    """The configured preset first, then the compatible ones, each once."""
     names = [defaults.preset, *[p for p in defaults.compat_presets if p != defaults.preset]]
-    return [PRESETS[n] for n in names]
+    return [PRESETS[n] for n in dict.fromkeys(names)]
+
+
+def preset_of(names: Iterable[str], presets: Sequence[Preset]) -> Preset | None:
+    """The first preset one of whose GPU resources (number, memory, cores, memory share)
+    a container names: the system the container speaks. None: not a GPU container."""
+    held = set(names)
+    return next((p for p in presets if any(
+        n is not None and n in held for n in (p.number, p.memory, p.cores, p.memory_percent))),
+        None)
 
 
 def _container(
@@ -129,8 +139,7 @@ def _container(
     if not isinstance(cname, str) or not cname:
         raise RequestError("a container has no name")
     res = _resources(container, cname)
-    preset = next((p for p in presets if any(
-        n is not None and n in res for n in (p.number, p.memory, p.cores, p.memory_percent))), None)
+    preset = preset_of(res, presets)
     if preset is None:
         return None
 
@@ -160,8 +169,12 @@ def _container(
         raise RequestError(f"container {cname!r}: give either {preset.memory} or "
                            f"{preset.memory_percent}, not both")
     if memory is not None and memory > MAX_MEMORY_MIB:
+        hint = ""
+        given = res.get(preset.memory) if preset.memory else None
+        if isinstance(given, str) and given.strip()[-2:] in ("Ki", "Mi", "Gi", "Ti"):
+            hint = f"; the unit is MiB already: write {memory >> 20} for {given.strip()}"
         raise RequestError(f"container {cname!r}: {preset.memory}: {memory} MiB is absurd "
-                           f"(more than {MAX_MEMORY_MIB} MiB)")
+                           f"(more than {MAX_MEMORY_MIB} MiB){hint}")
     if percent is not None and not 1 <= percent <= 100:
         raise RequestError(f"container {cname!r}: {preset.memory_percent}: {percent} must be "
                            "between 1 and 100")
@@ -250,7 +263,7 @@ def parse_pod(pod: Mapping[str, Any], defaults: Defaults) -> PodRequest:
     annotations = {} if annotations is None else annotations
     if not isinstance(annotations, Mapping):
         raise RequestError("metadata.annotations must be an object")
-    presets = _presets(defaults)
+    presets = enabled_presets(defaults)
     containers: list[ContainerRequest] = []
     for kind, init in (("initContainers", True), ("containers", False)):
         items = spec.get(kind)

@@ -28,14 +28,15 @@ def scheduler(
     lease_namespace: Annotated[str, typer.Option(help="namespace of the Lease")] = "kube-system",
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind GPU pods."""
-    from vgpud.extender.run import parse_listen, run_scheduler
+    from vgpud.extender.run import run_scheduler
     from vgpud.kube.errors import ConfigError as KubeConfigError
+    from vgpud.process import parse_listen
 
     try:
         settings = load_settings(config, env=os.environ)
         parse_listen(listen)
         if metrics_listen:
-            parse_listen(metrics_listen)
+            parse_listen(metrics_listen, "--metrics-listen")
     except (ConfigError, ValueError) as e:
         typer.echo(f"vgpud: {e}", err=True)
         raise typer.Exit(2) from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import socket
 import time
 
@@ -29,17 +28,11 @@ from vgpud.kube.client import KubeClient
 from vgpud.kube.lease import LeaderElector
 from vgpud.kube.resources import NODES, PODS
 from vgpud.kube.writes import EventRecorder, PodBinder
+from vgpud.process import cancel_on_signals, parse_listen
 
 log = structlog.get_logger()
 
 EXPIRE_EVERY = 5.0
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
-    return host or "0.0.0.0", int(port)
 
 
 async def _expire(alloc: Allocator, metrics: Metrics) -> None:
@@ -49,14 +42,6 @@ async def _expire(alloc: Allocator, metrics: Metrics) -> None:
             metrics.expired.inc()
             log.warning("assumption_expired", pod=e.key, node=e.placement.node,
                         why="never confirmed by the API")
-
-
-async def _signals(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for sig in signals:
-            log.info("scheduler_stopping", signal=signal.Signals(sig).name)
-            scope.cancel()
-            return
 
 
 async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: str,
@@ -100,7 +85,7 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                     await runner.setup()
                     await web.TCPSite(runner, h, p, reuse_address=True).start()
                 log.info("scheduler_listening", verbs=listen, ops=metrics_listen or listen)
-                tg.start_soon(_signals, tg.cancel_scope)
+                tg.start_soon(cancel_on_signals, tg.cancel_scope, "scheduler_stopping")
                 await tg.start(nodes.run)
                 await tg.start(pods.run)
                 tg.start_soon(events.run)

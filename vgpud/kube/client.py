@@ -103,6 +103,7 @@ class KubeClient:
         self.request_timeout = request_timeout
         self.core = k8s.CoreV1Api(api)
         self.coordination = k8s.CoordinationV1Api(api)
+        self.admission = k8s.AdmissionregistrationV1Api(api)
 
     @classmethod
     @asynccontextmanager

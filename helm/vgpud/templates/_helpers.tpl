@@ -10,6 +10,10 @@
 {{- define "vgpud.scheduler" -}}{{ include "vgpud.fullname" . }}-scheduler{{- end -}}
 {{- define "vgpud.plugin" -}}{{ include "vgpud.fullname" . }}-plugin{{- end -}}
 {{- define "vgpud.settings" -}}{{ include "vgpud.fullname" . }}-settings{{- end -}}
+{{- define "vgpud.webhook" -}}{{ include "vgpud.fullname" . }}-webhook{{- end -}}
+{{/* The Secret with the webhook's serving certificate (bootstrap: the webhook writes it;
+     cert-manager: the Certificate does). */}}
+{{- define "vgpud.webhookSecret" -}}{{ include "vgpud.webhook" . }}-tls{{- end -}}
 
 {{- define "vgpud.selectorLabels" -}}
 app.kubernetes.io/name: vgpud
@@ -48,9 +52,102 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "vgpud.kubeSchedulerLease" -}}{{ .Values.config.schedulerName }}{{- end -}}
 {{- define "vgpud.extenderLease" -}}vgpud-scheduler{{- end -}}
 
+{{/* The resource names of each preset: vgpud/core/requests.py PRESETS, field for field
+     (number, memory, cores, memoryPercent, priority; a test compares the two). `number` is
+     what the device plugin advertises when the preset is config.resourcePreset. */}}
+{{- define "vgpud.presets" -}}
+vgpu-manager:
+  number: nvidia.com/vgpu-number
+  memory: nvidia.com/vgpu-memory
+  cores: nvidia.com/vgpu-cores
+  memoryPercent: nvidia.com/vgpu-memory-percentage
+hami:
+  number: nvidia.com/gpu
+  memory: nvidia.com/gpumem
+  cores: nvidia.com/gpucores
+  memoryPercent: nvidia.com/gpumem-percentage
+  priority: nvidia.com/priority
+volcano:
+  number: volcano.sh/vgpu-number
+  memory: volcano.sh/vgpu-memory
+  cores: volcano.sh/vgpu-cores
+tke:
+  number: tencent.com/vcuda-core
+  memory: tencent.com/vcuda-memory
+{{- end -}}
+
+{{/* The enabled presets' names: config.resourcePreset first, then config.compatPresets. */}}
+{{- define "vgpud.enabledPresets" -}}
+{{- concat (list .Values.config.resourcePreset) (.Values.config.compatPresets | default list) | uniq | toJson -}}
+{{- end -}}
+
+{{/* The enabled presets' resource names, in order, each once (JSON list), of the fields
+     given: include "vgpud.resourceNames" (dict "ctx" $ "fields" (list "number" ...)). */}}
+{{- define "vgpud.resourceNames" -}}
+{{- $presets := include "vgpud.presets" .ctx | fromYaml -}}
+{{- $names := list -}}
+{{- range $p := include "vgpud.enabledPresets" .ctx | fromJsonArray -}}
+{{- $t := get $presets $p -}}
+{{- range $field := $.fields -}}
+{{- with get $t $field -}}{{- $names = append $names . -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
+{{- end -}}
+
+{{/* Every name a pod may ask for: kube-scheduler's managedResources. */}}
+{{- define "vgpud.gpuResourceNames" -}}
+{{- include "vgpud.resourceNames" (dict "ctx" . "fields" (list "number" "memory" "cores" "memoryPercent" "priority")) -}}
+{{- end -}}
+
+{{/* The names that make a container a GPU container (vgpud/core/requests.py preset_of,
+     vgpud/core/admission.py is_gpu_pod): a priority alone does not. */}}
+{{- define "vgpud.gpuPodResourceNames" -}}
+{{- include "vgpud.resourceNames" (dict "ctx" . "fields" (list "number" "memory" "cores" "memoryPercent")) -}}
+{{- end -}}
+
+{{/* The configured preset's table entry (JSON). */}}
+{{- define "vgpud.preset" -}}
+{{- get (include "vgpud.presets" . | fromYaml) .Values.config.resourcePreset | toJson -}}
+{{- end -}}
+
+{{/* The webhook's matchConditions expression (CEL): the pod has a container or an init
+     container whose resources.limits or resources.requests names a GPU resource of an
+     enabled preset (is_gpu_pod in vgpud/core/admission.py, the pods the webhook acts on).
+     Only such pods are sent, so a down webhook blocks GPU pods only. */}}
+{{- define "vgpud.webhookMatchExpression" -}}
+{{- $names := include "vgpud.gpuPodResourceNames" . -}}
+(object.spec.containers +
+  (has(object.spec.initContainers) ? object.spec.initContainers : [])
+).exists(c, has(c.resources) && {{ $names }}.exists(r,
+  (has(c.resources.limits) && r in c.resources.limits) ||
+  (has(c.resources.requests) && r in c.resources.requests)))
+{{- end -}}
+
+{{/* Which webhook objects sit where. The label that spares a namespace or a pod. */}}
+{{- define "vgpud.webhookOptOutLabel" -}}vgpud.io/webhook{{- end -}}
+{{- define "vgpud.webhookTLSDir" -}}/etc/vgpud-webhook-tls{{- end -}}
+
 {{- define "vgpud.checks" -}}
-{{- if ne .Values.config.resourcePreset "vgpu-manager" -}}
-{{- fail "config.resourcePreset: the device plugin advertises nvidia.com/vgpu-number, so the chart supports only resourcePreset=vgpu-manager" -}}
+{{- $presets := include "vgpud.presets" . | fromYaml -}}
+{{- $known := keys $presets | sortAlpha | join ", " -}}
+{{- if not (hasKey $presets (toString .Values.config.resourcePreset)) -}}
+{{- fail (printf "config.resourcePreset: unknown preset %q; choose one of %s" (toString .Values.config.resourcePreset) $known) -}}
+{{- end -}}
+{{- range .Values.config.compatPresets -}}
+{{- if not (hasKey $presets (toString .)) -}}
+{{- fail (printf "config.compatPresets: unknown preset %q; choose one of %s" (toString .) $known) -}}
+{{- end -}}
+{{- end -}}
+{{- $wh := .Values.webhook -}}
+{{- if not (has $wh.certs.mode (list "bootstrap" "cert-manager")) -}}
+{{- fail (printf "webhook.certs.mode: %q is neither bootstrap nor cert-manager" (toString $wh.certs.mode)) -}}
+{{- end -}}
+{{- if not (has $wh.failurePolicy (list "Fail" "Ignore")) -}}
+{{- fail (printf "webhook.failurePolicy: %q is neither Fail nor Ignore" (toString $wh.failurePolicy)) -}}
+{{- end -}}
+{{- if or (lt (int $wh.timeoutSeconds) 1) (gt (int $wh.timeoutSeconds) 30) -}}
+{{- fail "webhook.timeoutSeconds must be between 1 and 30 (the API server's limit)" -}}
 {{- end -}}
 {{- if and (gt (int .Values.scheduler.replicas) 1) (not .Values.scheduler.leaderElect) -}}
 {{- fail "scheduler.replicas > 1 needs scheduler.leaderElect=true: without it every replica schedules" -}}

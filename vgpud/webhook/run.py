@@ -1,0 +1,162 @@
+"""``vgpud webhook``: one task group for the admission role.
+
+Children: the certificate bootstrap's renewal loop (with ``--bootstrap-secret``), the
+certificate file watcher, the node informer that keeps the :class:`Catalogue` of the
+cluster's GPUs, and the HTTPS (and ops) servers. Ready once the certificate is
+loaded: the catalogue is best effort (until the node list arrives, requests are not
+checked against the cluster's GPU sizes), so an API server hiccup never stops
+admission of GPU pods.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from aiohttp import web
+from anyio.abc import TaskStatus
+
+from vgpud.config import Settings
+from vgpud.core.admission import AdmissionPolicy, Catalogue, profile
+from vgpud.core.codec import NODE_DEVICES, CodecError, decode_node_devices
+from vgpud.core.model import GpuUsage
+from vgpud.kube.cache import Added, Deleted, Event, Informer, Modified
+from vgpud.kube.client import KubeClient
+from vgpud.kube.resources import NODES
+from vgpud.process import cancel_on_signals, parse_listen
+from vgpud.webhook.bootstrap import Bootstrap, service_names
+from vgpud.webhook.server import Metrics, make_app
+from vgpud.webhook.tls import TlsFiles
+
+log = structlog.get_logger(__name__)
+
+Profile = tuple[GpuUsage, ...]
+
+
+def node_profile(obj: dict[str, Any]) -> Profile | None:
+    """The informer's projection: a node's GPU profile, or None (no or bad inventory)."""
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(NODE_DEVICES)
+    if raw is None:
+        return None
+    try:
+        return profile(decode_node_devices(raw))
+    except CodecError:
+        return None
+
+
+class Gpus:
+    """The cluster's GPU node profiles, counted, fed by node events."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._count: Counter[Profile] = Counter()
+        self.catalogue = Catalogue({})
+
+    def on_node(self, event: Event[Profile | None]) -> None:
+        old = new = None
+        if isinstance(event, Added):
+            new = event.obj
+        elif isinstance(event, Modified):
+            old, new = event.old, event.new
+        elif isinstance(event, Deleted):
+            old = event.obj
+        else:
+            return
+        if old == new:
+            return
+        if old:
+            self._count[old] -= 1
+        if new:
+            self._count[new] += 1
+        self._count = +self._count  # drop zeros
+        self.catalogue = Catalogue(dict(self._count))
+        self.metrics.gpu_nodes.set(sum(self._count.values()))
+
+
+@dataclass(frozen=True)
+class BootstrapOptions:
+    secret: str
+    namespace: str
+    service: str
+    configuration: str | None
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What the started webhook hands back (tests use the ports)."""
+
+    port: int
+    ops_port: int | None
+    tls: TlsFiles
+
+
+def _port(site: web.TCPSite, fallback: int) -> int:
+    sockets = getattr(site._server, "sockets", None) or []
+    return int(sockets[0].getsockname()[1]) if sockets else fallback
+
+
+async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str,
+                      tls_cert: Path, tls_key: Path, metrics_listen: str | None = None,
+                      bootstrap: BootstrapOptions | None = None, handle_signals: bool = True,
+                      tls_poll: float = 5.0,
+                      task_status: TaskStatus[Serving] = anyio.TASK_STATUS_IGNORED) -> None:
+    host, port = parse_listen(listen)
+    ops_at = parse_listen(metrics_listen, "--metrics-listen") if metrics_listen else None
+    policy = AdmissionPolicy(settings.defaults(), settings.schedulerName,
+                             settings.allowPrivilegedGPUPods)
+    metrics = Metrics()
+    gpus = Gpus(metrics)
+    async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
+                                  burst=settings.kubeBurst) as kube:
+        boot = None
+        if bootstrap is not None:
+            boot = Bootstrap(kube, bootstrap.namespace, bootstrap.secret,
+                             service_names(bootstrap.service, bootstrap.namespace),
+                             tls_cert, tls_key, bootstrap.configuration)
+            await boot.once()
+        tls = await anyio.to_thread.run_sync(TlsFiles, tls_cert, tls_key)
+        metrics.tls_loads.set_function(lambda: tls.loads)
+        nodes: Informer[Profile | None] = Informer(kube, NODES, project=node_profile)
+        nodes.subscribe(gpus.on_node)
+
+        def catalogue() -> Catalogue:
+            return gpus.catalogue
+
+        def ready() -> bool:
+            return True  # the certificate loaded before the servers started
+
+        runners = [web.AppRunner(make_app(policy, catalogue, metrics, ready,
+                                          ops=ops_at is None), access_log=None,
+                                 handle_signals=False)]
+        if ops_at is not None:
+            runners.append(web.AppRunner(make_app(policy, catalogue, metrics, ready,
+                                                  reviews=False), access_log=None,
+                                         handle_signals=False))
+        try:
+            async with anyio.create_task_group() as tg:
+                sites = []
+                for runner, (h, p), ssl in zip(
+                        runners, [(host, port), *([ops_at] if ops_at else [])],
+                        [tls.context, None], strict=False):
+                    await runner.setup()
+                    site = web.TCPSite(runner, h, p, ssl_context=ssl, reuse_address=True)
+                    await site.start()
+                    sites.append(_port(site, p))
+                log.info("webhook_listening", reviews=listen, ops=metrics_listen or listen,
+                         scheduler_name=policy.scheduler_name,
+                         presets=[settings.resourcePreset, *settings.compatPresets])
+                if handle_signals:
+                    tg.start_soon(cancel_on_signals, tg.cancel_scope, "webhook_stopping")
+                tg.start_soon(nodes.run)
+                tg.start_soon(tls.watch, tls_poll)
+                if boot is not None:
+                    tg.start_soon(boot.run)
+                task_status.started(Serving(sites[0], sites[1] if ops_at else None, tls))
+        finally:
+            with anyio.CancelScope(shield=True):
+                for runner in runners:
+                    await runner.cleanup()

@@ -1,0 +1,130 @@
+"""The webhook's HTTP servers (aiohttp).
+
+The *review* app (HTTPS): ``POST /mutate`` and ``POST /validate``, each an
+``AdmissionReview`` v1 in and out. The *ops* app: ``GET /healthz``, ``/readyz``,
+``/metrics`` — on the HTTPS port too, unless ``--metrics-listen`` puts them apart.
+
+A body that is not a review gets a 400 with the reason, a body over
+:data:`MAX_BODY` a 413; an unexpected failure is logged and answered with a 500-free
+``allowed: false`` review naming it, so the API server shows the user a reason (and
+the server keeps serving).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, mutate, validate
+from vgpud.webhook.wire import Review, WireError, answer, parse_review
+
+log = structlog.get_logger(__name__)
+
+# The API server sends at most an object and its old version; etcd holds objects up to
+# 1.5 MiB, so 4 MiB bounds every real review and refuses junk early.
+MAX_BODY = 4 << 20
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.reviews = Counter(
+            "vgpud_webhook_reviews", "Admission reviews answered, by endpoint and outcome "
+            "(allowed, patched, denied, skipped: not a Pod CREATE, bad_request, error).",
+            ["endpoint", "outcome"], registry=self.registry)
+        self.seconds = Histogram(
+            "vgpud_webhook_review_seconds", "Time to answer one review, body read included.",
+            ["endpoint"], registry=self.registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+        self.gpu_nodes = Gauge(
+            "vgpud_webhook_gpu_nodes", "Nodes with a GPU inventory the webhook knows of "
+            "(requests larger than any of their GPUs are denied).", registry=self.registry)
+        self.tls_loads = Gauge(
+            "vgpud_webhook_tls_loads", "Times the serving certificate was loaded (1 at start, "
+            "+1 per rotation).", registry=self.registry)
+
+
+def _review(r: Review, endpoint: str, policy: AdmissionPolicy,
+            catalogue: Callable[[], Catalogue]) -> tuple[dict[str, Any], str]:
+    if not r.is_pod_create:
+        return answer(r.uid, Verdict(True)), "skipped"
+    if endpoint == "mutate":
+        ops = mutate(r.obj, policy)
+        return answer(r.uid, Verdict(True), ops), "patched" if ops else "allowed"
+    verdict = validate(r.obj, policy, catalogue())
+    return answer(r.uid, verdict), "allowed" if verdict.allowed else "denied"
+
+
+def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metrics: Metrics,
+             ready: Callable[[], bool], *, reviews: bool = True,
+             ops: bool = True) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+
+    def endpoint(name: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.Response:
+            start = time.perf_counter()
+            outcome = "error"
+            try:
+                raw = await request.read()
+                review = parse_review(raw)
+                try:
+                    doc, outcome = _review(review, name, policy, catalogue)
+                except Exception as e:  # a bug must not become a 5xx and a blocked pod
+                    log.exception("webhook_review_failed", endpoint=name, uid=review.uid)
+                    doc = answer(review.uid, Verdict(False, (
+                        f"vgpud webhook: internal error ({type(e).__name__}: {e}); "
+                        "please report it")))
+                if outcome == "denied":
+                    log.info("pod_denied", namespace=review.namespace,
+                             reason=doc["response"]["status"]["message"])
+                return web.json_response(doc, dumps=_dumps)
+            except web.HTTPRequestEntityTooLarge:
+                outcome = "bad_request"
+                return web.json_response(
+                    {"error": f"the review is larger than {MAX_BODY} bytes"}, status=413)
+            except WireError as e:
+                outcome = "bad_request"
+                return web.json_response({"error": f"bad AdmissionReview: {e}"}, status=400)
+            finally:
+                metrics.reviews.labels(name, outcome).inc()
+                metrics.seconds.labels(name).observe(time.perf_counter() - start)
+
+        return handler
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if ready():
+            return web.Response(text="ok")
+        return web.Response(text="not ready: certificates not loaded yet", status=503)
+
+    async def metrics_page(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    if reviews:
+        app.router.add_post("/mutate", endpoint("mutate"))
+        app.router.add_post("/validate", endpoint("validate"))
+    if ops:
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics_page)
+    return app
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, separators=(",", ":"))

@@ -1,0 +1,86 @@
+"""``AdmissionReview`` (``admission.k8s.io/v1``) in and out, as the API server sends it.
+
+:func:`parse_review` turns a body into a :class:`Review` or raises :class:`WireError`
+with what was wrong (the server answers it with a 400: the API server then applies
+the webhook's ``failurePolicy``). :func:`answer` builds the response review: the
+request's ``uid``, ``allowed``, a ``status`` with the denial message, a base64
+JSON patch and warnings.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vgpud.core.admission import PatchOp, Verdict
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+MAX_WARNING = 256  # the API server truncates longer warnings; keep ours whole
+
+
+class WireError(ValueError):
+    """A body that is not an ``AdmissionReview`` v1 request; ``str()`` says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Review:
+    uid: str
+    operation: str
+    group: str
+    kind: str
+    namespace: str
+    obj: Mapping[str, Any] | None
+
+    @property
+    def is_pod_create(self) -> bool:
+        return self.group == "" and self.kind == "Pod" and self.operation == "CREATE"
+
+
+def parse_review(raw: bytes) -> Review:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WireError(f"the body is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise WireError("the body is not a JSON object")
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+        raise WireError(f"expected apiVersion {API_VERSION} kind {KIND}, got "
+                        f"{doc.get('apiVersion')!r} {doc.get('kind')!r} (set "
+                        "admissionReviewVersions: [v1] on the webhook configuration)")
+    req = doc.get("request")
+    if not isinstance(req, dict):
+        raise WireError("request is missing or not an object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise WireError("request.uid is missing")
+    kind = req.get("kind")
+    if not isinstance(kind, dict) or not isinstance(kind.get("kind"), str):
+        raise WireError("request.kind is missing or not a GroupVersionKind")
+    operation = req.get("operation")
+    if not isinstance(operation, str):
+        raise WireError("request.operation is missing")
+    obj = req.get("object")
+    if obj is not None and not isinstance(obj, dict):
+        raise WireError("request.object is not an object")
+    review = Review(uid=uid, operation=operation, group=str(kind.get("group") or ""),
+                    kind=kind["kind"], namespace=str(req.get("namespace") or ""), obj=obj)
+    if review.is_pod_create and obj is None:
+        raise WireError("request.object is null for a Pod CREATE")
+    return review
+
+
+def answer(uid: str, verdict: Verdict, patch: Sequence[PatchOp] = ()) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": verdict.message}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(
+            json.dumps(list(patch), separators=(",", ":")).encode()).decode()
+    if verdict.warnings:
+        response["warnings"] = [w[:MAX_WARNING] for w in verdict.warnings]
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
