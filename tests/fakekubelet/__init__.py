@@ -2,9 +2,9 @@
 kubelet protos (a different gRPC implementation than the plugin's grpclib).
 
 It serves ``Registration`` on ``<dir>/kubelet.sock`` and ``PodResourcesLister`` on
-its own socket, and drives a registered plugin the way kubelet's device manager
-does: ListAndWatch, GetPreferredAllocation, Allocate at admission, PreStartContainer
-at container start. See :mod:`tests.fakekubelet.kubelet`.
+its own socket, and drives the registered plugins (one per resource name) the way
+kubelet's device manager does: ListAndWatch, GetPreferredAllocation, Allocate at
+admission, PreStartContainer at container start. See :mod:`tests.fakekubelet.kubelet`.
 """
 
 from tests.fakekubelet.kubelet import AdmitError, FakeKubelet, FakePod

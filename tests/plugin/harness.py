@@ -4,7 +4,11 @@
 node, a :class:`~tests.fakekubelet.FakeKubelet` on sockets in a short temporary
 directory, and ``vgpud.plugin.run.run_plugin`` in a task group (``h.stop_plugin()``
 / ``h.start_plugin()`` restart it). Fake kubelet calls are blocking: run them with
-``h.kubelet_call(fn, ...)`` (a worker thread).
+``h.kubelet_call(fn, ...)`` (a worker thread). ``resources`` names what the test expects
+the plugin to register (the first is the fake kubelet's default resource); the harness
+waits for each. :meth:`Harness.schedule` places a pod with the scheduler's own core (the
+request parser under the harness's settings, the allocator and its ledger), as the
+scheduler writes ``vgpud.io/assignment``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,14 +27,18 @@ from anyio.abc import TaskGroup
 from tests.fakekubelet import FakeKubelet
 from tests.standin import ApiServer
 from vgpud.config import Settings, parse_settings
+from vgpud.core.allocate import Allocator
 from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, decode_node_devices, encode_assignment
-from vgpud.core.model import ContainerGrant, DeviceGrant, NodeInventory, Placement
+from vgpud.core.model import ContainerGrant, DeviceGrant, Node, NodeInventory, Placement
+from vgpud.core.requests import parse_pod
 from vgpud.kube.client import KubeClient
 from vgpud.plugin.cluster import KubeCluster
 from vgpud.plugin.fakegpus import FakeGpus
 from vgpud.plugin.run import PluginOptions, Running, run_plugin
 
 NODE = "gpu-node-1"
+VGPU = "nvidia.com/vgpu-number"
+Limits = Mapping[str, int | str]  # a container's resource limits
 
 
 def uuid_of(i: int) -> str:
@@ -57,15 +65,18 @@ def placement(containers: dict[str, list[tuple[int, int, int]]], node: str = NOD
         for name, devs in containers.items()), time="2026-01-01T00:00:00Z")
 
 
-def pod_manifest(name: str, containers: dict[str, int], assignment: str | None,
+def pod_manifest(name: str, containers: Mapping[str, int | Limits], assignment: str | None,
                  namespace: str = "default", node: str = NODE) -> dict[str, Any]:
+    """A pod whose containers ask for ``n`` vGPUs (``nvidia.com/vgpu-number``) or for
+    the given limits."""
     ann = {} if assignment is None else {ASSIGNMENT: assignment}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "annotations": ann},
         "spec": {"nodeName": node, "schedulerName": "vgpu-scheduler", "containers": [
             {"name": c, "image": "cuda",
-             "resources": {"limits": {"nvidia.com/vgpu-number": str(n)}}}
+             "resources": {"limits": {k: str(v) for k, v in (
+                 {VGPU: n} if isinstance(n, int) else n).items()}}}
             for c, n in containers.items()]},
         "status": {"phase": "Pending"},
     }
@@ -90,6 +101,7 @@ class Harness:
         self.devices_file = devices_file
         self.state_dir = root / "state"
         self.running: Running | None = None
+        self.allocator: Allocator | None = None
         self._scope: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
 
@@ -121,8 +133,9 @@ class Harness:
     async def kubelet_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
 
-    def add_pod(self, name: str, containers: dict[str, int], assignment: Placement | str | None,
-                namespace: str = "default") -> dict[str, Any]:
+    def add_pod(self, name: str, containers: Mapping[str, int | Limits],
+                assignment: Placement | str | None, namespace: str = "default",
+                ) -> dict[str, Any]:
         text = encode_assignment(assignment) if isinstance(assignment, Placement) else assignment
         return self.api.create("pods", pod_manifest(name, containers, text, namespace), namespace)
 
@@ -134,13 +147,29 @@ class Harness:
         await wait_for(lambda: NODE_DEVICES in annotations())
         return decode_node_devices(annotations()[NODE_DEVICES])
 
+    async def schedule(self, name: str, containers: Mapping[str, Limits],
+                       namespace: str = "default") -> Placement:
+        """Create a pod with these limits and place it as the scheduler does: parsed under
+        the harness's settings (presets included), allocated on the published inventory
+        next to every pod placed before, its assignment written on the pod."""
+        if self.allocator is None:
+            self.allocator = Allocator(self.settings.defaults())
+            self.allocator.set_node(Node(NODE, await self.published_inventory()))
+        obj = self.add_pod(name, containers, None, namespace)
+        decision = self.allocator.schedule(parse_pod(obj, self.settings.defaults()), [NODE])
+        assert decision.placement is not None, decision.reason
+        self.api.patch("pods", name, {"metadata": {"annotations": {
+            ASSIGNMENT: encode_assignment(decision.placement)}}}, namespace)
+        return decision.placement
+
     def assignment(self, name: str, namespace: str = "default") -> str:
         return str(self.api.get("pods", name, namespace)["metadata"]["annotations"][ASSIGNMENT])
 
 
 @asynccontextmanager
 async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
-                       memory: int = 24576) -> AsyncIterator[Harness]:
+                       memory: int = 24576, resources: Sequence[str] = (VGPU,),
+                       ) -> AsyncIterator[Harness]:
     root = Path(tempfile.mkdtemp(prefix="vgp"))  # unix socket paths must stay short
     try:
         devices_file = write_devices(root / "devices.json", gpus, memory)
@@ -151,12 +180,13 @@ async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
             api.create("nodes", {"apiVersion": "v1", "kind": "Node",
                                  "metadata": {"name": NODE}, "status": {}})
             async with KubeClient.for_url(api.url) as kube, anyio.create_task_group() as tg:
-                kubelet = FakeKubelet(root)
+                kubelet = FakeKubelet(root, resources[0])
                 kubelet.start_servers()
                 h = Harness(api, kube, kubelet, root, tg, s, devices_file)
                 try:
                     await h.start_plugin()
-                    await anyio.to_thread.run_sync(kubelet.wait_registered)
+                    await anyio.to_thread.run_sync(
+                        lambda: kubelet.wait_registered(resources=resources))
                     yield h
                 finally:
                     # Stop kubelet first, shielded, and only then cancel: an await after

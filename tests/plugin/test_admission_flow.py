@@ -72,3 +72,47 @@ async def test_the_webhook_refuses_what_no_gpu_of_the_cluster_can_hold() -> None
                 h.api.delete("pods", "huge")
                 await anyio.sleep(0.05)
         assert h.api.get("pods", "huge") is None
+
+
+@pytest.mark.parametrize(("preset", "limits", "annotations", "number", "memory", "cores"), [
+    ("hami", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30},
+     {"nvidia.com/use-gputype": "Fake", "hami.io/gpu-scheduler-policy": "spread"},
+     "nvidia.com/gpu", 3000, 30),
+    ("volcano", {"volcano.sh/vgpu-memory": 3000, "volcano.sh/vgpu-cores": 30}, {},
+     "volcano.sh/vgpu-number", 3000, 30),
+    ("tke", {"tencent.com/vcuda-core": 30, "tencent.com/vcuda-memory": 12}, {},
+     "tencent.com/vcuda-core", 12 * 256, 30),
+])
+async def test_another_systems_pod_goes_through_every_role_under_its_preset(
+        preset: str, limits: dict[str, int], annotations: dict[str, str], number: str,
+        memory: int, cores: int) -> None:
+    async with node_harness(2, settings={"resourcePreset": preset}, resources=[number]) as h, \
+            control_plane(h) as cp:
+        await h.published_inventory()
+        assert h.kubelet.registered() == {number}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "migrated", "namespace": "default",
+                            "annotations": annotations},
+               "spec": {"containers": [{"name": "main", "image": "cuda",
+                                        "resources": {"limits": dict(limits)}}]}}
+        created = await cp.create(pod)
+        assert created["spec"]["schedulerName"] == "vgpu-scheduler"
+        asked = {k: int(v) for k, v in created["spec"]["containers"][0]["resources"][
+            "limits"].items()}
+        assert number in asked  # the webhook added the count where the preset has one
+        outcome = await cp.schedule(created, [NODE])
+        assert outcome.node == NODE, outcome
+        placed = decode_assignment(h.assignment("migrated"))
+        grant = placed.container("main")
+        assert grant is not None
+        assert [(d.memory, d.cores) for d in grant.devices] == [(memory, cores)]
+
+        def admit() -> Any:
+            return h.kubelet.run(FakePod("default", "migrated", [("main", asked)]))
+
+        admitted = await anyio.to_thread.run_sync(admit)
+        ids = admitted.held[("main", number)]
+        path = AllocationStore(h.state_dir).path(ids, number) / "etc" / "config"
+        (dev,) = parse(path.read_text()).devices
+        assert (dev.uuid, dev.memory_limit, dev.core_limit) == (
+            grant.devices[0].uuid, memory << 20, cores)

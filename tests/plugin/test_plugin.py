@@ -25,6 +25,9 @@ def config_of(h, ids) -> str:  # type: ignore[no-untyped-def]
 
 async def test_list_and_watch_replicas_topology_and_health_recovery() -> None:
     async with node_harness(4) as h:
+        # the default preset: nvidia.com/vgpu-number alone, on the socket it always had
+        assert h.kubelet.registered() == {"nvidia.com/vgpu-number"}
+        assert [r.endpoint for r in h.kubelet.registrations] == ["vgpud-vgpu-number.sock"]
         devs = h.kubelet.devices()
         assert sorted(devs) == sorted(f"{uuid_of(g)}::{i}" for g in range(4) for i in range(10))
         assert set(devs.values()) == {"Healthy"}

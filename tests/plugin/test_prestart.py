@@ -27,9 +27,9 @@ def annotations(p: Placement | str | None) -> dict[str, str]:
 
 
 def decide(p: Placement | str | None, chosen: list[str], *, container: str = "main",
-           others: dict[str, GpuUsage] | None = None) -> object:
+           others: dict[str, GpuUsage] | None = None, per_gpu: int = 1) -> object:
     return plan(WHERE, annotations(p), node=NODE, container=container, chosen=chosen,
-                inventory=INV, state_dir="/var/run/vgpud", others=others)
+                inventory=INV, state_dir="/var/run/vgpud", others=others, per_gpu=per_gpu)
 
 
 def test_kubelet_followed_the_assignment_write_its_limits() -> None:
@@ -69,6 +69,30 @@ def test_refusals_name_the_pod_and_what_is_wrong() -> None:
         assert why in got.message and got.message.startswith(WHERE)
 
 
+def test_percent_ids_name_each_gpu_once_and_must_match_the_grant() -> None:
+    p = placement({"main": [(1, 3072, 30)]})
+    got = decide(p, [uuid_of(1)] * 30, per_gpu=100)  # TKE vcuda-core 30: one GPU, 30 %
+    assert isinstance(got, Configure) and not got.rewrite
+    assert [(d.uuid, d.memory_limit, d.core_limit) for d in got.limits.devices] == [
+        (uuid_of(1), 3072 << 20, 30)]
+    whole = placement({"main": [(0, 10000, 100), (2, 10000, 100)]})
+    got = decide(whole, [uuid_of(2)] * 100 + [uuid_of(0)] * 100, per_gpu=100)
+    assert isinstance(got, Configure)
+    assert [d.uuid for d in got.limits.devices] == [uuid_of(0), uuid_of(2)]
+    # the same IDs counted as vGPUs are 30 vGPUs of one GPU: refused
+    assert isinstance(decide(p, [uuid_of(1)] * 30), Refuse)
+    # kubelet's IDs of a GPU disagree with the grant there
+    short = decide(whole, [uuid_of(2)] * 150 + [uuid_of(0)] * 50, per_gpu=100)
+    assert isinstance(short, Refuse)
+    assert f"50 device IDs of GPU {uuid_of(0)} (50 % of it)" in short.message
+    assert "grants 100 %" in short.message and short.message.startswith(WHERE)
+    # moved onto another GPU with room: the move is checked like a vGPU's
+    assert decide(p, [uuid_of(2)] * 30, per_gpu=100) is NEEDS_OTHERS
+    moved = decide(p, [uuid_of(2)] * 30, per_gpu=100, others={})
+    assert isinstance(moved, Configure) and moved.rewrite
+    assert [d.uuid for d in moved.grant.devices] == [uuid_of(2)]
+
+
 def test_what_other_pods_hold_leaves_out_me_ended_pods_and_garbage() -> None:
     a = encode_assignment(placement({"x": [(0, 1000, 10)], "y": [(0, 2000, 20)]}))
     b = encode_assignment(placement({"x": [(0, 500, 5)]}))
@@ -89,8 +113,22 @@ def test_wanted_follows_the_waiting_container_with_that_many_vgpus() -> None:
     assert wanted(waiting, notes, 3) == []
 
 
+def test_wanted_in_percent_ids_repeats_each_gpu_by_its_cores() -> None:
+    notes = {("ns", "a"): annotations(placement({"one": [(1, 1, 30)],
+                                                 "two": [(0, 1, 100), (2, 1, 100)]}))}
+    waiting = {("ns", "a"): {"one", "two"}}
+    assert wanted(waiting, notes, 30, per_gpu=100) == [uuid_of(1)] * 30
+    assert wanted(waiting, notes, 200, per_gpu=100) == [uuid_of(0)] * 100 + [uuid_of(2)] * 100
+    assert wanted(waiting, notes, 1, per_gpu=100) == []
+
+
 def test_stale_allocations_are_unlisted_and_old_enough() -> None:
     live = {frozenset({"g::1"})}
     allocs = [("kept", frozenset({"g::1"}), 0.0), ("young", frozenset({"g::2"}), 90.0),
               ("old", frozenset({"g::3"}), 10.0)]
     assert stale(allocs, live, now=100.0, grace=30.0) == ["old"]
+    # keyed with their resource: the same IDs of another resource are not kept alive
+    by = [("vgpu", ("nvidia.com/vgpu-number", frozenset({"g::1"})), 0.0),
+          ("hami", ("nvidia.com/gpu", frozenset({"g::1"})), 0.0)]
+    assert stale(by, {("nvidia.com/vgpu-number", frozenset({"g::1"}))}, now=100.0,
+                 grace=30.0) == ["hami"]

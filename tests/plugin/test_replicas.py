@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
+
 import pytest
 
 from tests.plugin.harness import placement, uuid_of
@@ -39,6 +42,17 @@ def test_allocation_key_is_order_insensitive() -> None:
     assert allocation_key(a) != allocation_key(ids((0, 1), (2, 2)))
 
 
+def test_allocation_key_tells_resources_apart_and_keeps_the_old_default() -> None:
+    a = ids((0, 1), (2, 3))
+    # the key before several resources: sha256 of the sorted IDs, one a line
+    old = hashlib.sha256("\n".join(sorted(a)).encode()).hexdigest()[:24]
+    assert allocation_key(a) == allocation_key(a, "nvidia.com/vgpu-number") == old
+    keys = {allocation_key(a, r) for r in ("nvidia.com/vgpu-number", "nvidia.com/gpu",
+                                           "volcano.sh/vgpu-number", "tencent.com/vcuda-core")}
+    assert len(keys) == 4
+    assert allocation_key(reversed(a), "nvidia.com/gpu") == allocation_key(a, "nvidia.com/gpu")
+
+
 def test_advertised_replicas_carry_health_and_numa() -> None:
     sick = NodeInventory(devices=(INV.devices[0], Gpu(uuid_of(1), 1, "m", 1, split=2,
                                                        healthy=False, numa=1)))
@@ -46,6 +60,30 @@ def test_advertised_replicas_carry_health_and_numa() -> None:
     assert [r.id for r in reps][-2:] == ids((1, 0), (1, 1))
     assert [r.healthy for r in reps] == [True] * 4 + [False] * 2
     assert {r.numa for r in reps if r.uuid == uuid_of(1)} == {1}
+    assert len(advertised(INV, 100)) == 300  # percent IDs: as many as asked, not split
+
+
+def test_preferred_percent_ids_take_the_wanted_counts() -> None:
+    avail = [replica_id(uuid_of(g), i) for g in range(3) for i in range(100)]
+
+    def gpus(chosen: list[str]) -> dict[str, int]:
+        return dict(Counter(parse_id(i)[0] for i in chosen))
+
+    # vcuda-core 30 on GPU 1: 30 IDs there, the lowest numbers
+    got = preferred(avail, [], 30, [uuid_of(1)] * 30, per_gpu=100)
+    assert got == ids(*((1, i) for i in range(30)))
+    # vcuda-core 200 on GPUs 2 and 0: 100 of each
+    assert gpus(preferred(avail, [], 200, [uuid_of(2)] * 100 + [uuid_of(0)] * 100,
+                          per_gpu=100)) == {uuid_of(2): 100, uuid_of(0): 100}
+    # no hint: whole GPUs first, from the GPUs with the most free IDs
+    taken = set(ids(*((0, i) for i in range(50))))
+    rest = [i for i in avail if i not in taken]
+    assert gpus(preferred(rest, [], 30, per_gpu=100)) == {uuid_of(1): 30}
+    assert gpus(preferred(rest, [], 200, per_gpu=100)) == {uuid_of(1): 100, uuid_of(2): 100}
+    # a GPU without enough free IDs: the rest elsewhere (PreStartContainer judges it)
+    few = ids(*((1, i) for i in range(10))) + ids(*((2, i) for i in range(100)))
+    assert gpus(preferred(few, [], 30, [uuid_of(1)] * 30, per_gpu=100)) == {
+        uuid_of(1): 10, uuid_of(2): 20}
 
 
 def test_preferred_takes_the_wanted_gpus_then_distinct_ones() -> None:

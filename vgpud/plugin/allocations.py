@@ -1,16 +1,23 @@
-"""The plugin's on-disk state: one directory per allocation (a container's replica IDs).
+"""The plugin's on-disk state: one directory per allocation (a container's replica IDs
+of one resource).
 
-    <state-dir>/allocations/<key>/record.json   the IDs, and once configured the owner
-                                                and the devices granted (uuid, MiB, cores)
+    <state-dir>/allocations/<key>/record.json   the resource and the IDs, and once
+                                                configured the owner and the devices
+                                                granted (uuid, MiB, cores)
     <state-dir>/allocations/<key>/etc/config    the shim's limits file (PreStartContainer)
     <state-dir>/allocations/<key>/state/        the container's writable state directory
 
-``<key>`` is :func:`~vgpud.plugin.replicas.allocation_key` of the IDs, so Allocate (which
-knows only the IDs) and PreStartContainer (which learns the owner) name the same
-directory, and so does a restarted plugin. ``etc/`` is mounted read-only at
-``/etc/vgpud`` and written only by atomic rename, so a container never sees a partial
-file; a running container's files are never rewritten unless kubelet asks again for
-the same IDs (a restart of that container), and then with the same content.
+``<key>`` is :func:`~vgpud.plugin.replicas.allocation_key` of the resource and the IDs,
+so Allocate (which knows only the IDs of its resource) and PreStartContainer (which
+learns the owner) name the same directory, and so does a restarted plugin. Two
+resources advertise the same ID strings, so the key includes the resource's name, except
+for ``nvidia.com/vgpu-number``'s, which keeps the key it had when it was the only
+resource (records written then have no ``resource`` and are read as its).
+
+``etc/`` is mounted read-only at ``/etc/vgpud`` and written only by atomic rename, so a
+container never sees a partial file; a running container's files are never rewritten
+unless kubelet asks again for the same IDs (a restart of that container), and then with
+the same content.
 
 The record keeps what was granted as values, so a restarted plugin knows every
 container's limits without reading them back from the limits file. The store also
@@ -34,6 +41,7 @@ from typing import Any
 
 from vgpud.core.model import DeviceGrant
 from vgpud.plugin.replicas import allocation_key
+from vgpud.plugin.resources import DEFAULT_RESOURCE
 
 RECORD_VERSION = 1
 
@@ -57,6 +65,7 @@ class Allocation:
     configured: float  # time the limits file was last written, 0 if never
     devices: tuple[DeviceGrant, ...] = ()  # granted, in the limits file's (CUDA) order
     written: float = 0.0  # time the record was last written
+    resource: str = DEFAULT_RESOURCE  # the kubelet resource the IDs are of
 
     @property
     def etc(self) -> Path:
@@ -100,13 +109,13 @@ class AllocationStore:
         """The allocations this store has configured or loaded with an owner."""
         return list(self._configured.values())
 
-    def path(self, ids: Iterable[str]) -> Path:
-        return self.root / allocation_key(ids)
+    def path(self, ids: Iterable[str], resource: str = DEFAULT_RESOURCE) -> Path:
+        return self.root / allocation_key(ids, resource)
 
-    def prepare(self, ids: Iterable[str]) -> Allocation:
-        """Create (or find) the directory of an ID set. Idempotent."""
+    def prepare(self, ids: Iterable[str], resource: str = DEFAULT_RESOURCE) -> Allocation:
+        """Create (or find) the directory of an ID set of ``resource``. Idempotent."""
         ids = tuple(sorted(set(ids)))
-        d = self.path(ids)
+        d = self.path(ids, resource)
         (d / "etc").mkdir(parents=True, exist_ok=True, mode=0o755)
         state = d / "state"
         if not state.exists():
@@ -115,14 +124,16 @@ class AllocationStore:
         found = self.load(d)
         if found is not None:
             return found
-        alloc = Allocation(key=d.name, ids=ids, dir=d, owner=None, configured=0.0)
+        alloc = Allocation(key=d.name, ids=ids, dir=d, owner=None, configured=0.0,
+                           resource=resource)
         return self._write_record(alloc)
 
     def configure(self, ids: Iterable[str], owner: Owner, config_text: str,
-                  devices: tuple[DeviceGrant, ...]) -> Allocation:
+                  devices: tuple[DeviceGrant, ...], resource: str = DEFAULT_RESOURCE,
+                  ) -> Allocation:
         """Write the limits file, the owner and what was granted. A new owner gets a
         fresh state directory."""
-        alloc = self.prepare(ids)
+        alloc = self.prepare(ids, resource)
         if alloc.owner is not None and alloc.owner != owner:
             # the IDs were freed and taken by another container: forget the old usage
             for child in alloc.state.iterdir():
@@ -132,12 +143,12 @@ class AllocationStore:
                     child.unlink()
         write_atomic(alloc.config, config_text)
         done = Allocation(key=alloc.key, ids=alloc.ids, dir=alloc.dir, owner=owner,
-                          configured=time.time(), devices=devices)
+                          configured=time.time(), devices=devices, resource=resource)
         return self._write_record(done)
 
     def _write_record(self, a: Allocation) -> Allocation:
-        doc: dict[str, Any] = {"v": RECORD_VERSION, "ids": list(a.ids), "configured": a.configured,
-                               "owner": None,
+        doc: dict[str, Any] = {"v": RECORD_VERSION, "resource": a.resource, "ids": list(a.ids),
+                               "configured": a.configured, "owner": None,
                                "devices": [{"uuid": d.uuid, "memory": d.memory, "cores": d.cores}
                                            for d in a.devices]}
         if a.owner is not None:
@@ -168,11 +179,12 @@ class AllocationStore:
                                               str(o["container"]), str(o.get("uid", "")))
             devices = tuple(DeviceGrant(uuid=str(x["uuid"]), memory=int(x["memory"]),
                                         cores=int(x["cores"])) for x in doc.get("devices", []))
-            if allocation_key(ids) != d.name:
+            resource = str(doc.get("resource", DEFAULT_RESOURCE))
+            if allocation_key(ids, resource) != d.name:
                 return None
             a = Allocation(key=d.name, ids=ids, dir=d, owner=owner,
                            configured=float(doc.get("configured", 0.0)), devices=devices,
-                           written=path.stat().st_mtime)
+                           written=path.stat().st_mtime, resource=resource)
         except (OSError, ValueError, KeyError, TypeError):
             return None
         self._index(a)

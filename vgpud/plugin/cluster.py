@@ -36,6 +36,15 @@ class PodView:
     phase: str
     annotations: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
+    # per container (init containers too), the resource names its requests and limits
+    # name; a container that names none is absent
+    asks: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def may_ask(self, container: str, resource: str) -> bool:
+        """Whether ``container`` may be waiting for devices of ``resource``: it names
+        that resource, or no resource at all (a pod the API did not show in full)."""
+        names = self.asks.get(container)
+        return names is None or resource in names
 
 
 class ClusterApi(Protocol):
@@ -66,6 +75,20 @@ class ClusterApi(Protocol):
         ...
 
 
+def _asks(spec: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    out: dict[str, frozenset[str]] = {}
+    for kind in ("initContainers", "containers"):
+        for c in spec.get(kind) or []:
+            if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
+                continue
+            res = c.get("resources") or {}
+            names = {str(n) for part in ("requests", "limits")
+                     for n in (res.get(part) or {} if isinstance(res, Mapping) else {})}
+            if names:
+                out[c["name"]] = frozenset(names)
+    return out
+
+
 def view(obj: Mapping[str, Any]) -> PodView:
     meta = obj.get("metadata") or {}
     return PodView(
@@ -77,6 +100,7 @@ def view(obj: Mapping[str, Any]) -> PodView:
         phase=(obj.get("status") or {}).get("phase") or "",
         annotations=dict(meta.get("annotations") or {}),
         deleting=bool(meta.get("deletionTimestamp")),
+        asks=_asks(obj.get("spec") or {}),
     )
 
 

@@ -1,8 +1,10 @@
 """kubelet's PodResources API (``v1.PodResourcesLister``): who holds which device IDs.
 
 This is the plugin's only source of a container's identity: kubelet records the
-replica IDs it allocated to each container, and :func:`find_owner` looks up the
-container whose IDs for our resource are exactly a given set. ``List`` is GA since
+replica IDs it allocated to each container, per resource name, and :func:`find_owner`
+looks up the container whose IDs of one resource are exactly a given set (the plugin
+serves several resources whose IDs may be the same strings: a lookup is always for
+one resource). ``List`` is GA since
 Kubernetes 1.28 (``Get`` is still behind a feature gate, so it is not used).
 """
 
@@ -39,6 +41,27 @@ class PodResourcesClient:
 
     async def list(self) -> list[Held]:
         """Every container of every active pod, with its IDs of ``resource``."""
+        out = []
+        for p in await self._pods():
+            for c in p.containers:
+                ids = frozenset(i for d in c.devices if d.resource_name == self.resource
+                                for i in d.device_ids)
+                out.append(Held(p.namespace, p.name, c.name, ids))
+        return out
+
+    async def live(self) -> set[tuple[str, frozenset[str]]]:
+        """``(resource, IDs)`` of every container holding devices, of every resource
+        (what allocation directories, of any resource, are still in use)."""
+        out = set()
+        for p in await self._pods():
+            for c in p.containers:
+                by: dict[str, set[str]] = {}
+                for d in c.devices:
+                    by.setdefault(d.resource_name, set()).update(d.device_ids)
+                out |= {(r, frozenset(ids)) for r, ids in by.items() if ids}
+        return out
+
+    async def _pods(self) -> tuple[pr.PodResources, ...]:
         channel = Channel(path=self.socket)
         try:
             reply = await pr.PodResourcesListerStub(channel).list(
@@ -48,13 +71,7 @@ class PodResourcesClient:
                 f"cannot list pod resources from kubelet at {self.socket}: {e}") from None
         finally:
             channel.close()
-        out = []
-        for p in reply.pod_resources:
-            for c in p.containers:
-                ids = frozenset(i for d in c.devices if d.resource_name == self.resource
-                                for i in d.device_ids)
-                out.append(Held(p.namespace, p.name, c.name, ids))
-        return out
+        return tuple(reply.pod_resources)
 
 
 def find_owner(held: Iterable[Held], ids: Iterable[str]) -> Held | None:

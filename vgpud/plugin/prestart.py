@@ -15,13 +15,18 @@ IDs (kubelet's PodResources), that pod's annotations and the other pods on the n
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
 from vgpud.core.container import GrantError, Limits, limits_for
 from vgpud.core.model import ContainerGrant, GpuUsage, NodeInventory, Placement, Reason
 from vgpud.plugin.replicas import reconcile
+from vgpud.plugin.resources import VGPU_IDS, ids_for
+
+H = TypeVar("H", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +83,15 @@ def plan(
     state_dir: str,
     register: str = "",
     others: Mapping[str, GpuUsage] | None = None,
+    per_gpu: int = VGPU_IDS,
 ) -> Configure | Refuse | _Needs:
     """What PreStartContainer does for ``container`` of the pod with ``annotations``,
     given the GPUs kubelet chose (``chosen``: one uuid per replica ID).
+
+    ``per_gpu`` is the unit of the IDs (:mod:`vgpud.plugin.resources`): with one ID per
+    vGPU, every ID is a GPU of its own (two of one GPU are refused); with percent IDs
+    (TKE), the GPUs are the distinct ones among ``chosen`` and the IDs of each must be
+    what the assignment grants there (30 IDs of a GPU for 30 % of it).
 
     ``others`` (what every *other* pod on the node holds per GPU) is needed only when
     kubelet's choice differs from the assignment; without it that case answers
@@ -89,7 +100,9 @@ def plan(
     placement = read_assignment(annotations, node, where)
     if isinstance(placement, Refuse):
         return placement
-    got = reconcile(placement, container, chosen, inventory, others or {})
+    counts = Counter(chosen)
+    gpus = list(counts) if per_gpu > VGPU_IDS else list(chosen)
+    got = reconcile(placement, container, gpus, inventory, others or {})
     if got is not placement and others is None and not (
             isinstance(got, Reason) and got.code != "no-room"):
         return NEEDS_OTHERS
@@ -97,6 +110,13 @@ def plan(
         return Refuse(f"{where}: {got.message}")
     grant = got.container(container)
     assert grant is not None  # reconcile checked it
+    if per_gpu > VGPU_IDS:
+        for d in grant.devices:
+            if counts[d.uuid] != ids_for(per_gpu, d):
+                return Refuse(f"{where}: kubelet gave container {container!r} "
+                              f"{counts[d.uuid]} device IDs of GPU {d.uuid} "
+                              f"({counts[d.uuid] * 100 / per_gpu:g} % of it), but the "
+                              f"assignment grants {d.cores} % there")
     try:
         limits = limits_for(grant, inventory, compute_policy=got.compute_policy,
                             priority=got.priority, state_dir=state_dir, register=register)
@@ -127,11 +147,14 @@ def held_by_others(pods: Iterable[tuple[str, str, str, Mapping[str, str]]],
 
 
 def wanted(waiting: Mapping[tuple[str, str], set[str]],
-           annotations: Mapping[tuple[str, str], Mapping[str, str]], size: int) -> list[str]:
-    """The GPUs assigned to a container kubelet is probably admitting now.
+           annotations: Mapping[tuple[str, str], Mapping[str, str]], size: int,
+           per_gpu: int = VGPU_IDS) -> list[str]:
+    """The GPUs assigned to a container kubelet is probably admitting now, one per ID
+    it should get (a GPU repeated for percent IDs: :func:`~vgpud.plugin.replicas.preferred`).
 
     ``waiting`` maps each pod to its containers that PodResources lists without devices
-    yet; the first of them whose assignment has ``size`` vGPUs wins.
+    of the resource yet; the first of them whose assignment needs ``size`` IDs of it
+    (one per vGPU, or in percent units the cores granted on each GPU) wins.
     """
     for key, containers in waiting.items():
         raw = annotations.get(key, {}).get(ASSIGNMENT)
@@ -142,14 +165,18 @@ def wanted(waiting: Mapping[tuple[str, str], set[str]],
         except CodecError:
             continue
         for c in placement.containers:
-            if c.name in containers and len(c.devices) == size:
-                return [d.uuid for d in c.devices]
+            if c.name not in containers:
+                continue
+            ids = [d.uuid for d in c.devices for _ in range(ids_for(per_gpu, d))]
+            if len(ids) == size:
+                return ids
     return []
 
 
-def stale(allocations: Iterable[tuple[str, frozenset[str], float]], live: set[frozenset[str]],
+def stale(allocations: Iterable[tuple[str, H, float]], live: set[H],
           now: float, grace: float) -> list[str]:
-    """Keys of allocations ``(key, ids, written)`` that kubelet no longer lists and that
-    were last written more than ``grace`` seconds ago."""
+    """Keys of allocations ``(key, held, written)`` whose ``held`` (the IDs, with their
+    resource) kubelet no longer lists and that were last written more than ``grace``
+    seconds ago."""
     return [key for key, ids, written in allocations
             if ids not in live and now - written >= grace]

@@ -1,11 +1,13 @@
 """Replica device IDs and the plugin's decisions about them. Pure: no I/O, no async.
 
-kubelet sees each GPU as ``split`` interchangeable devices ``<uuid>::<i>``. A
-container's set of replica IDs is exclusive to it while it lives, so the set names
-the container (:func:`allocation_key`). This module decides
+kubelet sees each GPU as interchangeable devices ``<uuid>::<i>``, ``split`` of them for
+a vGPU resource, one per percent for TKE's ``tencent.com/vcuda-core``
+(:mod:`vgpud.plugin.resources`). A container's set of replica IDs of one resource is
+exclusive to it while it lives, so the resource and the set name the container
+(:func:`allocation_key`). This module decides
 
 - what ListAndWatch advertises (:func:`advertised`),
-- which IDs to prefer when kubelet asks (:func:`preferred`),
+- which IDs to prefer when kubelet asks (:func:`preferred`), for either unit,
 - whether kubelet's actual choice can stand (:func:`reconcile`): equal to the
   assignment, or moved onto GPUs that still have room (a new placement to write), or
   a :class:`~vgpud.core.model.Reason` to fail the container with.
@@ -14,6 +16,7 @@ the container (:func:`allocation_key`). This module decides
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -26,6 +29,7 @@ from vgpud.core.model import (
     Placement,
     Reason,
 )
+from vgpud.plugin.resources import DEFAULT_RESOURCE, VGPU_IDS
 
 SEP = "::"
 MAX_ID_LEN = 63  # kubelet's limit on a device ID
@@ -65,19 +69,30 @@ def gpus_of(ids: Iterable[str]) -> list[str]:
     return [parse_id(r)[0] for r in ids]
 
 
-def allocation_key(ids: Iterable[str]) -> str:
-    """A stable, file-name-safe name for a set of replica IDs (order-insensitive)."""
+def allocation_key(ids: Iterable[str], resource: str = DEFAULT_RESOURCE) -> str:
+    """A stable, file-name-safe name for a set of replica IDs of ``resource``
+    (order-insensitive).
+
+    Two resources advertise the same ID strings, so the key of any resource but the
+    default one includes the resource's name; the default resource's key is the IDs'
+    alone, as it was when it was the only resource, so the allocation directories of
+    running containers keep their names across the upgrade. The prefix cannot be an ID
+    (it has no ``::``), so no set of the default resource hashes the same text.
+    """
     canonical = "\n".join(sorted(set(ids)))
+    if resource != DEFAULT_RESOURCE:
+        canonical = f"resource={resource}\n{canonical}"
     return hashlib.sha256(canonical.encode()).hexdigest()[:24]
 
 
-def advertised(inventory: NodeInventory) -> list[Replica]:
-    """Every replica of every GPU, in GPU index order."""
+def advertised(inventory: NodeInventory, per_gpu: int | None = None) -> list[Replica]:
+    """Every replica of every GPU, in GPU index order: ``per_gpu`` of each GPU (its
+    ``split`` when None)."""
     out: list[Replica] = []
     for g in sorted(inventory.devices, key=lambda g: g.index):
         healthy = g.healthy and not g.mig
         out += [Replica(replica_id(g.uuid, i), g.uuid, i, healthy, g.numa)
-                for i in range(g.split)]
+                for i in range(g.split if per_gpu is None else per_gpu)]
     return out
 
 
@@ -86,13 +101,17 @@ def preferred(
     must_include: Sequence[str],
     size: int,
     wanted: Sequence[str] = (),
+    per_gpu: int = VGPU_IDS,
 ) -> list[str]:
     """Choose ``size`` IDs from ``available``, keeping ``must_include``.
 
-    The GPUs in ``wanted`` (the scheduler's choice) come first; the rest are filled
-    from distinct GPUs with the most free replicas (a container's vGPUs must be on
-    distinct GPUs), and only then from any GPU. Within a GPU the lowest replica
-    number is taken, so choices are deterministic.
+    ``wanted`` (the scheduler's choice) names one GPU per ID wanted, a GPU repeated as
+    many times as IDs of it are wanted (a vGPU resource: each GPU once; TKE's percent
+    IDs: ``vcuda-core: 30`` is one GPU 30 times). Those come first; the rest are filled
+    from the GPUs with the most free replicas, at most ``per_gpu`` IDs of each (one: a
+    container's vGPUs must be on distinct GPUs; 100: a whole GPU's percent), and only
+    then from any GPU. Within a GPU the lowest replica number is taken, so choices are
+    deterministic.
     """
     free: dict[str, list[tuple[int, str]]] = {}
     for rid in available:
@@ -104,13 +123,13 @@ def preferred(
     for reps in free.values():
         reps.sort()
     chosen: list[str] = []
-    used: set[str] = set()
+    held: Counter[str] = Counter()
 
-    def take(uuid: str) -> None:
+    def take(uuid: str, upto: int) -> None:
         reps = free.get(uuid)
-        if reps:
+        while reps and held[uuid] < upto and len(chosen) < size:
             chosen.append(reps.pop(0)[1])
-            used.add(uuid)
+            held[uuid] += 1
 
     for rid in must_include:
         if rid not in chosen:
@@ -119,21 +138,14 @@ def preferred(
                 uuid = parse_id(rid)[0]
             except ReplicaIdError:
                 continue
-            used.add(uuid)
+            held[uuid] += 1
             free[uuid] = [r for r in free.get(uuid, []) if r[1] != rid]
-    for uuid in wanted:
-        if len(chosen) >= size:
-            break
-        if uuid not in used:
-            take(uuid)
+    for uuid, n in Counter(wanted).items():  # in the order first wanted
+        take(uuid, n)
     for uuid in sorted(free, key=lambda u: (-len(free[u]), u)):
-        if len(chosen) >= size:
-            break
-        if uuid not in used:
-            take(uuid)
+        take(uuid, per_gpu)
     for uuid in sorted(free, key=lambda u: (-len(free[u]), u)):
-        while len(chosen) < size and free[uuid]:
-            take(uuid)
+        take(uuid, size)
     return chosen[:max(size, len(must_include))]
 
 

@@ -1,13 +1,15 @@
 """The plugin process: one anyio task group that owns every task.
 
-:func:`run_plugin` discovers the GPUs, restores the allocations on disk, installs
-the shim, and then runs, side by side: the health watcher, the gRPC server with its
-kubelet registration (:func:`vgpud.plugin.kubelet.serve_plugin`), the inventory
-publisher, the process registrar (one socket per allocation,
-:mod:`vgpud.node.registration`), the watchdog (:mod:`vgpud.node.watchdog`), the
-housekeeping loop (stale allocation directories, memory in use) and the metrics
-server. ``task_status.started`` hands back a :class:`Running` once
-kubelet has accepted the registration. Cancelling the scope stops everything; the
+:func:`run_plugin` discovers the GPUs, restores the allocations on disk (of every
+resource), installs the shim, and then runs, side by side: the health watcher, one gRPC
+server with its kubelet registration per served resource
+(:func:`vgpud.plugin.resources.served` of ``resourcePreset`` and ``compatPresets``; each
+a :func:`vgpud.plugin.kubelet.serve_plugin` task that re-registers on its own after
+kubelet restarts), the inventory publisher, the process registrar (one socket per
+allocation, :mod:`vgpud.node.registration`), the watchdog (:mod:`vgpud.node.watchdog`),
+the housekeeping loop (stale allocation directories, memory in use) and the metrics
+server. ``task_status.started`` hands back a :class:`Running` once kubelet has accepted
+every registration. Cancelling the scope stops everything; the
 files of running containers stay where they are.
 """
 
@@ -38,11 +40,11 @@ from vgpud.plugin.inventory import publish_inventory
 from vgpud.plugin.kubelet import serve_plugin
 from vgpud.plugin.metrics import PluginCollector, metrics_app
 from vgpud.plugin.podresources import PodResourcesClient
-from vgpud.plugin.service import RESOURCE, PluginService
+from vgpud.plugin.resources import served
+from vgpud.plugin.service import PluginService
 from vgpud.plugin.shim import ShimError, ShimFiles, find_library, install
 
 log = structlog.get_logger(__name__)
-SOCKET = "vgpud-vgpu-number.sock"
 
 
 @dataclass
@@ -61,10 +63,12 @@ class PluginOptions:
 
 @dataclass
 class Running:
-    service: PluginService
+    service: PluginService  # resourcePreset's
     devices: NodeDevices
-    socket: Path
+    socket: Path  # resourcePreset's
     metrics_port: int | None
+    services: dict[str, PluginService] = field(default_factory=dict)  # by resource name
+    sockets: dict[str, Path] = field(default_factory=dict)  # by resource name
 
 
 def _split_listen(listen: str) -> tuple[str, int]:
@@ -133,7 +137,10 @@ async def run_plugin(
     split, mem_scaling, core_scaling = settings.for_node(opts.node_name)
     devices = NodeDevices(found, split=split, memory_scaling=mem_scaling,
                           core_scaling=core_scaling)
-    log.info("gpus_found", node=opts.node_name, gpus=len(found), split=split)
+    resources = served(settings.resourcePreset, settings.compatPresets, split=split,
+                       core_scaling=core_scaling)
+    log.info("gpus_found", node=opts.node_name, gpus=len(found), split=split,
+             resources=[r.name for r in resources])
     store = AllocationStore(opts.state_dir)
     shim = await anyio.to_thread.run_sync(_shim, settings, opts.require_shim)
     registry = Registry()
@@ -145,13 +152,17 @@ async def run_plugin(
             f"{', '.join(r.claim.ignored)}: ignored, its limits come from the vgpud plugin")
 
     registrar = Registrar(registry, on_ignored_env=env_ignored)
-    service = PluginService(
-        node=opts.node_name, devices=devices, store=store,
-        podresources=PodResourcesClient(str(opts.pod_resources_socket), RESOURCE),
+    reconciling = anyio.Lock()
+    services = {r.name: PluginService(
+        resource=r, node=opts.node_name, devices=devices, store=store,
+        podresources=PodResourcesClient(str(opts.pod_resources_socket), r.name),
         cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
-        registrar=registrar)
+        registrar=registrar, reconcile_lock=reconciling) for r in resources}
+    service = services[resources[0].name]
     allocations = await anyio.to_thread.run_sync(store.all)  # also loads the store's index
-    log.info("allocations_restored", configured=len(store.configured()))
+    log.info("allocations_restored", configured=len(store.configured()),
+             by_resource={r: sum(1 for a in allocations if a.resource == r)
+                          for r in {a.resource for a in allocations}})
     plug = settings.plugin
     watchdog = Watchdog(registry, lambda: _watched(store), action=plug.overLimitAction,
                         grace=plug.overLimitGraceSeconds,
@@ -187,15 +198,23 @@ async def run_plugin(
                                                  registry=registry, watchdog=watchdog))
                 port = await tg.start(_serve_metrics, metrics_app(metrics), listen)
             options = await service.get_device_plugin_options(pb.Empty())
-            sock = await tg.start(lambda task_status: serve_plugin(
-                [service], opts.device_plugin_dir, SOCKET, RESOURCE, options,
-                poll=opts.kubelet_poll, task_status=task_status))
+            sockets: dict[str, Path] = {}
+            for r in resources:  # each re-registers on its own after kubelet restarts
+                sockets[r.name] = await tg.start(_serve, services[r.name], opts, options)
             tg.start_soon(_housekeeping, service, source, used, opts.housekeeping,
                           opts.collect_grace)
-            task_status.started(Running(service, devices, sock, port))
+            task_status.started(Running(service, devices, sockets[service.resource.name],
+                                        port, services, sockets))
     finally:
         with anyio.CancelScope(shield=True):
             await source.aclose()
+
+
+async def _serve(service: PluginService, opts: PluginOptions, options: pb.DevicePluginOptions,
+                 *, task_status: TaskStatus[Path] = anyio.TASK_STATUS_IGNORED) -> None:
+    r = service.resource
+    await serve_plugin([service], opts.device_plugin_dir, r.socket, r.name, options,
+                       poll=opts.kubelet_poll, task_status=task_status)
 
 
 def _pod_of(owner: Owner) -> PodView:

@@ -1,5 +1,9 @@
 """The DevicePlugin gRPC service kubelet calls (grpclib, ``v1beta1.DevicePlugin``).
 
+One :class:`PluginService` per served resource (:mod:`vgpud.plugin.resources`), each on
+its own socket; they share the node's devices, the allocation store (whose keys tell
+the resources apart), the API and the registrar.
+
 - **ListAndWatch** streams every replica (``<uuid>::<i>``) with its health and NUMA
   node, and again whenever :class:`~vgpud.plugin.devices.NodeDevices` changes.
 - **GetPreferredAllocation** steers kubelet to the GPUs the scheduler assigned to
@@ -50,11 +54,12 @@ from vgpud.plugin.prestart import (
     wanted,
 )
 from vgpud.plugin.replicas import ReplicaIdError, advertised, gpus_of, preferred
+from vgpud.plugin.resources import DEFAULT_RESOURCE, ServedResource
 from vgpud.plugin.shim import ShimFiles
 
 log = structlog.get_logger(__name__)
 
-RESOURCE = "nvidia.com/vgpu-number"
+RESOURCE = DEFAULT_RESOURCE  # the default preset's; every served one: vgpud.plugin.resources
 CONFIG_DIR = "/etc/vgpud"
 STATE_DIR = "/var/run/vgpud"
 REGISTER = f"{CONFIG_DIR}/{SOCKET_NAME}"
@@ -109,6 +114,7 @@ class PluginService(pb.DevicePluginBase):
     def __init__(
         self,
         *,
+        resource: ServedResource,
         node: str,
         devices: NodeDevices,
         store: AllocationStore,
@@ -119,7 +125,9 @@ class PluginService(pb.DevicePluginBase):
         registrar: Registrar | None = None,
         clock: Callable[[], float] = time.time,
         owner_retries: int = 5,
+        reconcile_lock: anyio.Lock | None = None,
     ) -> None:
+        self.resource = resource
         self.registrar = registrar
         self.node = node
         self.devices = devices
@@ -130,7 +138,9 @@ class PluginService(pb.DevicePluginBase):
         self.shim = shim
         self.clock = clock
         self.owner_retries = owner_retries
-        self._reconcile_lock = anyio.Lock()
+        # shared by the services of one node: two reconciliations onto one GPU must not
+        # both see the same room
+        self._reconcile_lock = reconcile_lock or anyio.Lock()
 
     # -- the RPCs ----------------------------------------------------------------------------
 
@@ -140,7 +150,7 @@ class PluginService(pb.DevicePluginBase):
 
     def device_list(self) -> pb.ListAndWatchResponse:
         out = []
-        for r in advertised(self.devices.inventory()):
+        for r in advertised(self.devices.inventory(), self.resource.replicas):
             topo = pb.TopologyInfo(nodes=[pb.NumaNode(id=r.numa)]) if r.numa >= 0 else None
             out.append(pb.Device(id=r.id, health=HEALTHY if r.healthy else UNHEALTHY,
                                  topology=topo))
@@ -148,11 +158,12 @@ class PluginService(pb.DevicePluginBase):
 
     async def list_and_watch(self, message: pb.Empty) -> AsyncIterator[pb.ListAndWatchResponse]:
         seen = self.devices.version
-        log.info("list_and_watch_started", devices=len(self.devices.uuids))
+        log.info("list_and_watch_started", resource=self.resource.name,
+                 devices=len(self.devices.uuids))
         yield self.device_list()
         while True:
             seen = await self.devices.wait_change(seen)
-            log.info("devices_changed", version=seen)
+            log.info("devices_changed", resource=self.resource.name, version=seen)
             yield self.device_list()
 
     async def get_preferred_allocation(
@@ -162,8 +173,9 @@ class PluginService(pb.DevicePluginBase):
         for req in message.container_requests:
             wanted = await self._wanted(req.allocation_size)
             ids = preferred(list(req.available_deviceIDs), list(req.must_include_deviceIDs),
-                            req.allocation_size, wanted)
-            log.debug("preferred", size=req.allocation_size, wanted=wanted, ids=ids)
+                            req.allocation_size, wanted, self.resource.per_gpu)
+            log.debug("preferred", resource=self.resource.name, size=req.allocation_size,
+                      wanted=sorted(set(wanted)), ids=len(ids))
             out.append(pb.ContainerPreferredAllocationResponse(device_i_ds=ids))
         return pb.PreferredAllocationResponse(container_responses=out)
 
@@ -180,7 +192,7 @@ class PluginService(pb.DevicePluginBase):
         try:
             await self.configure(ids)
         except AllocationFailed as e:
-            log.warning("prestart_failed", ids=ids, error=str(e))
+            log.warning("prestart_failed", resource=self.resource.name, ids=ids, error=str(e))
             if e.pod is not None:
                 await self.cluster.pod_event(e.pod, FAILED_REASON, str(e))
             raise GRPCError(Status.FAILED_PRECONDITION, str(e)) from None
@@ -206,7 +218,7 @@ class PluginService(pb.DevicePluginBase):
         infos = sorted((i for i in (self.devices.info(u) for u in uuids) if i is not None),
                        key=lambda d: d.gpu.index)
         try:
-            alloc = await anyio.to_thread.run_sync(self.store.prepare, ids)
+            alloc = await anyio.to_thread.run_sync(self.store.prepare, ids, self.resource.name)
         except OSError as e:
             raise GRPCError(Status.INTERNAL,
                             f"cannot create the allocation directory: {e.strerror or e}") from None
@@ -215,24 +227,31 @@ class PluginService(pb.DevicePluginBase):
         _with_visible(r, [i.gpu.uuid for i in infos], [i.minor for i in infos], self.visible)
         _with_shim(r, self.shim)
         _with_dirs(r, alloc)
-        log.info("allocated", ids=ids, key=alloc.key)
+        log.info("allocated", resource=self.resource.name, ids=len(ids), gpus=uuids,
+                 key=alloc.key)
         return r
 
     # -- GetPreferredAllocation --------------------------------------------------------------
 
     async def _wanted(self, size: int) -> list[str]:
-        """The GPUs assigned to the container kubelet is probably admitting now."""
+        """The GPUs assigned to the container kubelet is probably admitting now, one per
+        ID of this resource it should get."""
         try:
             held = await self.podresources.list()
             pods = await self.cluster.pods_on_node(self.node)
         except (PodResourcesError, KubeError) as e:
             log.warning("preferred_without_hint", error=str(e))
             return []
+        by_key = {(p.namespace, p.name): p for p in pods}
         waiting: dict[tuple[str, str], set[str]] = {}
         for h in held:
-            if not h.ids:
+            pod = by_key.get((h.namespace, h.pod))
+            # a running container that asked for another of our resources holds no IDs
+            # of this one: it is not waiting for them
+            if not h.ids and (pod is None or pod.may_ask(h.container, self.resource.name)):
                 waiting.setdefault((h.namespace, h.pod), set()).add(h.container)
-        return wanted(waiting, {(p.namespace, p.name): p.annotations for p in pods}, size)
+        return wanted(waiting, {k: p.annotations for k, p in by_key.items()}, size,
+                      self.resource.per_gpu)
 
     # -- PreStartContainer -------------------------------------------------------------------
 
@@ -250,8 +269,9 @@ class PluginService(pb.DevicePluginBase):
                 await anyio.sleep(delay)
                 delay *= 2
         raise AllocationFailed(
-            f"kubelet's PodResources lists no container holding exactly the devices "
-            f"{', '.join(sorted(ids))}; cannot tell whose limits to write")
+            f"kubelet's PodResources lists no container holding exactly the "
+            f"{self.resource.name} devices {', '.join(sorted(ids))}; cannot tell whose "
+            f"limits to write")
 
     async def configure(self, ids: list[str]) -> Allocation:
         """Identify the container holding ``ids`` and write its limits file."""
@@ -274,14 +294,14 @@ class PluginService(pb.DevicePluginBase):
             order = {u: i for i, u in enumerate(step.limits.visible_uuids)}
             devices = tuple(sorted(step.grant.devices, key=lambda d: order[d.uuid]))
             alloc = await anyio.to_thread.run_sync(self.store.configure, ids, owner, text,
-                                                   devices)
+                                                   devices, self.resource.name)
         except LimitsError as e:
             raise AllocationFailed(f"{where}: {e}", pod) from None
         except OSError as e:
             raise AllocationFailed(f"{where}: cannot write the limits file: "
                                    f"{e.strerror or e}", pod) from None
-        log.info("configured", pod=f"{h.namespace}/{h.pod}", container=h.container,
-                 key=alloc.key, gpus=list(step.limits.visible_uuids))
+        log.info("configured", resource=self.resource.name, pod=f"{h.namespace}/{h.pod}",
+                 container=h.container, key=alloc.key, gpus=list(step.limits.visible_uuids))
         if self.registrar is not None:
             self.registrar.set_owner(alloc.key, RegistrationOwner(
                 alloc.key, owner.namespace, owner.pod, owner.container, owner.uid))
@@ -300,7 +320,8 @@ class PluginService(pb.DevicePluginBase):
               others: dict[str, GpuUsage] | None = None) -> Configure | Refuse | object:
         return plan(where, pod.annotations, node=self.node, container=container,
                     chosen=chosen, inventory=self.devices.inventory(), state_dir=STATE_DIR,
-                    register=REGISTER if self.registrar is not None else "", others=others)
+                    register=REGISTER if self.registrar is not None else "", others=others,
+                    per_gpu=self.resource.per_gpu)
 
     async def listen(self, alloc: Allocation) -> None:
         """Serve the allocation's registration socket (after Allocate, and on restart)."""
@@ -338,11 +359,12 @@ class PluginService(pb.DevicePluginBase):
                     return Refuse(f"{where}: the pod no longer exists in the API")
                 except KubeError as e:
                     return Refuse(f"{where}: cannot rewrite the assignment: {e}")
+                gpus = list(dict.fromkeys(chosen))  # percent IDs name a GPU many times
                 log.info("reconciled", pod=f"{pod.namespace}/{pod.name}", container=container,
-                         gpus=chosen)
+                         gpus=gpus)
                 await self.cluster.pod_event(
                     pod, "VgpuReassigned", f"container {container!r} runs on "
-                    f"{', '.join(chosen)} (kubelet's choice); the assignment was updated",
+                    f"{', '.join(gpus)} (kubelet's choice); the assignment was updated",
                     warning=False)
                 return step
             return Refuse(f"{where}: the assignment kept changing while it was being "
@@ -351,15 +373,19 @@ class PluginService(pb.DevicePluginBase):
     # -- housekeeping ------------------------------------------------------------------------
 
     async def collect(self, *, grace: float = 300.0) -> int:
-        """Drop allocation directories kubelet no longer lists (after ``grace`` seconds)."""
+        """Drop allocation directories kubelet no longer lists (after ``grace`` seconds).
+
+        The store is the node's, so one call covers every resource's allocations, those
+        of resources no longer served included (kubelet lists their IDs while their
+        containers live)."""
         try:
-            held = await self.podresources.list()
+            live = await self.podresources.live()
         except PodResourcesError as e:
             log.warning("collect_skipped", error=str(e))
             return 0
         allocations = await anyio.to_thread.run_sync(self.store.all)
-        gone = stale(((a.key, frozenset(a.ids), a.written) for a in allocations),
-                     {h.ids for h in held if h.ids}, self.clock(), grace)
+        gone = stale(((a.key, (a.resource, frozenset(a.ids)), a.written) for a in allocations),
+                     live, self.clock(), grace)
         for key in gone:
             if self.registrar is not None:
                 self.registrar.close(key)

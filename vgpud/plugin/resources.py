@@ -1,0 +1,94 @@
+"""Which kubelet resources a node's plugin serves, and what one device ID of each means.
+Pure: no I/O, no async.
+
+:func:`served` turns the settings (``resourcePreset`` and ``compatPresets``) into one
+:class:`ServedResource` per distinct resource name: the preset's *number* name
+(``nvidia.com/vgpu-number``, HAMi's ``nvidia.com/gpu``, Volcano's
+``volcano.sh/vgpu-number``, TKE's ``tencent.com/vcuda-core``). Each is registered with
+kubelet on its own socket. The presets' memory, cores and percentage names are *not*
+registered: they are scheduler-managed extended resources (kube-scheduler is told
+``ignoredByScheduler``), and kubelet's admission drops the extended resources no node
+advertises before it checks what fits (``removeMissingExtendedResources`` in
+kubernetes ``pkg/kubelet/lifecycle/predicate.go``), while its device manager allocates
+only the resources a plugin registered. So such a name costs nothing on the node.
+
+The unit of an ID (:attr:`ServedResource.per_gpu`):
+
+- ``1`` — one ID is one vGPU. A container's IDs lie on distinct GPUs, and its share of
+  each is what the assignment grants there (memory, cores). Each GPU is advertised
+  ``split`` times (``deviceSplitCount``).
+- ``100`` — TKE's ``tencent.com/vcuda-core``: one ID is 1 % of one GPU, so a container
+  holding N IDs of one GPU has N % of it (``vcuda-core: 30`` is 30 IDs of one GPU,
+  ``200`` is 100 IDs of each of two GPUs). Each GPU is advertised
+  ``max(100, 100 × deviceCoreScaling)`` times: as many IDs as the scheduler lets
+  cores be granted on it, so kubelet never runs out of a GPU's IDs before the
+  scheduler runs out of its cores (and kube-scheduler's own count of
+  ``tencent.com/vcuda-core`` agrees with the oversubscribed capacity); never fewer
+  than 100, so a whole-GPU request always finds its IDs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from vgpud.core.model import DeviceGrant
+from vgpud.core.requests import PRESETS
+
+DEFAULT_RESOURCE = PRESETS["vgpu-manager"].number  # nvidia.com/vgpu-number
+DEFAULT_SOCKET = "vgpud-vgpu-number.sock"  # the name before several resources: kept on upgrade
+VGPU_IDS = 1  # per_gpu: one ID is one vGPU
+PERCENT_IDS = 100  # per_gpu: one ID is 1 % of a GPU (TKE's vcuda-core)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedResource:
+    """One resource this node's plugin registers with kubelet."""
+
+    name: str  # the kubelet resource name
+    socket: str  # the socket's file name in kubelet's device-plugin directory
+    replicas: int  # IDs advertised per GPU
+    per_gpu: int = VGPU_IDS  # IDs that make up one GPU's whole share (see the module doc)
+
+    @property
+    def percent(self) -> bool:
+        """An ID is a percentage of one GPU, not a vGPU."""
+        return self.per_gpu > VGPU_IDS
+
+    def ids_for(self, grant: DeviceGrant) -> int:
+        """How many IDs of this resource a container holds on ``grant``'s GPU."""
+        return ids_for(self.per_gpu, grant)
+
+
+def ids_for(per_gpu: int, grant: DeviceGrant) -> int:
+    """IDs a container holds on one GPU for ``grant``: one vGPU is one ID; in percent
+    units the grant's cores (at least one ID, so no granted GPU goes unnamed)."""
+    if per_gpu <= VGPU_IDS:
+        return 1
+    return max(1, grant.cores * per_gpu // 100)
+
+
+def socket_for(resource: str) -> str:
+    """The socket's file name: ``vgpud-<resource, '/' as '-'>.sock``; the default
+    resource keeps the name it had when it was the only one."""
+    if resource == DEFAULT_RESOURCE:
+        return DEFAULT_SOCKET
+    return f"vgpud-{resource.replace('/', '-')}.sock"
+
+
+def served(preset: str, compat: Iterable[str] = (), *, split: int,
+           core_scaling: float = 1.0) -> tuple[ServedResource, ...]:
+    """The resources to register: ``preset``'s first, then each of ``compat``, one per
+    distinct resource name. ``split`` and ``core_scaling`` are this node's settings."""
+    out: dict[str, ServedResource] = {}
+    for name in (preset, *compat):
+        number = PRESETS[name].number
+        if number in out:
+            continue
+        if PRESETS[name].tke:
+            out[number] = ServedResource(number, socket_for(number),
+                                         max(PERCENT_IDS, round(PERCENT_IDS * core_scaling)),
+                                         PERCENT_IDS)
+        else:
+            out[number] = ServedResource(number, socket_for(number), split, VGPU_IDS)
+    return tuple(out.values())
