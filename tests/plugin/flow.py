@@ -42,8 +42,9 @@ class Cluster:
     """The control plane around a :class:`Harness` node: webhook and scheduler."""
 
     def __init__(self, h: Harness, session: aiohttp.ClientSession, webhook: str,
-                 ctx: ssl.SSLContext, driver: Driver) -> None:
+                 ctx: ssl.SSLContext, driver: Driver, alloc: Allocator) -> None:
         self.h, self.session, self.webhook, self.ctx, self.driver = h, session, webhook, ctx, driver
+        self.alloc = alloc  # the extender's
         self.warnings: list[str] = []
 
     async def _admit(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +98,7 @@ async def control_plane(h: Harness) -> AsyncIterator[Cluster]:
             await tg.start(nodes.run)
             await tg.start(pods.run)
             yield Cluster(h, s, f"https://127.0.0.1:{serving.port}", ctx,
-                          Driver(s, h.api.url, ext_url))
+                          Driver(s, h.api.url, ext_url), alloc)
             tg.cancel_scope.cancel()
     finally:
         await runner.cleanup()

@@ -10,26 +10,15 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiohttp
 import anyio
 import pytest
-from aiohttp import web
 
-from tests.e2e.cluster import Driver
 from tests.fakekubelet import FakePod
-from tests.plugin.harness import NODE, node_harness, pod_manifest
-from vgpud.core.allocate import Allocator
+from tests.plugin.flow import control_plane
+from tests.plugin.harness import NODE, Harness, node_harness, pod_manifest
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
 from vgpud.core.container import limits_for, render
 from vgpud.core.model import ContainerRequest, PodRequest
-from vgpud.extender.metrics import Metrics
-from vgpud.extender.routes import Extender
-from vgpud.extender.server import make_app
-from vgpud.extender.state import SchedulerState, project_node, project_pod
-from vgpud.kube.cache import Informer
-from vgpud.kube.client import KubeClient
-from vgpud.kube.resources import NODES, PODS
-from vgpud.kube.writes import PodBinder
 from vgpud.plugin.allocations import AllocationStore
 from vgpud.plugin.replicas import parse_id
 
@@ -62,40 +51,20 @@ def manifest(p: PodRequest) -> dict[str, Any]:
     return m
 
 
-async def bind_all_with_the_scheduler(kube: KubeClient, api_url: str,
-                                      pods: list[PodRequest]) -> None:
+async def bind_all_with_the_scheduler(h: Harness, pods: list[PodRequest]) -> None:
     """Run the extender in-process over HTTP and schedule every pod concurrently."""
-    alloc = Allocator()
-    nodes: Informer[Any] = Informer(kube, NODES, project=project_node)
-    pod_inf: Informer[Any] = Informer(kube, PODS, project=project_pod)
-    state = SchedulerState(alloc, pod_lookup=pod_inf.get)
-    nodes.subscribe(state.on_node)
-    pod_inf.subscribe(state.on_pod)
-    ext = Extender(state, writer=PodBinder(kube), events=None, metrics=Metrics(alloc))
-    runner = web.AppRunner(make_app(ext, ready=lambda: nodes.has_synced and pod_inf.has_synced))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
-        async with anyio.create_task_group() as tg, aiohttp.ClientSession() as s:
-            await tg.start(nodes.run)
-            await tg.start(pod_inf.run)
-            driver = Driver(s, api_url, url)
-            outcomes = {}
+    outcomes = {}
+    async with control_plane(h) as cp:
 
-            async def one(p: PodRequest) -> None:
-                obj = await driver.pod("default", p.name)
-                outcomes[p.name] = await driver.schedule(obj, [NODE], retries=3)
+        async def one(p: PodRequest) -> None:
+            obj = await cp.driver.pod("default", p.name)
+            outcomes[p.name] = await cp.schedule(obj, [NODE])
 
-            async with anyio.create_task_group() as binds:
-                for p in pods:
-                    binds.start_soon(one, p)
-            tg.cancel_scope.cancel()
-    finally:
-        await runner.cleanup()
+        async with anyio.create_task_group() as binds:
+            for p in pods:
+                binds.start_soon(one, p)
+        assert cp.alloc.ledger.violations() == []
     assert all(o.node == NODE for o in outcomes.values()), outcomes
-    assert alloc.ledger.violations() == []
 
 
 async def test_fifty_pods_no_mixups() -> None:
@@ -105,7 +74,7 @@ async def test_fifty_pods_no_mixups() -> None:
         pods = shapes(rng)
         for p in pods:
             h.api.create("pods", manifest(p), "default")
-        await bind_all_with_the_scheduler(h.kube, h.api.url, pods)
+        await bind_all_with_the_scheduler(h, pods)
         assert all(h.api.get("pods", p.name)["spec"]["nodeName"] == NODE for p in pods)
         decided = {p.name: decode_assignment(
             h.api.get("pods", p.name)["metadata"]["annotations"][ASSIGNMENT]) for p in pods}

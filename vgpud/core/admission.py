@@ -249,11 +249,8 @@ def fits_somewhere(c: ContainerRequest, catalogue: Catalogue) -> bool:
     return False
 
 
-def _equal_parts(c: Mapping[str, Any], cname: str, preset: Preset) -> str | None:
-    parts = _parts(c)
-    if parts is None:
-        return f"container {cname!r}: resources.requests and resources.limits must be objects"
-    requests, limits = parts
+def _equal_parts(requests: Mapping[str, Any], limits: Mapping[str, Any], cname: str,
+                 preset: Preset) -> str | None:
     for n in _names(preset):
         if n in requests and n in limits:
             r = parse_quantity(requests[n], f"container {cname!r}: resources.requests[{n}]")
@@ -278,10 +275,12 @@ def validate(pod: object, policy: AdmissionPolicy, catalogue: Catalogue = EMPTY)
         for _, _, c in _containers(spec):
             cname = str(c.get("name"))
             parts = _parts(c)
-            preset = preset_of([*parts[0], *parts[1]], presets) if parts else None
+            if parts is None:  # parse_pod has refused it already
+                continue
+            preset = preset_of([*parts[0], *parts[1]], presets)
             if preset is None:
                 continue
-            problem = _equal_parts(c, cname, preset)
+            problem = _equal_parts(*parts, cname, preset)
             if problem:
                 return Verdict(False, problem)
             sc = _map(c.get("securityContext")) or {}

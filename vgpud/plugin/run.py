@@ -43,6 +43,7 @@ from vgpud.plugin.podresources import PodResourcesClient
 from vgpud.plugin.resources import served
 from vgpud.plugin.service import PluginService
 from vgpud.plugin.shim import ShimError, ShimFiles, find_library, install
+from vgpud.process import bound_port, parse_listen
 
 log = structlog.get_logger(__name__)
 
@@ -63,19 +64,19 @@ class PluginOptions:
 
 @dataclass
 class Running:
-    service: PluginService  # resourcePreset's
     devices: NodeDevices
-    socket: Path  # resourcePreset's
     metrics_port: int | None
-    services: dict[str, PluginService] = field(default_factory=dict)  # by resource name
-    sockets: dict[str, Path] = field(default_factory=dict)  # by resource name
+    services: dict[str, PluginService]  # by resource name, resourcePreset's first
+    sockets: dict[str, Path]  # likewise
 
+    @property
+    def service(self) -> PluginService:
+        """resourcePreset's service."""
+        return next(iter(self.services.values()))
 
-def _split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"--listen {listen!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    @property
+    def socket(self) -> Path:
+        return next(iter(self.sockets.values()))
 
 
 def _shim(settings: Settings, required: bool) -> ShimFiles | None:
@@ -110,15 +111,13 @@ async def _housekeeping(service: PluginService, source: GpuSource, used: dict[st
 
 async def _serve_metrics(app: web.Application, listen: str, *,
                          task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-    host, port = _split_listen(listen)
+    host, port = parse_listen(listen)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        task_status.started(sockets[0].getsockname()[1] if sockets else port)
+        task_status.started(bound_port(site, port))
         await anyio.sleep(math.inf)
     finally:
         with anyio.CancelScope(shield=True):
@@ -203,8 +202,7 @@ async def run_plugin(
                 sockets[r.name] = await tg.start(_serve, services[r.name], opts, options)
             tg.start_soon(_housekeeping, service, source, used, opts.housekeeping,
                           opts.collect_grace)
-            task_status.started(Running(service, devices, sockets[service.resource.name],
-                                        port, services, sockets))
+            task_status.started(Running(devices, port, services, sockets))
     finally:
         with anyio.CancelScope(shield=True):
             await source.aclose()

@@ -27,7 +27,7 @@ from vgpud.core.model import GpuUsage
 from vgpud.kube.cache import Added, Deleted, Event, Informer, Modified
 from vgpud.kube.client import KubeClient
 from vgpud.kube.resources import NODES
-from vgpud.process import cancel_on_signals, parse_listen
+from vgpud.process import bound_port, cancel_on_signals, parse_listen
 from vgpud.webhook.bootstrap import Bootstrap, service_names
 from vgpud.webhook.server import Metrics, make_app
 from vgpud.webhook.tls import TlsFiles
@@ -94,11 +94,6 @@ class Serving:
     tls: TlsFiles
 
 
-def _port(site: web.TCPSite, fallback: int) -> int:
-    sockets = getattr(site._server, "sockets", None) or []
-    return int(sockets[0].getsockname()[1]) if sockets else fallback
-
-
 async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str,
                       tls_cert: Path, tls_key: Path, metrics_listen: str | None = None,
                       bootstrap: BootstrapOptions | None = None, handle_signals: bool = True,
@@ -145,7 +140,7 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
                     await runner.setup()
                     site = web.TCPSite(runner, h, p, ssl_context=ssl, reuse_address=True)
                     await site.start()
-                    sites.append(_port(site, p))
+                    sites.append(bound_port(site, p))
                 log.info("webhook_listening", reviews=listen, ops=metrics_listen or listen,
                          scheduler_name=policy.scheduler_name,
                          presets=[settings.resourcePreset, *settings.compatPresets])

@@ -66,14 +66,6 @@ class TlsFiles:
             return False
         return True
 
-    def reload_if_changed(self) -> bool:
-        """Load the files into the live context if they changed; True if it did. Call it
-        on the thread that serves the handshakes (the event loop)."""
-        if not self.changed():
-            return False
-        self._commit()
-        return True
-
     def _commit(self) -> None:
         try:
             self._load(self.context)
