@@ -15,6 +15,10 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (s.deviceSplitCount, s.deviceMemoryScaling, s.defaultMem, s.defaultCores) == \
         (10, 1.0, 0, 0)
     assert s.resourcePreset == "vgpu-manager" and s.schedulerName == "vgpu-scheduler"
+    gates = s.scheduler.featureGates
+    assert (gates.Reschedule, gates.SerialBindNode) == (True, False)
+    assert (s.scheduler.rescheduleBarePods, s.scheduler.rescheduleMaxAttempts,
+            s.scheduler.rescheduleQPS) == (False, 3, 1.0)
 
 
 def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
@@ -46,6 +50,15 @@ def test_json_files_work(tmp_path: Path) -> None:
     ("- a\n- b", {}, "expected a mapping of settings"),
     ("a: [", {}, "not valid YAML"),
     ("nodeConfigs: [{name: a}, {name: a}]", {}, "configured twice"),
+    ("scheduler: {rescheduleMaxAttempts: 0}", {}, "scheduler.rescheduleMaxAttempts: Input "
+                                                  "should be greater than or equal to 1"),
+    ("scheduler: {rescheduleMaxAttempts: 2.5}", {}, "scheduler.rescheduleMaxAttempts"),
+    ("scheduler: {rescheduleQPS: 0}", {}, "scheduler.rescheduleQPS"),
+    ("scheduler: {rescheduleQPS: .nan}", {}, "scheduler.rescheduleQPS"),
+    ("scheduler: {rescheduleQPS: .inf}", {}, "scheduler.rescheduleQPS"),
+    ("scheduler: {rescheduleBarePods: maybe}", {}, "scheduler.rescheduleBarePods"),
+    ("scheduler: {featureGates: {Reschedul: false}}", {},
+     "scheduler.featureGates.Reschedul: unknown key"),
     ("", {"VGPUD_DEVICE_SPLIT_COUNT": "many"}, "with VGPUD_DEVICE_SPLIT_COUNT"),
 ])
 def test_bad_settings_say_which_key(tmp_path: Path, content: str, env: dict[str, str],

@@ -59,6 +59,32 @@ class PluginSettings(_Model):
     overLimitGraceSeconds: float = Field(default=10.0, ge=0, le=3600)
     overLimitToleranceMiB: int = Field(default=32, ge=0, le=1 << 20)
     watchdogIntervalSeconds: float = Field(default=2.0, gt=0, le=600)
+    # priority across the containers of one GPU (vgpud/core/arbitration.py): while a
+    # higher nvidia.com/vgpu-priority is active on a GPU, lower ones are held to this
+    # share of its SMs (0 would starve them: their heartbeats and timeouts would fail)
+    priorityFloorPercent: int = Field(default=5, ge=1, le=100)
+    # a container counts as active this long after NVML last saw it use the SMs
+    priorityHoldSeconds: float = Field(default=1.0, ge=0, le=600)
+    arbitrationPeriodSeconds: float = Field(default=0.2, ge=0.05, le=10)
+
+
+class SchedulerGates(_Model):
+    # Reschedule: a controller in `vgpud scheduler` gets the pods kubelet refused at
+    # admission (vgpud/extender/reschedule.py) placed again.
+    Reschedule: bool = True
+    # SerialBindNode: binds to the same node one at a time (VGPU-Manager's gate of that
+    # name); off, binds to one node run concurrently.
+    SerialBindNode: bool = False
+
+
+class SchedulerSettings(_Model):
+    featureGates: SchedulerGates = SchedulerGates()
+    # Bare pods (no controller) are recreated under a new name only when this is on: see
+    # vgpud/extender/reschedule.py and docs/install.md for why it is off by default.
+    rescheduleBarePods: bool = False
+    # A pod's lineage is rescheduled at most this many times, then left with an event.
+    rescheduleMaxAttempts: int = Field(default=3, ge=1, le=100)
+    rescheduleQPS: float = Field(default=1.0, gt=0, le=100)  # deletions/recreations per s
 
 
 class Settings(_Model):
@@ -84,6 +110,7 @@ class Settings(_Model):
     logFormat: Literal["console", "json"] = "console"
     nodeConfigs: tuple[NodeConfig, ...] = ()
     plugin: PluginSettings = PluginSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
 
     @field_validator("resourcePreset")
     @classmethod
@@ -148,7 +175,7 @@ def _snake_upper(key: str) -> str:
 
 
 ENV_KEYS = {f"VGPUD_{_snake_upper(k)}": k for k, f in Settings.model_fields.items()
-            if k not in ("nodeConfigs", "plugin", "compatPresets")}
+            if k not in ("nodeConfigs", "plugin", "scheduler", "compatPresets")}
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

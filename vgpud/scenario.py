@@ -12,6 +12,7 @@ the other, each on a fresh cluster)::
         gpus:
           - {model: Tesla V100-PCIE-32GB, memory: 32768, count: 2, numa: 0,
              nvlink: true}              # nvlink: the GPUs of this entry are all linked
+    priorityClasses: {urgent: 1000}     # optional: PriorityClass values by name
     workload:                           # in arrival order
       - replicas: 10
         at: 0                           # optional arrival time, seconds
@@ -78,6 +79,8 @@ class Scenario(_Model):
     config: dict[str, Any] = {}
     nodes: tuple[NodeSpec, ...] = Field(min_length=1)
     workload: tuple[WorkItem, ...] = ()
+    # PriorityClass name -> value, for pods that name one (spec.priorityClassName)
+    priorityClasses: dict[str, int] = {}
 
     @model_validator(mode="after")
     def _unique(self) -> Scenario:

@@ -175,6 +175,9 @@ int vg_config_parse(const char *text, vg_config *out)
         } else if (!strcmp(key, "register")) {
             if (strlen(val) >= sizeof out->register_path) return fail(out, line, "register too long");
             strcpy(out->register_path, val);
+        } else if (!strcmp(key, "arbiter_dir")) {
+            if (strlen(val) >= sizeof out->arbiter_dir) return fail(out, line, "arbiter_dir too long");
+            strcpy(out->arbiter_dir, val);
         }
         /* other keys: ignored */
     }

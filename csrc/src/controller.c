@@ -33,12 +33,14 @@
  *   balance  rate grows into idle capacity (device utilisation < 90 %) and falls back
  *            towards the limit, never below it, when the device saturates.
  *   none     no pacing.
- *   priority: under contention (the device saturated, and not by this container alone)
- *            a fixed container with priority <= 0 yields, down to half its limit, and
- *            comes back slowly once the device has room; priority > 0 holds its limit
- *            and, in balance mode, gives back its burst more slowly. A container cannot
- *            see whether the others are of higher priority: this rule gives way to
- *            anyone; arbitration across containers needs the node's view. */
+ * Priority across containers (arbiter.c): the plugin publishes, per GPU, the highest
+ * priority active there. While it is higher than this container's, the leader holds
+ * the rate at the record's floor (a few per cent: zero would starve the container's
+ * heartbeats and collective timeouts, and it must still make progress); when it
+ * drops, the rate returns at once to the policy's value. A container with no SM limit
+ * of its own is paced only while it is held. Without a record (standalone, or the
+ * plugin stopped publishing) priority has no effect: it is relative to the others,
+ * which only the node can see. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
@@ -63,7 +65,9 @@ int vg_sm_any_limited;
 #define BINS 512                    /* ... for the last 5 s */
 
 typedef struct sm_dev {
-    int active;
+    int active;                     /* paced: limited, or following the arbiter */
+    int limited;                    /* has an SM limit of its own (fixed / balance) */
+    int held;                       /* the leader holds it at the arbiter's floor */
     int sms;                        /* multiprocessors, for waves; 0 until known */
     uint64_t ps_per_wave;           /* estimate, picoseconds of device time per wave */
     uint64_t waves, launches;       /* for the graph estimate */
@@ -85,11 +89,13 @@ void vg_sm_setup(void)
     for (int d = 0; d < VG_MAX_DEVICES; d++) {
         const vg_device_config *c = &vg_cfg.dev[d];
         devs[d].ps_per_wave = INITIAL_PS;
-        if (vg_cfg.deny || !c->core_limit || c->core_policy == VG_POLICY_NONE) continue;
+        if (vg_cfg.deny) continue;
+        devs[d].limited = c->core_limit && c->core_policy != VG_POLICY_NONE;
+        if (!devs[d].limited && !vg_arbiter_present(d)) continue;
         devs[d].active = 1;
         any = 1;
         if (h) {
-            uint32_t want = c->core_limit * 10;
+            uint32_t want = devs[d].limited ? c->core_limit * 10 : 1000;
             uint32_t cur = __atomic_load_n(&h->sm_rate[d], __ATOMIC_ACQUIRE);
             /* first process, or a leftover rate outside what the policy allows */
             if (cur == 0 || (c->core_policy == VG_POLICY_FIXED && cur > want))
@@ -253,18 +259,12 @@ static void adjust_rate(int d, unsigned total_util, unsigned container_util)
     double target = c->core_limit * 10.0;
     double rate = __atomic_load_n(&h->sm_rate[d], __ATOMIC_ACQUIRE);
     int saturated = total_util >= 95;
-    /* contended: saturated, and not by this container alone */
-    int contended = saturated && total_util >= container_util + 5;
     if (c->core_policy == VG_POLICY_BALANCE) {
         if (total_util < 90) rate += (90 - total_util) * 10.0 / 2;
-        else if (saturated && rate > target)
-            rate = target + (rate - target) * (vg_cfg.priority > 0 ? 0.9 : 0.5);
+        else if (saturated && rate > target) rate = target + (rate - target) * 0.5;
         if (rate < target) rate = target;
-    } else { /* fixed: yield fast under contention, come back slowly (else it oscillates) */
-        if (contended && vg_cfg.priority <= 0) rate = rate * 0.8;
-        else if (!saturated && rate < target) rate += target * 0.05;
-        if (rate > target) rate = target;
-        if (rate < target / 2) rate = target / 2;
+    } else { /* fixed: the limit, alone or shared */
+        rate = target;
     }
     if (rate > 1000) rate = 1000;
     VG_DEBUG("sm dev %d: device %u%%, container %u%%, rate %.0f permille", d, total_util,
@@ -338,7 +338,30 @@ static void tick(int d, int host_pid, int leader)
                  (unsigned long long)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED));
         calibrate(s, (uint64_t)own * (t1 - t0) / 100, ch);
     }
-    if (leader) adjust_rate(d, total, container);
+    if (leader && s->limited && !s->held) adjust_rate(d, total, container);
+}
+
+/* the leader follows the node's arbitration record: held at its floor while a higher
+ * priority is active on the GPU, back to the policy's rate at once when not */
+static void arbitrate(int d)
+{
+    sm_dev *s = &devs[d];
+    vg_state_header *h = hdr();
+    const vg_device_config *c = &vg_cfg.dev[d];
+    uint32_t floor = 0;
+    uint32_t own = s->limited ? c->core_limit * 10 : 1000;
+    if (vg_arbiter_throttle(d, &floor)) {
+        if (floor > own) floor = own; /* the floor never lifts a lower limit */
+        if (floor == 0) floor = 1;    /* 0 would mean "unpaced" to the bucket */
+        if (!s->held) VG_DEBUG("sm dev %d: a higher priority is active, held at %u permille",
+                               d, floor);
+        s->held = 1;
+        __atomic_store_n(&h->sm_rate[d], floor, __ATOMIC_RELEASE);
+    } else if (s->held) {
+        s->held = 0;
+        VG_DEBUG("sm dev %d: released, back to %u permille", d, own);
+        __atomic_store_n(&h->sm_rate[d], own, __ATOMIC_RELEASE);
+    }
 }
 
 static void *controller_main(void *arg)
@@ -355,8 +378,11 @@ static void *controller_main(void *arg)
             warned = 1;
         }
         int leader = am_leader();
-        for (int d = 0; d < VG_MAX_DEVICES; d++)
-            if (devs[d].active) tick(d, hp, leader);
+        for (int d = 0; d < VG_MAX_DEVICES; d++) {
+            if (!devs[d].active) continue;
+            if (leader) arbitrate(d);
+            tick(d, hp, leader);
+        }
         sleep_ns(TICK_NS);
     }
     return NULL;

@@ -71,6 +71,7 @@ typedef struct vg_config {
     int priority;
     char state_dir[512];
     char register_path[512];    /* the plugin's registration socket ("" = none) */
+    char arbiter_dir[512];      /* the plugin's per-GPU arbitration records ("" = none) */
     char env_ignored[256];      /* VGPUD_* variables present but ignored (Kubernetes mode) */
     vg_device_config dev[VG_MAX_DEVICES];
     char error[256];            /* why the file was rejected (deny == 1) */
@@ -184,6 +185,13 @@ void vg_sm_charge(CUdevice dev, uint64_t blocks);
 void vg_sm_charge_graph(CUdevice dev, uint64_t kernel_nodes);
 
 /* ---- time ---- */
+/* ---- arbiter.c: the node's priority decision, per GPU ---- */
+/* 1 when a higher-priority container is active on config device d and this one must
+ * hold its SM rate at *floor_permille; 0 otherwise (no record, a stale one, or none
+ * higher). Cheap: a mapped page read under a sequence lock. */
+int vg_arbiter_throttle(int d, uint32_t *floor_permille);
+int vg_arbiter_present(int d);          /* a record is configured for device d */
+
 uint64_t vg_now_ns(void);                   /* CLOCK_MONOTONIC */
 uint64_t vg_realtime_ns(void);
 

@@ -28,7 +28,13 @@ from tests.deploy.rendered import (
     port_of,
     seconds,
 )
-from vgpud.config import PluginSettings, Settings, parse_settings
+from vgpud.config import (
+    PluginSettings,
+    SchedulerGates,
+    SchedulerSettings,
+    Settings,
+    parse_settings,
+)
 from vgpud.core.allocate import Allocator
 from vgpud.core.requests import PRESETS
 from vgpud.extender.metrics import Metrics
@@ -50,9 +56,11 @@ WORKLOADS = [("Deployment", "vgpud-scheduler"), ("DaemonSet", "vgpud-plugin"),
 EXPECTED_RULES: dict[tuple[str, str], dict[Rule, set[str]]] = {
     ("ClusterRole", "vgpud-scheduler"): {
         ("", "nodes", ()): {"list", "watch"},
-        ("", "pods", ()): {"get", "list", "watch", "patch"},
+        # delete: the Reschedule gate (on by default); create only with rescheduleBarePods
+        ("", "pods", ()): {"get", "list", "watch", "patch", "delete"},
         ("", "pods/binding", ()): {"create"},
         ("", "events", ()): {"create", "patch"},
+        ("policy", "poddisruptionbudgets", ()): {"list", "watch"},  # preemption
     },
     ("Role", "vgpud-scheduler-leases"): {
         ("coordination.k8s.io", "leases", ()): {"create"},
@@ -138,7 +146,11 @@ def _granted(*roles: tuple[str, str]) -> set[tuple[str, str]]:
 def test_scheduler_rbac_is_what_its_code_calls() -> None:
     needs = api_needs("extender")
     granted = _granted(("ClusterRole", "vgpud-scheduler"), ("Role", "vgpud-scheduler-leases"))
-    assert needs == granted
+    # pods are created only to recreate bare pods, behind rescheduleBarePods (off here).
+    sched = settings().scheduler
+    assert sched.featureGates.Reschedule and not sched.rescheduleBarePods
+    assert ("pods", "create") in needs
+    assert needs - {("pods", "create")} == granted
 
 
 def test_plugin_rbac_is_what_its_code_calls() -> None:
@@ -229,6 +241,8 @@ def test_settings_file_is_valid_and_lists_every_key() -> None:
     doc = yaml.safe_load(M.configmap_file("vgpud-settings", "vgpud.yaml"))
     assert set(doc) == set(Settings.model_fields)
     assert set(doc["plugin"]) == set(PluginSettings.model_fields)
+    assert set(doc["scheduler"]) == set(SchedulerSettings.model_fields)
+    assert set(doc["scheduler"]["featureGates"]) == set(SchedulerGates.model_fields)
     parse_settings(doc)
 
 
@@ -341,9 +355,8 @@ def test_extender_urls_are_the_extender_servers_routes() -> None:
     m = re.fullmatch(r"http://127\.0\.0\.1:(\d+)", ext["urlPrefix"])
     assert m, "kube-scheduler must reach the extender over loopback in its own pod"
     assert ext["enableHTTPS"] is False
-    for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+    for verb in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
         assert ("POST", "/" + ext[verb]) in routes, verb
-    assert "preemptVerb" not in ext  # no /preempt route yet
     sidecar = M.container("Deployment", "extender")
     listen = flag(sidecar["args"], "listen")
     assert listen is not None and port_of(listen) == int(m.group(1))

@@ -85,6 +85,20 @@ def test_feature_gates_grant_node_status_and_unignore_resources(helm: Path) -> N
     assert settings.plugin.featureGates.MemoryPlugin is True
 
 
+def test_reschedule_settings_grant_pod_delete_and_create_only_then(helm: Path) -> None:
+    def pod_verbs(m: Manifests) -> set[str]:
+        return m.rules("ClusterRole", "vgpud-scheduler")[("", "pods", ())]
+
+    assert {"delete"} <= pod_verbs(template(helm)) and "create" not in pod_verbs(template(helm))
+    bare = template(helm, "config.scheduler.rescheduleBarePods=true")
+    assert {"delete", "create"} <= pod_verbs(bare)
+    settings = parse_settings(yaml.safe_load(bare.configmap_file("vgpud-settings", "vgpud.yaml")))
+    assert settings.scheduler.rescheduleBarePods is True
+    off = template(helm, "config.scheduler.featureGates.Reschedule=false",
+                   "config.scheduler.rescheduleBarePods=true")
+    assert not {"delete", "create"} & pod_verbs(off)
+
+
 def test_kill_on_over_limit_grants_the_kill_capability_only_then(helm: Path) -> None:
     sc = template(helm).container("DaemonSet", "plugin")["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]}

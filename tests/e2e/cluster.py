@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,6 +160,21 @@ def gpu_pod(name: str, limits: dict[str, Any], *, namespace: str = "default",
             "spec": {"schedulerName": "vgpu-scheduler",
                      "containers": [{"name": "main", "image": "cuda",
                                      "resources": {"limits": limits}}]}}
+
+
+@contextlib.asynccontextmanager
+async def running(tmp: Path, config: dict[str, Any] | None = None,
+                  ) -> AsyncIterator[tuple[Driver, Scheduler]]:
+    """The stand-in and a ready ``vgpud scheduler`` with ``config``, and a driver."""
+    with standin(tmp) as (url, kubeconfig):
+        sched = Scheduler(kubeconfig, tmp, config=config or {})
+        sched.start()
+        try:
+            async with aiohttp.ClientSession() as s:
+                await sched.wait_ready()
+                yield Driver(s, url, sched.url), sched
+        finally:
+            sched.stop()
 
 
 @dataclass

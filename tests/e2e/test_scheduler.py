@@ -21,7 +21,7 @@ from tests.e2e.cluster import (
     held_by_annotations,
     ledger_from_metrics,
     overcommitted,
-    standin,
+    running,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -36,16 +36,8 @@ class Env:
 
 @pytest.fixture
 async def env(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Env]:
-    config = getattr(request, "param", {})
-    with standin(tmp_path) as (url, kubeconfig):
-        sched = Scheduler(kubeconfig, tmp_path, config=config)
-        sched.start()
-        try:
-            async with aiohttp.ClientSession() as s:
-                await sched.wait_ready()
-                yield Env(Driver(s, url, sched.url), sched, s)
-        finally:
-            sched.stop()
+    async with running(tmp_path, getattr(request, "param", {})) as (d, sched):
+        yield Env(d, sched, d.s)
 
 
 async def schedule_all(driver: Driver, pods: list[dict[str, Any]], nodes: list[str], *,

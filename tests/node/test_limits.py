@@ -114,8 +114,8 @@ async def test_nothing_a_container_does_lifts_its_limit(node: Node) -> None:
         out = lines(c.exec(["/usr/bin/env", "-i", "LD_LIBRARY_PATH=/opt/fakecuda",
                             *drv("ctx", "alloc", 2 << 30)]).check().stdout)
         assert out[1]["rc"] == OOM
-        # the plugin's files are read-only
-        for path in ("/etc/vgpud/config", "/etc/ld.so.preload"):
+        # the plugin's files are read-only, the node's priority records among them
+        for path in ("/etc/vgpud/config", "/etc/ld.so.preload", "/var/run/vgpud-arbiter/mine"):
             r = c.exec(["sh", "-c", f"echo version=1 > {path}"])
             assert r.returncode != 0 and "Read-only file system" in r.stderr, (path, r)
         # the usage file is the container's to write: zero its totals, then allocate again

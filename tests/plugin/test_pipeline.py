@@ -110,7 +110,8 @@ async def test_fifty_pods_no_mixups() -> None:
                 assert sorted(parse_id(i)[0] for i in ids) == sorted(d.uuid for d in grant.devices)
                 want = render(limits_for(grant, inv, compute_policy=final.compute_policy,
                                          priority=final.priority, state_dir="/var/run/vgpud",
-                                         register="/etc/vgpud/register.sock"))
+                                         register="/etc/vgpud/register.sock",
+                                         arbiter_dir="/var/run/vgpud-arbiter"))
                 assert (store.path(ids) / "etc" / "config").read_text() == want
         assert len(all_ids) == len(set(all_ids))  # replicas exclusive
         assert len(all_ids) == sum(c.number for p in pods for c in p.containers)

@@ -84,13 +84,16 @@ async def test_allocate_and_prestart_write_the_assigned_limits() -> None:
         assert etc.read_only and etc.host_path.endswith("/etc")
         state = mount_of(r, "/var/run/vgpud")
         assert not state.read_only
+        arbiter = mount_of(r, "/var/run/vgpud-arbiter")  # the node's priority records
+        assert arbiter.read_only and arbiter.host_path.endswith("/arbiter")
         # no limit travels by env: the pod's own env would override it (kubelet applies
         # the pod's env after the plugin's); the shim reads /etc/vgpud only
         assert not [k for k in r.envs if k.startswith("VGPUD_")]
         inv = await h.published_inventory()
         want = render(limits_for(p.containers[0], inv, compute_policy=ComputePolicy.FIXED,
                                  priority=0, state_dir="/var/run/vgpud",
-                                 register="/etc/vgpud/register.sock"))
+                                 register="/etc/vgpud/register.sock",
+                                 arbiter_dir="/var/run/vgpud-arbiter"))
         assert config_of(h, ids) == want
         assert "device.0.memory_limit=3145728000" in want
         # idempotent: kubelet repeats both calls (a container restart) → same result

@@ -188,13 +188,3 @@ def test_balance_never_below_limit_under_contention(built: Built, tmp_path: Path
     b.share(pb)
     print("balance 40 vs greedy:", [round(u, 1) for u in share])
     assert statistics.mean(share) >= 40 - 3.0
-
-
-def test_priority_wins_under_contention(built: Built, tmp_path: Path, gpu: Path) -> None:
-    hi = Container(built, tmp_path, "hi", gpu, device__0__core_limit="60", priority="1")
-    lo = Container(built, tmp_path, "lo", gpu, device__0__core_limit="60", priority="0")
-    ph, pl = hi.start("10us", seconds=3.5), lo.start("10us", seconds=3.5)
-    uh, ul = hi.share(ph), lo.share(pl)
-    print("priority 60/60:", round(statistics.mean(uh), 1), round(statistics.mean(ul), 1))
-    assert statistics.mean(uh) >= 60 - 3.0
-    assert statistics.mean(ul) < statistics.mean(uh)

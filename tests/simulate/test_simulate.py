@@ -20,15 +20,34 @@ def test_seed_003_numbers_exactly() -> None:
     doc = json.loads(out.stdout)
     got = [(s["name"], s["summary"]["placed"], s["summary"]["pending"]) for s in doc["scenarios"]]
     assert got == [("seed-003-memory-10000", 6, 4), ("seed-003-memory-5000-cores-30", 6, 4),
-                   ("seed-003-memory-scaling-3", 10, 0)]
-    assert doc["summary"] == {"placed": 22, "pending": 8, "rejected": 0}
+                   ("seed-003-memory-scaling-3", 10, 0), ("seed-003-priority", 4, 0)]
+    assert doc["summary"] == {"placed": 26, "pending": 8, "rejected": 0, "preempted": 1}
     for pod in doc["pods"]:
+        if pod["scenario"] == "seed-003-priority":
+            continue
         assert set(pod) >= {"name", "node", "status", "devices", "reason"}
         if pod["status"] == "placed":
             assert pod["node"] == "cosmo-ai01" and pod["reason"] is None
             assert [set(d) for d in pod["devices"]] == [{"uuid", "memory", "cores"}]
         else:
             assert pod["node"] is None and pod["devices"] == [] and pod["reason"]
+
+
+def test_seed_003_priority_takes_effect() -> None:
+    """The report's priority experiment: "not recognised, no effect" in HAMi's
+    predecessor. Here the high-priority pod runs first on the shared GPU and the others
+    are held to the floor; a production pod preempts one batch pod, no more."""
+    out = vgpud("simulate", str(EXAMPLES / "seed-003.yaml"), "--output", "json")
+    doc = json.loads(out.stdout)
+    (prio,) = [s for s in doc["scenarios"] if s["name"] == "seed-003-priority"]
+    pods = {p["name"]: p for p in prio["pods"]}
+    assert pods["urgent"]["status"] == "placed" and pods["urgent"]["preempted"] == ["batch-1"]
+    assert pods["batch-1"]["status"] == "preempted"
+    assert "preempted by urgent" in pods["batch-1"]["reason"]
+    assert {p["status"] for n, p in pods.items() if n != "batch-1"} == {"placed"}
+    (gpu,) = prio["gpus"]
+    assert dict(map(tuple, gpu["sm"])) == {"high": 85.0, "low": 5.0, "batch-0": 5.0,
+                                           "urgent": 5.0}
 
 
 def test_default_command_runs_the_bundled_scenario() -> None:

@@ -76,6 +76,9 @@ KINDS: tuple[Kind, ...] = (
          "ValidatingWebhookConfiguration", namespaced=False),
     Kind("events.k8s.io", "v1", "events", "Event", namespaced=True),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True,
+         has_status=True),
+    Kind("apps", "v1", "replicasets", "ReplicaSet", namespaced=True, has_status=True),
 )
 
 

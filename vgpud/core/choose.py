@@ -14,6 +14,7 @@ ledger holds exactly that.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 
 from vgpud.core.cluster import Cluster, GpuView
 from vgpud.core.fit import demand, gpu_reason, gpu_selected
@@ -171,6 +172,17 @@ def place(cluster: Cluster, pod: PodRequest, node: str) -> Placement | Reason:
     if isinstance(got, str):
         resolvable = not isinstance(_place_all(pod, views, pristine=True), str)
         return Reason("no-fit", got, resolvable)
+    return Placement(node=node, containers=tuple(got), compute_policy=pod.compute_policy,
+                     priority=pod.priority)
+
+
+def place_released(cluster: Cluster, pod: PodRequest, node: str,
+                   released: Mapping[str, GpuUsage]) -> Placement | str:
+    """Where ``pod`` would go on ``node`` if the holders of ``released`` (per uuid) were
+    gone, or why it still would not fit. A what-if: the cluster is not changed."""
+    got = _place_all(pod, cluster.gpus(node, released), pristine=False)
+    if isinstance(got, str):
+        return got
     return Placement(node=node, containers=tuple(got), compute_policy=pod.compute_policy,
                      priority=pod.priority)
 

@@ -310,21 +310,24 @@ class Cluster:
         s = int(self.node_start[idx])
         return range(s, s + int(self.node_count[idx]))
 
-    def gpus(self, node: str) -> list[GpuView]:
-        """The node's GPUs with their free capacity, in index order."""
+    def gpus(self, node: str, released: Mapping[str, GpuUsage] | None = None,
+             ) -> list[GpuView]:
+        """The node's GPUs with their free capacity, in index order. ``released``: per
+        uuid, held amounts to count as free (a what-if: nothing here changes)."""
         idx = self.node_index[node]
         n = self.nodes[idx]
         assert n is not None
         out = []
         for k, g in zip(self.node_slots(idx), n.inventory.devices, strict=True):
+            r = released.get(g.uuid, ZERO) if released else ZERO
             out.append(GpuView(
                 gpu=g, slot=k,
                 cap_memory=int(self.cap_mem[k]), cap_cores=int(self.cap_cores[k]),
-                free_memory=int(self.cap_mem[k] - self.used_mem[k]),
-                free_cores=int(self.cap_cores[k] - self.used_cores[k]),
-                free_split=int(self.cap_split[k] - self.used_split[k]),
-                used_vgpus=int(self.used_split[k]),
-                exclusive=bool(self.excl[k] > 0),
+                free_memory=int(self.cap_mem[k] - self.used_mem[k]) + r.memory,
+                free_cores=int(self.cap_cores[k] - self.used_cores[k]) + r.cores,
+                free_split=int(self.cap_split[k] - self.used_split[k]) + r.vgpus,
+                used_vgpus=int(self.used_split[k]) - r.vgpus,
+                exclusive=bool(self.excl[k] - r.exclusive > 0),
             ))
         return out
 

@@ -47,6 +47,7 @@ class Limits:
     state_dir: str = ""  # the writable per-container state directory, inside the container
     register: str = ""  # the plugin's registration socket, inside the container
     container: str = ""  # whose limits these are (for people reading the file)
+    arbiter_dir: str = ""  # the node's per-GPU priority records, inside the container
 
     @property
     def visible_uuids(self) -> tuple[str, ...]:
@@ -64,7 +65,7 @@ def spill_limit(memory_limit: int, memory_scaling: float) -> int:
 
 def limits_for(grant: ContainerGrant, inventory: NodeInventory, *,
                compute_policy: ComputePolicy, priority: int, state_dir: str,
-               register: str = "") -> Limits:
+               register: str = "", arbiter_dir: str = "") -> Limits:
     """The limits of one container.
 
     Devices are listed in the node's GPU index order, which is the order CUDA
@@ -86,7 +87,8 @@ def limits_for(grant: ContainerGrant, inventory: NodeInventory, *,
                                    oversubscribe=scaling > 1.0,
                                    spill_limit=spill_limit(d.memory * MIB, scaling))
                       for d in devices),
-        priority=priority, state_dir=state_dir, register=register, container=grant.name)
+        priority=priority, state_dir=state_dir, register=register, container=grant.name,
+        arbiter_dir=arbiter_dir)
 
 
 def _text(key: str, value: str, *, empty: bool = True) -> str:
@@ -129,6 +131,8 @@ def render(limits: Limits) -> str:
         lines.append(f"state_dir={_text('state_dir', limits.state_dir)}")
     if limits.register:
         lines.append(f"register={_text('register', limits.register)}")
+    if limits.arbiter_dir:
+        lines.append(f"arbiter_dir={_text('arbiter_dir', limits.arbiter_dir)}")
     return "\n".join(lines) + "\n"
 
 
@@ -173,7 +177,7 @@ def parse(text: str) -> Limits:
                 raise LimitsError(f"{where}: device index out of range (< {MAX_DEVICES})")
             if field in _DEVICE_FIELDS:
                 devices.setdefault(i, {})[field] = value
-        elif key in ("priority", "state_dir", "register", "container"):
+        elif key in ("priority", "state_dir", "register", "container", "arbiter_dir"):
             top[key] = value
     if version is None:
         raise LimitsError("no version line")
@@ -203,4 +207,4 @@ def parse(text: str) -> Limits:
     return Limits(devices=tuple(out),
                   priority=_int("priority", top.get("priority", "0"), -1000, 1000),
                   state_dir=top.get("state_dir", ""), register=top.get("register", ""),
-                  container=top.get("container", ""))
+                  container=top.get("container", ""), arbiter_dir=top.get("arbiter_dir", ""))

@@ -59,6 +59,7 @@ class Ledger:
         self.cluster = cluster
         self.ttl = ttl
         self._entries: dict[str, Entry] = {}
+        self._on_node: dict[str, dict[str, None]] = {}  # node -> uids (insertion order)
         self._deadlines: list[tuple[float, str]] = []
 
     def __len__(self) -> int:
@@ -72,6 +73,10 @@ class Ledger:
 
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
+
+    def on_node(self, node: str) -> list[Entry]:
+        """The entries placed on ``node`` (preemption looks for victims there)."""
+        return [self._entries[uid] for uid in self._on_node.get(node, ())]
 
     def room(self, placement: Placement, held: dict[str, GpuUsage] | None = None) -> Reason | None:
         """Why ``placement`` would break an invariant now; None when it fits."""
@@ -160,10 +165,15 @@ class Ledger:
 
     def _add(self, e: Entry, held: dict[str, GpuUsage] | None = None) -> None:
         self._entries[e.uid] = e
+        self._on_node.setdefault(e.placement.node, {})[e.uid] = None
         self.cluster.add_usage(e.placement.node, held or e.placement.charge(), +1)
 
     def _drop(self, e: Entry) -> None:
         # The charge is derived again rather than stored: 50,000 entries' dicts cost
         # more memory than recomputing one on release costs time.
         del self._entries[e.uid]
+        uids = self._on_node[e.placement.node]
+        del uids[e.uid]
+        if not uids:
+            del self._on_node[e.placement.node]
         self.cluster.add_usage(e.placement.node, e.placement.charge(), -1)

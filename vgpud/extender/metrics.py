@@ -97,5 +97,14 @@ class Metrics:
         self.rejections = Counter("vgpud_extender_node_rejections",
                                   "Nodes rejected by filter, by reason code", ["code"],
                                   registry=self.registry)
+        self.preemption = Counter("vgpud_extender_preemption_nodes",
+                                  "Nodes kube-scheduler proposed for preemption, by what the "
+                                  "extender did: kept as proposed, extended with GPU victims, "
+                                  "dropped", ["outcome"], registry=self.registry)
+        self.reschedules = Counter("vgpud_scheduler_reschedules",
+                                   "GPU pods kubelet refused, by what the Reschedule "
+                                   "controller did: deleted (its controller recreates it), "
+                                   "recreated (a bare pod), gave_up", ["action"],
+                                   registry=self.registry)
         self.expired = Counter("vgpud_scheduler_ledger_expired",
                                "Assumed placements never confirmed", registry=self.registry)

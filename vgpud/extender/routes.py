@@ -2,23 +2,27 @@
 
 There is no node lock: any number of binds may be in flight, on one node or many.
 Each bind *assumes* its placement in the ledger before its first await, so two
-binds can never both take the last room on a GPU; a failed write forgets it.
+binds can never both take the last room on a GPU; a failed write forgets it. (The
+``SerialBindNode`` gate adds a lock per node, for those who want it.)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import numpy as np
 import structlog
 
 from vgpud.core.allocate import MAX_SCORE, Allocator
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from vgpud.core.ledger import Entry
 from vgpud.core.model import Placement, PodRequest, Reason
+from vgpud.core.preempt import Budget, Holder, Proposal, preempt
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.state import SchedulerState
@@ -27,9 +31,11 @@ from vgpud.extender.wire import (
     BindingResultJson,
     ExtenderArgs,
     FilterResultJson,
+    PreemptionArgs,
     RawJson,
     filter_result,
     host_priorities,
+    preemption_result,
 )
 from vgpud.kube.errors import KubeError, NotFound
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder
@@ -60,6 +66,8 @@ class Extender:
         is_leader: Callable[[], bool] = lambda: True,
         now: Callable[[], str] = _now_rfc3339,
         spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None,
+        budgets: Callable[[], Sequence[Budget]] = lambda: (),
+        serial_binds: bool = False,
     ) -> None:
         self.state = state
         self.alloc: Allocator = state.alloc
@@ -69,6 +77,11 @@ class Extender:
         self.is_leader = is_leader
         self.now = now
         self.spawn = spawn  # runs event writes beside the request, not in its path
+        self.budgets = budgets  # the PodDisruptionBudgets, for preemption
+        # SerialBindNode: one bind at a time per node, for users who want the peers'
+        # behaviour. Off by default: the ledger's assume makes concurrent binds safe.
+        self.serial_binds = serial_binds
+        self._node_locks: dict[str, tuple[anyio.Lock, int]] = {}
         self.binds_in_flight = 0
 
     def _parse(self, pod: dict[str, object]) -> PodRequest:
@@ -129,6 +142,49 @@ class Extender:
             ints = [by_name.get(n, 0) for n in known]
         return host_priorities(known, ints)
 
+    # -- preempt --------------------------------------------------------------------------
+
+    def _holder(self, e: Entry) -> Holder | None:
+        ns, _, name = e.key.partition("/")
+        info = self.state.pod_by_name(ns, name)
+        if info is None or info.uid != e.uid:
+            return None  # not in the pod cache (yet, or any more): never a victim
+        return Holder(e.uid, ns, name, info.priority, e.placement, info.labels,
+                      info.start_time, info.deleting)
+
+    async def preempt(self, args: PreemptionArgs) -> dict[str, Any]:
+        """Keep each node kube-scheduler proposes only if its victims (and, where
+        needed, more lower-priority GPU pods there) free the room the pod's GPUs need;
+        see :mod:`vgpud.core.preempt`. An invalid GPU request gets no candidates."""
+        try:
+            req = self._parse(args.pod)
+        except RequestError as e:
+            await self._event(args.pod, "InvalidGPURequest", f"invalid GPU request: {e}",
+                              "Warning")
+            return preemption_result({})
+        if not req.wants_gpu:
+            return preemption_result(args.victims)
+        proposals = {node: Proposal(uids, n, args.known)
+                     for node, (uids, n) in args.victims.items()}
+        outcomes = preempt(self.alloc.cluster, self.alloc.ledger, req, args.priority,
+                           proposals, self._holder, self.budgets())
+        kept: dict[str, tuple[tuple[str, ...], int]] = {}
+        for node, o in outcomes.items():
+            self.metrics.preemption.labels(
+                "dropped" if o.victims is None else "extended" if o.added else "kept").inc()
+            if o.victims is not None:
+                kept[node] = (o.victims, o.pdb_violations)
+        key = ExtenderArgs(args.pod, (), None).key
+        log.info("preemption", pod=key, proposed=len(outcomes), kept=len(kept),
+                 reasons={n: o.reason for n, o in list(outcomes.items())[:8]})
+        if not kept and outcomes:
+            first = next(iter(outcomes.values()))
+            await self._event(args.pod, "GPUPreemptionNotHelpful",
+                              f"no proposed node can be made to fit the pod's GPUs by "
+                              f"evicting lower-priority pods ({first.node}: {first.reason})",
+                              "Warning")
+        return preemption_result(kept)
+
     # -- bind -------------------------------------------------------------------------------
 
     async def bind(self, args: BindingArgs) -> BindingResultJson:
@@ -138,7 +194,19 @@ class Extender:
             return {"Error": "binding is disabled (no API connection)"}
         self.binds_in_flight += 1
         try:
-            return await self._bind(args, self.writer)
+            if not self.serial_binds:
+                return await self._bind(args, self.writer)
+            lock, users = self._node_locks.get(args.node) or (anyio.Lock(), 0)
+            self._node_locks[args.node] = (lock, users + 1)
+            try:
+                async with lock:
+                    return await self._bind(args, self.writer)
+            finally:
+                lock, users = self._node_locks[args.node]
+                if users == 1:
+                    del self._node_locks[args.node]
+                else:
+                    self._node_locks[args.node] = (lock, users - 1)
         finally:
             self.binds_in_flight -= 1
 

@@ -1,8 +1,10 @@
 """``vgpud scheduler``: one task group for the extender role.
 
-Children: the node and pod informers (feeding :class:`SchedulerState`), the
-ledger's expiry loop, the event recorder, the leader elector (optional), and the
-HTTP server. ``/readyz`` turns true once both informers have synced, which is when
+Children: the node, pod and PodDisruptionBudget informers (feeding
+:class:`SchedulerState`), the ledger's expiry loop, the event recorder, the leader
+elector (optional), the reschedule controller (gate ``Reschedule``, started once the
+node and pod informers have synced; ``vgpud/extender/reschedule.py``), and the HTTP
+server. ``/readyz`` turns true once both informers have synced, which is when
 the ledger has been rebuilt from every pod's ``vgpud.io/assignment``.
 """
 
@@ -19,14 +21,23 @@ from aiohttp import web
 
 from vgpud.config import Settings
 from vgpud.core.allocate import Allocator
+from vgpud.core.preempt import Budget
 from vgpud.extender.metrics import Metrics
+from vgpud.extender.reschedule import Planner, Rescheduler, gpu_problem
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.extender.state import NodeInfo, PodInfo, SchedulerState, project_node, project_pod
+from vgpud.extender.state import (
+    NodeInfo,
+    PodInfo,
+    SchedulerState,
+    project_budget,
+    project_node,
+    project_pod,
+)
 from vgpud.kube.cache import Informer
 from vgpud.kube.client import KubeClient
 from vgpud.kube.lease import LeaderElector
-from vgpud.kube.resources import NODES, PODS
+from vgpud.kube.resources import NODES, PDBS, PODS
 from vgpud.kube.writes import EventRecorder, PodBinder
 from vgpud.process import cancel_on_signals, parse_listen
 
@@ -58,6 +69,7 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                                   burst=settings.kubeBurst) as kube:
         nodes: Informer[NodeInfo] = Informer(kube, NODES, project=project_node)
         pods: Informer[PodInfo] = Informer(kube, PODS, project=project_pod)
+        budgets: Informer[Budget] = Informer(kube, PDBS, project=project_budget)
         state = SchedulerState(alloc, pod_lookup=pods.get)
         nodes.subscribe(state.on_node)
         pods.subscribe(state.on_pod)
@@ -67,10 +79,25 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
             identity = f"{socket.gethostname()}-{os.getpid()}"
             elector = LeaderElector(kube, name=lease_name, namespace=lease_namespace,
                                     identity=identity)
+        sched = settings.scheduler
+        resched = None
+        if sched.featureGates.Reschedule:
+            resched = Rescheduler(
+                kube, events=events, pod_lookup=pods.get,
+                planner=Planner(max_attempts=sched.rescheduleMaxAttempts,
+                                bare_pods=sched.rescheduleBarePods),
+                gpu_problem=lambda node, uuid: gpu_problem(alloc.cluster, node, uuid),
+                qps=sched.rescheduleQPS,
+                count=lambda action: metrics.reschedules.labels(action).inc(),
+                is_leader=(lambda: elector.is_leader) if elector else (lambda: True))
+            nodes.subscribe(resched.on_node)
+            pods.subscribe(resched.on_pod)
         async with anyio.create_task_group() as tg:
             ext = Extender(state, writer=PodBinder(kube), events=events, metrics=metrics,
                            is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
-                           spawn=tg.start_soon)
+                           spawn=tg.start_soon,
+                           budgets=lambda: [b for _, b in budgets.items()],
+                           serial_binds=sched.featureGates.SerialBindNode)
             def ready() -> bool:
                 return nodes.has_synced and pods.has_synced
 
@@ -88,12 +115,15 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                 tg.start_soon(cancel_on_signals, tg.cancel_scope, "scheduler_stopping")
                 await tg.start(nodes.run)
                 await tg.start(pods.run)
+                await tg.start(budgets.run)
                 tg.start_soon(events.run)
                 if elector is not None:
                     tg.start_soon(elector.run)
                 tg.start_soon(_expire, alloc, metrics)
                 await nodes.wait_synced()
                 await pods.wait_synced()
+                if resched is not None:
+                    tg.start_soon(resched.run)
                 # The synced caches are ~1M long-lived objects; without this every full
                 # collection walks them all and stalls the loop for tens of ms (p99).
                 gc.collect()

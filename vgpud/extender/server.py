@@ -1,7 +1,7 @@
 """The extender's HTTP servers (aiohttp).
 
-The *verbs* app: ``POST /filter``, ``/prioritize``, ``/bind`` in kube-scheduler's
-extender v1 JSON. Until the caches have synced every verb answers an ``Error``
+The *verbs* app: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` in
+kube-scheduler's extender v1 JSON. Until the caches have synced every verb answers an ``Error``
 ("not ready"): a filter before the ledger is rebuilt would see GPUs as empty.
 The *ops* app: ``GET /healthz`` (alive), ``/readyz`` (caches synced and the ledger
 rebuilt), ``/metrics`` (Prometheus). They listen apart so the verbs can stay on
@@ -25,7 +25,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vgpud.extender.metrics import allocation_chunks, snapshot
 from vgpud.extender.routes import Extender, timed
-from vgpud.extender.wire import RawJson, WireError, parse_binding_args, parse_extender_args
+from vgpud.extender.wire import (
+    RawJson,
+    WireError,
+    parse_binding_args,
+    parse_extender_args,
+    parse_preemption_args,
+)
 
 log = structlog.get_logger()
 
@@ -81,6 +87,9 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
     async def do_bind(raw: bytes) -> Any:
         return await ext.bind(parse_binding_args(raw))
 
+    async def do_preempt(raw: bytes) -> Any:
+        return await ext.preempt(parse_preemption_args(raw))
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -104,6 +113,7 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
         app.router.add_post("/filter", verb("filter", do_filter))
         app.router.add_post("/prioritize", verb("prioritize", do_prioritize))
         app.router.add_post("/bind", verb("bind", do_bind))
+        app.router.add_post("/preempt", verb("preempt", do_preempt))
     if ops:
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)

@@ -32,6 +32,7 @@ from vgpud.core.codec import (
     decode_node_devices,
 )
 from vgpud.core.model import Node, NodeInventory, Placement, PodRequest
+from vgpud.core.preempt import Budget, Requirement
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 
 log = structlog.get_logger()
@@ -52,6 +53,18 @@ class PodInfo:
     resource_version: str
     placement: Placement | None
     assignment_error: str | None = None
+    # For preemption (pods holding GPUs only; empty otherwise): the pod's Kubernetes
+    # priority (spec.priority), labels (PodDisruptionBudget selectors), start time
+    # (older goes last among equals, as kube-scheduler orders victims), and whether
+    # it is already being deleted (its room is leaving: never a victim).
+    priority: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+    start_time: str = ""
+    deleting: bool = False
+    # For rescheduling: the owner that recreates the pod ("ReplicaSet/web-5d9c"), and
+    # why kubelet refused it, when it did (see :func:`kubelet_failure`).
+    controller: str = ""
+    failure: str | None = None
 
     @property
     def key(self) -> str:
@@ -76,6 +89,15 @@ def project_pod(obj: dict[str, Any]) -> PodInfo:
             placement = decode_assignment(raw)
         except CodecError as e:
             error = str(e)
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    holds = placement is not None
+    labels = (meta.get("labels") or {}) if holds else {}
+    owner = ""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            owner = f"{ref.get('kind')}/{ref.get('name')}"
+    prio = spec.get("priority")
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=sys.intern(str(meta.get("namespace") or "default")),
@@ -85,7 +107,66 @@ def project_pod(obj: dict[str, Any]) -> PodInfo:
         resource_version=str(meta.get("resourceVersion") or ""),
         placement=placement,
         assignment_error=error,
+        priority=prio if isinstance(prio, int) and not isinstance(prio, bool) else 0,
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())) if isinstance(
+            labels, dict) else (),
+        start_time=str(status.get("startTime") or "") if holds else "",
+        deleting=bool(meta.get("deletionTimestamp")),
+        controller=sys.intern(owner) if owner else "",
+        failure=kubelet_failure(status) if raw is not None else None,
     )
+
+
+ADMISSION_FAILURES = frozenset({"UnexpectedAdmissionError"})
+# kubelet's waiting reasons when creating a container failed before it ran: a failed
+# PreStartContainer (the device manager's run options) surfaces as the first.
+START_FAILURES = frozenset({"CreateContainerConfigError", "CreateContainerError",
+                            "RunContainerError"})
+
+
+def kubelet_failure(status: dict[str, Any]) -> str | None:
+    """Why kubelet refused a GPU pod, or None: the pod failed admission
+    (``UnexpectedAdmissionError``: Allocate failed), or a container could not be
+    created because the device plugin's ``PreStartContainer`` failed."""
+    if status.get("phase") == "Failed" and status.get("reason") in ADMISSION_FAILURES:
+        return f"{status.get('reason')}: {status.get('message') or 'kubelet gave no message'}"
+    for kind in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(kind) or []:
+            waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
+            msg = str(waiting.get("message") or "")
+            if waiting.get("reason") in START_FAILURES and "PreStartContainer" in msg:
+                return f"{waiting.get('reason')} ({cs.get('name')}): {msg}"
+    return None
+
+
+def project_budget(obj: dict[str, Any]) -> Budget:
+    """A policy/v1 PodDisruptionBudget as preemption reads it. A selector that cannot
+    be read (an unknown operator) matches nothing, as kube-scheduler treats it."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    sel = spec.get("selector")
+    labels: tuple[tuple[str, str], ...] = ()
+    exprs: list[Requirement] = []
+    ok = isinstance(sel, dict)
+    if isinstance(sel, dict):
+        ml = sel.get("matchLabels") or {}
+        ok = isinstance(ml, dict)
+        labels = tuple(sorted((str(k), str(v)) for k, v in ml.items())) if ok else ()
+        for e in sel.get("matchExpressions") or []:
+            op = e.get("operator") if isinstance(e, dict) else None
+            if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+                ok = False
+                break
+            exprs.append(Requirement(str(e.get("key") or ""), op,
+                                     tuple(str(v) for v in e.get("values") or ())))
+    allowed = status.get("disruptionsAllowed")
+    disrupted = status.get("disruptedPods") or {}
+    return Budget(
+        namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name") or ""),
+        match_labels=labels if ok else (), match_expressions=tuple(exprs) if ok else (),
+        disruptions_allowed=allowed if isinstance(allowed, int) else 0,
+        disrupted=frozenset(disrupted) if isinstance(disrupted, dict) else frozenset())
 
 
 def project_node(obj: dict[str, Any]) -> NodeInfo:

@@ -114,6 +114,78 @@ def parse_binding_args(raw: bytes) -> BindingArgs:
                        values["PodUID"], values["Node"])
 
 
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """``ExtenderPreemptionArgs``: the preemptor and, per node, kube-scheduler's victims
+    (uids; with namespace, name and labels when it sent whole pods) and its count of
+    PodDisruptionBudget violations among them."""
+
+    pod: dict[str, Any]
+    victims: dict[str, tuple[tuple[str, ...], int]]
+    known: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]]
+
+    @property
+    def priority(self) -> int:
+        p = (self.pod.get("spec") or {}).get("priority")
+        return p if isinstance(p, int) and not isinstance(p, bool) else 0
+
+
+def _count(v: Any, where: str) -> int:
+    if v is None:
+        return 0
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise WireError(f"'{where}.NumPDBViolations' must be a count")
+    return v
+
+
+def parse_preemption_args(raw: bytes) -> PreemptionArgs:
+    doc = _body(raw)
+    pod = doc.get("Pod")
+    if not isinstance(pod, dict) or not isinstance((pod.get("metadata") or {}).get("name"), str):
+        raise WireError("missing 'Pod' (the preemptor) or its metadata.name")
+    victims: dict[str, tuple[tuple[str, ...], int]] = {}
+    known: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]] = {}
+    meta = doc.get("NodeNameToMetaVictims")
+    full = doc.get("NodeNameToVictims")
+    for field, table in (("NodeNameToMetaVictims", meta), ("NodeNameToVictims", full)):
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            raise WireError(f"'{field}' must map node names to victims")
+        for node, v in table.items():
+            if v is None:
+                v = {}
+            if not isinstance(v, dict) or not isinstance(v.get("Pods") or [], list):
+                raise WireError(f"'{field}.{node}' must be an object with 'Pods'")
+            uids = []
+            for p in v.get("Pods") or []:
+                if not isinstance(p, dict):
+                    raise WireError(f"'{field}.{node}.Pods' holds a non-object")
+                if field == "NodeNameToMetaVictims":
+                    uid = p.get("UID")
+                else:
+                    m = p.get("metadata") or {}
+                    uid = m.get("uid")
+                    labels = m.get("labels") or {}
+                    if isinstance(uid, str) and isinstance(labels, dict):
+                        known[uid] = (str(m.get("namespace") or "default"),
+                                      str(m.get("name") or ""),
+                                      tuple(sorted((str(a), str(b)) for a, b in labels.items())))
+                if not isinstance(uid, str) or not uid:
+                    raise WireError(f"a victim on node {node!r} has no uid")
+                uids.append(uid)
+            victims[node] = (tuple(uids), _count(v.get("NumPDBViolations"), f"{field}.{node}"))
+    return PreemptionArgs(pod=pod, victims=victims, known=known)
+
+
+def preemption_result(victims: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, Any]:
+    """``ExtenderPreemptionResult``: always the meta form (kube-scheduler maps the uids
+    back to the pods in its own cache)."""
+    return {"NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": n}
+        for node, (uids, n) in victims.items()}}
+
+
 class RawJson(str):
     """A response body already rendered as JSON."""
 

@@ -40,6 +40,8 @@ class Resource:
 PODS = Resource("", "v1", "pods", "Pod", namespaced=True)
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
+PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget",
+                namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 
 

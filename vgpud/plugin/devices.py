@@ -55,6 +55,11 @@ class GpuSource(Protocol):
         watchdog's truth); empty when the source cannot tell."""
         ...
 
+    async def utilisation(self) -> Mapping[str, list[tuple[int, int]]]:
+        """Per GPU uuid, (host PID, SM %) of each process sampled since the last call
+        (the arbiter's truth); an empty list for a GPU nobody used."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -117,5 +117,8 @@ class FakeGpus:
     async def processes(self) -> Mapping[str, list[tuple[int, int]]]:
         return {}  # a file knows no processes: the watchdog has nothing to compare
 
+    async def utilisation(self) -> Mapping[str, list[tuple[int, int]]]:
+        return {}  # nor their use: the arbiter sees every container idle
+
     async def aclose(self) -> None:
         return None

@@ -130,6 +130,26 @@ def _processes() -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def _utilisation(since: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
+    """Per GPU uuid, (host PID, SM %) of each process NVML sampled since the last call
+    (``since``: per uuid, the newest sample's timestamp seen, updated here)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(h, since.get(uuid, 0))
+        except pynvml.NVMLError_NotFound:
+            out[uuid] = []  # no process sampled since: all idle
+            continue
+        rows = []
+        for smp in samples:
+            rows.append((int(smp.pid), int(smp.smUtil)))
+            since[uuid] = max(since.get(uuid, 0), int(smp.timeStamp))
+        out[uuid] = rows
+    return out
+
+
 def _probe(uuid: str) -> bool:
     """A GPU answers NVML and has no pending page retirement or row remapping."""
     try:
@@ -159,6 +179,7 @@ class NvmlGpus:
         self.quiet = quiet
         self.recheck = recheck
         self._uuids: list[str] = []
+        self._util_since: dict[str, int] = {}
 
     async def discover(self) -> tuple[DeviceInfo, ...]:
         try:
@@ -238,6 +259,13 @@ class NvmlGpus:
             return await anyio.to_thread.run_sync(_processes)
         except pynvml.NVMLError as e:
             log.warning("processes_failed", error=str(e))
+            return {}
+
+    async def utilisation(self) -> Mapping[str, list[tuple[int, int]]]:
+        try:
+            return await anyio.to_thread.run_sync(_utilisation, self._util_since)
+        except pynvml.NVMLError as e:
+            log.warning("utilisation_failed", error=str(e))
             return {}
 
     async def aclose(self) -> None:

@@ -82,6 +82,7 @@ def plan(
     inventory: NodeInventory,
     state_dir: str,
     register: str = "",
+    arbiter_dir: str = "",
     others: Mapping[str, GpuUsage] | None = None,
     per_gpu: int = VGPU_IDS,
 ) -> Configure | Refuse | _Needs:
@@ -119,7 +120,8 @@ def plan(
                               f"assignment grants {d.cores} % there")
     try:
         limits = limits_for(grant, inventory, compute_policy=got.compute_policy,
-                            priority=got.priority, state_dir=state_dir, register=register)
+                            priority=got.priority, state_dir=state_dir, register=register,
+                            arbiter_dir=arbiter_dir)
     except GrantError as e:
         return Refuse(f"{where}: {e}")
     return Configure(placement=got, grant=grant, limits=limits, rewrite=got is not placement)

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -29,7 +30,10 @@ from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
 from vgpud.config import Settings
+from vgpud.core.arbitration import Arbiter
 from vgpud.kube.client import KubeClient
+from vgpud.node import procfs
+from vgpud.node.arbiter import Member, Publisher, run_arbiter
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.watchdog import Usage, Watchdog, Watched
 from vgpud.plugin._pb import v1beta1 as pb
@@ -143,6 +147,9 @@ async def run_plugin(
     store = AllocationStore(opts.state_dir)
     shim = await anyio.to_thread.run_sync(_shim, settings, opts.require_shim)
     registry = Registry()
+    arbiter_dir = Path(opts.state_dir) / "arbiter"
+    publisher = await anyio.to_thread.run_sync(
+        Publisher, arbiter_dir, [d.gpu.uuid for d in found])
 
     async def env_ignored(owner: Owner, r: Registered) -> None:
         await cluster.pod_event(
@@ -156,7 +163,8 @@ async def run_plugin(
         resource=r, node=opts.node_name, devices=devices, store=store,
         podresources=PodResourcesClient(str(opts.pod_resources_socket), r.name),
         cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
-        registrar=registrar, reconcile_lock=reconciling) for r in resources}
+        registrar=registrar, reconcile_lock=reconciling, arbiter=arbiter_dir)
+        for r in resources}
     service = services[resources[0].name]
     allocations = await anyio.to_thread.run_sync(store.all)  # also loads the store's index
     log.info("allocations_restored", configured=len(store.configured()),
@@ -187,6 +195,12 @@ async def run_plugin(
             tg.start_soon(_health, source, devices)
             tg.start_soon(cluster.run)
             tg.start_soon(watchdog.run, source, time.monotonic, over_limit)
+            tg.start_soon(partial(
+                run_arbiter, Arbiter(floor_permille=plug.priorityFloorPercent * 10,
+                                     hold=plug.priorityHoldSeconds),
+                publisher, source.utilisation, lambda: _members(store),
+                lambda pid: registry.allocation_of(pid, procfs.read(pid)),
+                period=plug.arbitrationPeriodSeconds))
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
                 memory=gates.MemoryPlugin))
@@ -218,6 +232,12 @@ async def _serve(service: PluginService, opts: PluginOptions, options: pb.Device
 def _pod_of(owner: Owner) -> PodView:
     return PodView(namespace=owner.namespace, name=owner.pod, uid=owner.uid,
                    resource_version="", node_name="", phase="")
+
+
+def _members(store: AllocationStore) -> list[Member]:
+    """What the arbiter weighs: every configured container's GPUs and priority."""
+    return [Member(a.key, a.priority, tuple(d.uuid for d in a.devices), a.state)
+            for a in store.configured() if a.devices]
 
 
 def _watched(store: AllocationStore) -> dict[str, Watched]:

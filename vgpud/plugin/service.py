@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import anyio
 import structlog
@@ -63,6 +64,7 @@ RESOURCE = DEFAULT_RESOURCE  # the default preset's; every served one: vgpud.plu
 CONFIG_DIR = "/etc/vgpud"
 STATE_DIR = "/var/run/vgpud"
 REGISTER = f"{CONFIG_DIR}/{SOCKET_NAME}"
+ARBITER_DIR = "/var/run/vgpud-arbiter"  # the node's per-GPU priority records (read-only)
 PRELOAD = "/etc/ld.so.preload"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -101,13 +103,17 @@ def _with_shim(r: pb.ContainerAllocateResponse, shim: ShimFiles | None) -> None:
                              read_only=True))
 
 
-def _with_dirs(r: pb.ContainerAllocateResponse, alloc: Allocation) -> None:
+def _with_dirs(r: pb.ContainerAllocateResponse, alloc: Allocation,
+               arbiter: Path | None) -> None:
     # No env: a pod's own env overrides the plugin's. The shim finds /etc/vgpud mounted
     # and then reads its limits from there only.
     r.mounts.append(pb.Mount(container_path=CONFIG_DIR, host_path=str(alloc.etc),
                              read_only=True))
     r.mounts.append(pb.Mount(container_path=STATE_DIR, host_path=str(alloc.state),
                              read_only=False))
+    if arbiter is not None:
+        r.mounts.append(pb.Mount(container_path=ARBITER_DIR, host_path=str(arbiter),
+                                 read_only=True))
 
 
 class PluginService(pb.DevicePluginBase):
@@ -126,9 +132,11 @@ class PluginService(pb.DevicePluginBase):
         clock: Callable[[], float] = time.time,
         owner_retries: int = 5,
         reconcile_lock: anyio.Lock | None = None,
+        arbiter: Path | None = None,
     ) -> None:
         self.resource = resource
         self.registrar = registrar
+        self.arbiter = arbiter  # host directory of the priority records (None: off)
         self.node = node
         self.devices = devices
         self.store = store
@@ -226,7 +234,7 @@ class PluginService(pb.DevicePluginBase):
         r = pb.ContainerAllocateResponse()
         _with_visible(r, [i.gpu.uuid for i in infos], [i.minor for i in infos], self.visible)
         _with_shim(r, self.shim)
-        _with_dirs(r, alloc)
+        _with_dirs(r, alloc, self.arbiter)
         log.info("allocated", resource=self.resource.name, ids=len(ids), gpus=uuids,
                  key=alloc.key)
         return r
@@ -294,7 +302,8 @@ class PluginService(pb.DevicePluginBase):
             order = {u: i for i, u in enumerate(step.limits.visible_uuids)}
             devices = tuple(sorted(step.grant.devices, key=lambda d: order[d.uuid]))
             alloc = await anyio.to_thread.run_sync(self.store.configure, ids, owner, text,
-                                                   devices, self.resource.name)
+                                                   devices, self.resource.name,
+                                                   step.limits.priority)
         except LimitsError as e:
             raise AllocationFailed(f"{where}: {e}", pod) from None
         except OSError as e:
@@ -320,7 +329,8 @@ class PluginService(pb.DevicePluginBase):
               others: dict[str, GpuUsage] | None = None) -> Configure | Refuse | object:
         return plan(where, pod.annotations, node=self.node, container=container,
                     chosen=chosen, inventory=self.devices.inventory(), state_dir=STATE_DIR,
-                    register=REGISTER if self.registrar is not None else "", others=others,
+                    register=REGISTER if self.registrar is not None else "",
+                    arbiter_dir=ARBITER_DIR if self.arbiter is not None else "", others=others,
                     per_gpu=self.resource.per_gpu)
 
     async def listen(self, alloc: Allocation) -> None:

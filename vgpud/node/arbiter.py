@@ -1,0 +1,162 @@
+"""The node's arbitration records: who may use each GPU first, published for the shims.
+
+Every ``period`` seconds: NVML's per-process SM utilisation since the last look (host
+PIDs), each process mapped to its container (the registration's trusted PID, else
+the container's cgroup, else the host PIDs the container's own usage file lists —
+see :mod:`vgpud.core.arbitration` for why that last one is safe), the decision
+(:class:`~vgpud.core.arbitration.Arbiter`), and one record per GPU written in place.
+
+The record's layout is ``csrc/include/vgpu_arbiter_abi.h`` (version 1, 64 bytes),
+mirrored here; ``tests/shim/test_arbiter.py`` checks the two agree by running the
+shim against records this module writes. The directory is mounted read-only into
+every GPU container; files are created once and rewritten in place under a
+sequence lock, never replaced (the shims keep them mapped).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import structlog
+
+from vgpud.core.arbitration import Arbiter, Contender, Record
+from vgpud.shm import StateFileError, read_usage
+
+log = structlog.get_logger(__name__)
+
+MAGIC = 0x3162726167707601
+VERSION = 1
+SIZE = 64
+_HEAD = struct.Struct("<QII")  # magic, version, size at 0
+_SEQ = struct.Struct("<Q")  # at 16
+_BODY = struct.Struct("<QIiII")  # published_ns, period_ms, top_priority, active, floor at 24
+
+
+class RecordFile:
+    """One GPU's record, mapped read-write by the plugin."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if os.fstat(fd).st_size < SIZE:
+                os.ftruncate(fd, SIZE)
+            os.fchmod(fd, 0o644)
+            self._map = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        magic, version, size = _HEAD.unpack_from(self._map, 0)
+        if (magic, version, size) != (MAGIC, VERSION, SIZE):
+            self._map[:] = bytes(SIZE)
+            _HEAD.pack_into(self._map, 0, MAGIC, VERSION, SIZE)
+        (self._seq,) = _SEQ.unpack_from(self._map, 16)
+        self._seq += self._seq & 1  # a writer that died mid-write left it odd
+
+    def publish(self, r: Record, period_ms: int, now_ns: int) -> None:
+        self._seq += 1
+        _SEQ.pack_into(self._map, 16, self._seq)  # odd: readers wait
+        _BODY.pack_into(self._map, 24, now_ns, period_ms, r.top_priority, int(r.active),
+                        r.floor_permille)
+        self._seq += 1
+        _SEQ.pack_into(self._map, 16, self._seq)
+
+    def read(self) -> tuple[int, int, int, int, int]:
+        """(published_ns, period_ms, top_priority, active, floor_permille)."""
+        published, period, top, active, floor = _BODY.unpack_from(self._map, 24)
+        return published, period, top, active, floor
+
+    def close(self) -> None:
+        self._map.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A configured container, as the arbiter sees it."""
+
+    key: str
+    priority: int
+    uuids: tuple[str, ...]
+    state_dir: Path  # its usage file lists its processes' host PIDs
+
+
+class Publisher:
+    """The records of every GPU of the node in one directory."""
+
+    def __init__(self, directory: Path, uuids: Sequence[str]) -> None:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o755)
+        directory.chmod(0o755)
+        self.directory = directory
+        self.files = {u: RecordFile(directory / u) for u in uuids}
+
+    def publish(self, records: Mapping[str, Record], period_ms: int, now_ns: int) -> None:
+        for uuid, r in records.items():
+            f = self.files.get(uuid)
+            if f is not None:
+                f.publish(r, period_ms, now_ns)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def declared_pids(members: Sequence[Member]) -> dict[int, str]:
+    """Host PIDs the containers' usage files name (see the module docstring)."""
+    out: dict[int, str] = {}
+    for m in members:
+        try:
+            snap = read_usage(m.state_dir)
+        except StateFileError:
+            continue
+        for slot in snap.processes:
+            if slot.host_pid > 0:
+                out.setdefault(slot.host_pid, m.key)
+    return out
+
+
+async def run_arbiter(
+    arbiter: Arbiter,
+    publisher: Publisher,
+    utilisation: Callable[[], Awaitable[Mapping[str, list[tuple[int, int]]]]],
+    members: Callable[[], Sequence[Member]],
+    owner_of: Callable[[int], str | None],
+    *,
+    period: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+    wall_ns: Callable[[], int] = time.time_ns,
+    on_round: Callable[[Mapping[str, Record]], None] | None = None,
+) -> None:
+    """Measure, decide, publish, every ``period`` seconds, until cancelled."""
+    period_ms = max(1, round(period * 1000))
+    while True:
+        try:
+            ms = members()
+            per_gpu: dict[str, list[tuple[str, int]]] = {}
+            for m in ms:
+                for u in m.uuids:
+                    per_gpu.setdefault(u, []).append((m.key, m.priority))
+            prio = {m.key: m.priority for m in ms}
+            used = await utilisation()
+            unknown = {pid for rows in used.values() for pid, _ in rows if owner_of(pid) is None}
+            declared = await anyio.to_thread.run_sync(declared_pids, ms) if unknown else {}
+            samples = []
+            for uuid, rows in used.items():
+                totals: dict[str, int] = {}
+                for pid, pct in rows:
+                    key = owner_of(pid) or declared.get(pid)
+                    if key is not None and key in prio:
+                        totals[key] = totals.get(key, 0) + pct
+                samples += [Contender(k, uuid, prio[k], v) for k, v in totals.items()]
+            records = arbiter.decide(clock(), publisher.files, per_gpu, samples)
+            publisher.publish(records, period_ms, wall_ns())
+            if on_round is not None:
+                on_round(records)
+        except Exception as e:  # one bad round must not end arbitration
+            log.error("arbiter_round_failed", error=str(e) or type(e).__name__)
+        await anyio.sleep(period)
