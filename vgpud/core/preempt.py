@@ -132,9 +132,8 @@ def _release(charges: Iterable[Mapping[str, GpuUsage]]) -> dict[str, GpuUsage]:
     return out
 
 
-def _size(h: Holder) -> int:
-    """A holder's weight on the node: its memory plus cores (per cent as MiB ×100)."""
-    return sum(u.memory + 100 * u.cores for u in h.placement.charge().values())
+def _gpus_of(p: Placement) -> set[str]:
+    return {d.uuid for c in p.containers for d in c.devices}
 
 
 def _violations(victims: Sequence[tuple[str, str, Mapping[str, str]]],
@@ -166,7 +165,8 @@ def select_victims(cluster: Cluster, pod: PodRequest, priority: int, node: str,
             return Outcome(node, None, 0, (), f"proposed victim {h.key} has priority "
                            f"{h.priority}, not lower than the pod's {priority}")
     leaving = [h for h in holders if h.uid in proposed or h.deleting]
-    released = _release(h.placement.charge() for h in leaving)
+    charges = {h.uid: h.placement.charge() for h in holders}
+    released = _release(charges[h.uid] for h in leaving)
     got = place_released(cluster, pod, node, released)
     if isinstance(got, Placement):
         return Outcome(node, proposal.uids, proposal.pdb_violations, (),
@@ -177,7 +177,7 @@ def select_victims(cluster: Cluster, pod: PodRequest, priority: int, node: str,
     if not extra:
         return Outcome(node, None, 0, (), f"no lower-priority pod holds GPUs that would "
                        f"make room: {got}")
-    everything = _release([released, *(h.placement.charge() for h in extra)])
+    everything = _release([released, *(charges[h.uid] for h in extra)])
     got = place_released(cluster, pod, node, everything)
     if not isinstance(got, Placement):
         return Outcome(node, None, 0, (), "evicting every lower-priority GPU pod still "
@@ -201,17 +201,31 @@ def select_victims(cluster: Cluster, pod: PodRequest, priority: int, node: str,
 
     def importance(h: Holder) -> tuple[int, int, str]:
         # reprieved first: higher priority, smaller, older ("" = unknown = newest)
-        return (-h.priority, _size(h), h.start_time or "~")
+        size = sum(u.memory + 100 * u.cores for u in charges[h.uid].values())
+        return (-h.priority, size, h.start_time or "~")
 
     order = (sorted((h for h in extra if h.uid in violating), key=importance)
              + sorted((h for h in extra if h.uid not in violating), key=importance))
-    out = dict.fromkeys(h.uid for h in extra)
+    # Reprieve one by one, keeping the released total up to date. Putting a holder back
+    # takes room only on its own GPUs: when the last placement that fitted used none
+    # of them, it still fits, and no new placement is needed.
+    free = dict(everything)
+    gone: set[str] = set()
+    using = _gpus_of(got)
     for h in order:
-        del out[h.uid]
-        trial = _release([released, *(by_uid[u].placement.charge() for u in out)])
-        if not isinstance(place_released(cluster, pod, node, trial), Placement):
-            out[h.uid] = None  # it must go
-    added = tuple(h.uid for h in extra if h.uid in out)
+        ch = charges[h.uid]
+        for uuid, u in ch.items():
+            free[uuid] = free[uuid] - u
+        if using.isdisjoint(ch):
+            continue
+        trial = place_released(cluster, pod, node, free)
+        if isinstance(trial, Placement):
+            using = _gpus_of(trial)
+            continue
+        for uuid, u in ch.items():  # it must go
+            free[uuid] = free[uuid] + u
+        gone.add(h.uid)
+    added = tuple(h.uid for h in extra if h.uid in gone)
     chosen = [by_uid[u] for u in added]
     more = sum(_violations([(h.namespace, h.name, dict(h.labels)) for h in chosen], budgets,
                            allowed))
