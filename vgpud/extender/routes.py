@@ -18,7 +18,7 @@ import anyio
 import numpy as np
 import structlog
 
-from vgpud.core.allocate import MAX_SCORE, Allocator
+from vgpud.core.allocate import MAX_SCORE, Allocator, summarize
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.ledger import Entry
 from vgpud.core.model import Placement, PodRequest, Reason
@@ -121,6 +121,10 @@ class Extender:
         for name, reason in got.failed.items():
             (failed if reason.resolvable else unresolvable)[name] = reason.message
             self.metrics.rejections.labels(reason.code).inc()
+        if got.feasible:
+            self.state.refused.pop(req.uid, None)
+        elif got.failed:
+            self.state.refuse(req, summarize(got.failed).message, self.now())
         return filter_result(args, got.feasible, failed, unresolvable)
 
     # -- prioritize -------------------------------------------------------------------------

@@ -72,6 +72,17 @@ class PodInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Refused:
+    """A GPU pod the last filter found no node for, and why (for the status page)."""
+
+    uid: str
+    key: str
+    reason: str
+    since: str  # RFC 3339: when filter first refused it
+    priority: int  # nvidia.com/vgpu-priority
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     name: str
     labels: tuple[tuple[str, str], ...]
@@ -198,6 +209,8 @@ class SchedulerState:
         self.bad_nodes: dict[str, str] = {}
         self._requests: OrderedDict[str, PodRequest] = OrderedDict()
         self._request_cache = request_cache
+        # pods filter found no node for, until they bind or go (bounded like requests)
+        self.refused: OrderedDict[str, Refused] = OrderedDict()
 
     # -- requests seen at filter time, for bind ----------------------------------------------
 
@@ -209,6 +222,14 @@ class SchedulerState:
 
     def request(self, uid: str) -> PodRequest | None:
         return self._requests.get(uid)
+
+    def refuse(self, req: PodRequest, reason: str, now: str) -> None:
+        """Filter found no node for ``req``: remember why (the first time's date)."""
+        old = self.refused.pop(req.uid, None)
+        self.refused[req.uid] = Refused(req.uid, req.key, reason,
+                                        old.since if old else now, req.priority)
+        while len(self.refused) > self._request_cache:
+            self.refused.popitem(last=False)
 
     # -- informer events --------------------------------------------------------------------
 
@@ -242,10 +263,13 @@ class SchedulerState:
             info = event.obj
             self.bad_assignments.discard(info.uid)
             self._requests.pop(info.uid, None)
+            self.refused.pop(info.uid, None)
             if self.alloc.forget(info.uid):
                 log.debug("pod_released", pod=info.key, why="deleted")
             return
         info = event.obj if isinstance(event, Added) else event.new
+        if info.phase in TERMINAL or info.node:
+            self.refused.pop(info.uid, None)
         if info.phase in TERMINAL:
             if self.alloc.forget(info.uid):
                 log.debug("pod_released", pod=info.key, why=info.phase)

@@ -1,0 +1,294 @@
+"""``vgpud inspect``: the cluster's GPUs as tables, like ``kubectl get``.
+
+Two sources, one set of rows (:mod:`vgpud.core.report`):
+
+* the API server (default; ``--kubeconfig``, in-cluster, or ``$KUBECONFIG``): every
+  node's ``vgpud.io/node-devices`` and every live pod's ``vgpud.io/assignment`` are
+  read and laid into a ledger of their own, as the scheduler does when it starts; a
+  Pending pod's reasons are worked out with the scheduler's own filter;
+* a running scheduler (``--scheduler URL``, its ops address): its JSON API
+  (``/api/v1/gpus``, ``/api/v1/pods``), which is its own ledger, assumed binds and the
+  last filter reason included.
+
+Output: ``text`` (default), ``wide``, ``json``, ``yaml``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import yaml
+
+from vgpud.config import Settings
+from vgpud.core.allocate import Allocator
+from vgpud.core.codec import (
+    ASSIGNMENT,
+    NODE_DEVICES,
+    CodecError,
+    decode_assignment,
+    decode_node_devices,
+)
+from vgpud.core.model import Node
+from vgpud.core.report import gpu_rows, pending_reasons, pod_row, pod_rows, to_json
+from vgpud.core.requests import RequestError, parse_pod
+from vgpud.kube.client import Json, KubeClient
+from vgpud.kube.errors import NotFound
+
+MIB = 1 << 20
+PAGE = 500
+TERMINAL = ("Succeeded", "Failed")
+
+
+class Format(enum.Enum):
+    text = "text"
+    wide = "wide"
+    json = "json"
+    yaml = "yaml"
+
+
+class InspectError(RuntimeError):
+    """Something the user must fix (a missing pod, an unreachable scheduler)."""
+
+
+@dataclass
+class View:
+    """What a source answers: GPU rows and pod rows as JSON-ready dicts, and for
+    ``pod`` the pod's manifest (API source only) and why it is pending."""
+
+    gpus: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+async def _list(kube: KubeClient, path: str) -> list[Json]:
+    items: list[Json] = []
+    token = ""
+    while True:
+        query = {"limit": str(PAGE), **({"continue": token} if token else {})}
+        doc = await kube.request("GET", path, query=query)
+        items += doc.get("items") or []
+        token = str((doc.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return items
+
+
+class ApiSource:
+    """The API server, laid into a ledger here."""
+
+    def __init__(self, kube: KubeClient, settings: Settings) -> None:
+        self.kube = kube
+        self.alloc = Allocator(settings.defaults())
+        self.warnings: list[str] = []
+
+    async def load(self) -> None:
+        for n in await _list(self.kube, "/api/v1/nodes"):
+            meta = n.get("metadata") or {}
+            raw = (meta.get("annotations") or {}).get(NODE_DEVICES)
+            if raw is None:
+                continue
+            try:
+                inv = decode_node_devices(raw)
+            except CodecError as e:
+                self.warnings.append(f"node {meta.get('name')}: {e}")
+                continue
+            labels = tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items()))
+            self.alloc.set_node(Node(str(meta.get("name")), inv, labels))
+        for p in await _list(self.kube, "/api/v1/pods"):
+            meta = p.get("metadata") or {}
+            raw = (meta.get("annotations") or {}).get(ASSIGNMENT)
+            node = (p.get("spec") or {}).get("nodeName")
+            if raw is None or not node or (p.get("status") or {}).get("phase") in TERMINAL:
+                continue
+            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+            try:
+                placement = decode_assignment(raw)
+            except CodecError as e:
+                self.warnings.append(f"pod {key}: {e}")
+                continue
+            self.alloc.confirm(str(meta.get("uid") or key), key, placement)
+
+    def view(self, node: str | None = None) -> View:
+        c, ledger = self.alloc.cluster, self.alloc.ledger
+        nodes = None if node is None else [node]
+        return View([to_json(r) for r in gpu_rows(c, ledger, nodes)],
+                    [to_json(r) for r in pod_rows(ledger)])
+
+    async def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            p = await self.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except NotFound:
+            raise InspectError(f"pod {namespace}/{name} not found") from None
+        meta = p.get("metadata") or {}
+        spec = p.get("spec") or {}
+        out: dict[str, Any] = {"namespace": namespace, "name": name,
+                               "node": spec.get("nodeName"),
+                               "phase": (p.get("status") or {}).get("phase")}
+        try:
+            req = parse_pod(p, self.alloc.defaults)
+        except RequestError as e:
+            out["error"] = f"invalid GPU request: {e}"
+            return out
+        out["priority"] = req.priority
+        out["computePolicy"] = req.compute_policy.value
+        out["asks"] = [{"container": c.name, "number": c.number, "memory": c.memory,
+                        "memoryPercent": c.memory_percent, "cores": c.cores}
+                       for c in req.containers]
+        entry = self.alloc.ledger.get(str(meta.get("uid") or ""))
+        if entry is not None:
+            out["assignment"] = to_json(pod_row(entry))
+        elif not spec.get("nodeName") and req.wants_gpu:
+            out["pending"] = [{"nodes": n, "reason": msg, "resolvable": res}
+                              for n, msg, res in pending_reasons(self.alloc, req)]
+        return out
+
+
+class SchedulerSource:
+    """A running scheduler's JSON API."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.s = session
+        self.url = url.rstrip("/")
+
+    async def _all(self, path: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        while True:
+            q = urlencode({**params, "offset": str(len(items)), "limit": str(PAGE)})
+            try:
+                async with self.s.get(f"{self.url}{path}?{q}") as r:
+                    if r.status != 200:
+                        raise InspectError(f"{self.url}{path}: HTTP {r.status}: "
+                                           f"{(await r.text())[:200]}")
+                    doc = await r.json()
+            except aiohttp.ClientError as e:
+                raise InspectError(f"cannot reach the scheduler at {self.url}: {e}") from None
+            page = doc.get("items") or []
+            items += page
+            if not page or len(items) >= int(doc.get("total") or 0):
+                return items
+
+    async def view(self, node: str | None = None) -> View:
+        params = {"node": node} if node else {}
+        return View(await self._all("/api/v1/gpus", params), await self._all("/api/v1/pods", {}))
+
+    async def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        rows = [p for p in await self._all("/api/v1/pods", {"namespace": namespace, "q": name})
+                if p.get("name") == name and p.get("namespace") == namespace]
+        if not rows:
+            raise InspectError(f"the scheduler holds nothing for pod {namespace}/{name} and "
+                               "has not refused it (ask the API server: drop --scheduler)")
+        row = rows[0]
+        out: dict[str, Any] = {"namespace": namespace, "name": name, "node": row.get("node"),
+                               "priority": row.get("priority")}
+        if row.get("state") == "pending":
+            out["pending"] = [{"nodes": None, "reason": row.get("reason"), "resolvable": None}]
+        else:
+            out["assignment"] = row
+        return out
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def _mib(b: int) -> str:
+    return f"{b // MIB}"
+
+
+def nodes_table(v: View, wide: bool) -> str:
+    per: dict[str, list[dict[str, Any]]] = {}
+    for g in v.gpus:
+        per.setdefault(g["node"], []).append(g)
+    pods: dict[str, int] = {}
+    for p in v.pods:
+        if p.get("node"):
+            pods[p["node"]] = pods.get(p["node"], 0) + 1
+    head = ["NODE", "GPUS", "HEALTHY", "MEMORY MiB", "CORES %", "VGPUS", "PODS"]
+    rows = [head + (["MODELS"] if wide else [])]
+    for node, gs in sorted(per.items()):
+        row = [node, str(len(gs)), str(sum(g["healthy"] for g in gs)),
+               f"{_mib(sum(g['memoryAllocated'] for g in gs))}/"
+               f"{_mib(sum(g['memoryCapacity'] for g in gs))}",
+               f"{sum(g['coresAllocated'] for g in gs)}/{sum(g['coresCapacity'] for g in gs)}",
+               f"{sum(g['vgpusAllocated'] for g in gs)}/{sum(g['vgpusCapacity'] for g in gs)}",
+               str(pods.get(node, 0))]
+        if wide:
+            row.append(", ".join(sorted({g["model"] for g in gs})))
+        rows.append(row)
+    return _table(rows) if len(rows) > 1 else "no nodes with vgpud GPUs"
+
+
+def gpus_table(v: View, wide: bool) -> str:
+    head = ["NODE", "GPU", "MODEL", "HEALTH", "MEMORY MiB", "CORES %", "VGPUS", "PODS"]
+    rows = [head + (["UUID", "SLICES"] if wide else [])]
+    for g in v.gpus:
+        row = [g["node"], str(g["index"]), g["model"], "ok" if g["healthy"] else "UNHEALTHY",
+               f"{_mib(g['memoryAllocated'])}/{_mib(g['memoryCapacity'])}",
+               f"{g['coresAllocated']}/{g['coresCapacity']}",
+               f"{g['vgpusAllocated']}/{g['vgpusCapacity']}",
+               str(len({(s["namespace"], s["pod"]) for s in g["slices"]}))]
+        if wide:
+            row += [g["uuid"], " ".join(
+                f"{s['namespace']}/{s['pod']}/{s['container']}:{_mib(s['memory'])}MiB,"
+                f"{s['cores']}%,p{s['priority']}" for s in g["slices"]) or "-"]
+        rows.append(row)
+    return _table(rows) if len(rows) > 1 else "no GPUs"
+
+
+def pod_text(p: Mapping[str, Any]) -> str:
+    lines = [f"Pod:       {p['namespace']}/{p['name']}",
+             f"Node:      {p.get('node') or '(not bound)'}"]
+    if p.get("phase"):
+        lines.append(f"Phase:     {p['phase']}")
+    if p.get("error"):
+        lines.append(f"Error:     {p['error']}")
+        return "\n".join(lines)
+    if p.get("priority") is not None:
+        lines.append(f"Priority:  {p['priority']} (nvidia.com/vgpu-priority)")
+    if p.get("computePolicy"):
+        lines.append(f"Compute:   {p['computePolicy']}")
+    for a in p.get("asks") or []:
+        mem = (f"{a['memory']} MiB" if a.get("memory") is not None
+               else f"{a.get('memoryPercent') or 100} % of memory")
+        lines.append(f"Asks:      {a['container']}: {a['number']} vGPU(s), {mem}, "
+                     f"{a['cores']} % cores each")
+    a = p.get("assignment")
+    if a:
+        lines.append(f"Assigned:  {a.get('state')}{' at ' + a['since'] if a.get('since') else ''}")
+        rows = [["CONTAINER", "GPU", "MEMORY MiB", "CORES %"]]
+        rows += [[g["container"] + (" (init)" if g.get("init") else ""), g["uuid"],
+                  _mib(g["memory"]), str(g["cores"])] for g in a.get("grants") or []]
+        lines += ["  " + x for x in _table(rows).splitlines()]
+        lines.append("Limits:    the shim enforces each grant: memory as a hard limit, cores "
+                     "as the SM share")
+    pending = p.get("pending")
+    if pending is not None:
+        if not pending:
+            lines.append("Pending:   it fits a node now; the scheduler will place it on its "
+                         "next try")
+        else:
+            lines.append("Pending:   no node fits:")
+            for x in pending:
+                count = f"{x['nodes']} node(s): " if x.get("nodes") else ""
+                kind = {True: " (others' pods hold the room)",
+                        False: " (never, as the node is)"}.get(x.get("resolvable"), "")
+                lines.append(f"  {count}{x['reason']}{kind}")
+    return "\n".join(lines)
+
+
+def render(doc: Any, fmt: Format, text: str) -> str:
+    if fmt is Format.json:
+        return json.dumps(doc, indent=2)
+    if fmt is Format.yaml:
+        return yaml.safe_dump(doc, sort_keys=False).rstrip()
+    return text
