@@ -74,7 +74,7 @@ async def server_side(s: aiohttp.ClientSession, url: str) -> dict[str, tuple[flo
         text = await r.text()
     buckets: dict[str, list[tuple[float, float]]] = {}
     for line in text.splitlines():
-        if line.startswith("vgpud_extender_latency_seconds_bucket{"):
+        if line.startswith("vgpud_extender_request_duration_seconds_bucket{"):
             labels, value = line.rsplit(" ", 1)
             parts = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(","))
             le = parts["le"].strip('"')
@@ -84,6 +84,8 @@ async def server_side(s: aiohttp.ClientSession, url: str) -> dict[str, tuple[flo
     for verb, bs in buckets.items():
         bs.sort()
         total = bs[-1][1]
+        if not total:  # a verb never called (its series start at 0)
+            continue
 
         def q(frac: float, bs: list[tuple[float, float]] = bs, total: float = total) -> float:
             return next(le for le, n in bs if n >= frac * total) * 1000

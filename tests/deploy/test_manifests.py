@@ -3,6 +3,7 @@ against the code they deploy. Pure Python: no helm, no cluster."""
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import time
@@ -752,3 +753,24 @@ def test_webhook_match_condition_text_names_the_enabled_presets() -> None:
         for part in ("object.spec.containers", "object.spec.initContainers",
                      "c.resources.limits", "c.resources.requests"):
             assert part in text
+
+
+# -- monitoring -----------------------------------------------------------------------------
+
+def test_every_dashboard_ships_in_a_configmap_grafanas_sidecar_loads() -> None:
+    files = sorted((CHART / "dashboards").glob("*.json"))
+    assert len(files) >= 4
+    maps = [d for d in M.of_kind("ConfigMap") if any(k.endswith(".json") for k in d["data"])]
+    shipped = {}
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (key,) = cm["data"]
+        shipped[key] = cm["data"][key]
+    assert shipped == {f.name: f.read_text() for f in files}
+    uids = [json.loads(text)["uid"] for text in shipped.values()]
+    assert len(set(uids)) == len(uids)
+
+
+def test_objects_that_need_the_operators_crds_are_off_by_default() -> None:
+    # A cluster without the Prometheus Operator must still install the default render.
+    assert not [d for d in M.docs if d["apiVersion"].startswith("monitoring.coreos.com/")]

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -152,6 +153,9 @@ def test_kube_scheduler_image_defaults_to_the_cluster_version(helm: Path) -> Non
     ("webhook.timeoutSeconds=31", "between 1 and 30"),
     ("config.schedulerName=default-scheduler", "must not be default-scheduler"),
     ("scheduler.replicas=2,scheduler.leaderElect=false", "needs scheduler.leaderElect=true"),
+    ("serviceMonitor.enabled=true,podMonitor.enabled=true", "choose one"),
+    ("serviceMonitor.enabled=true,plugin.service.enabled=false", "use podMonitor"),
+    ("prometheusRule.enabled=true,prometheusRule.pendingMinutes=0", "1 or more"),
 ])
 def test_unsupported_values_fail_with_a_reason(helm: Path, setting: str, message: str) -> None:
     with pytest.raises(render.RenderError, match=message):
@@ -159,7 +163,7 @@ def test_unsupported_values_fail_with_a_reason(helm: Path, setting: str, message
 
 
 # kinds that kubernetes-validate has no schema for (CRDs)
-NOT_BUILT_IN = ("cert-manager.io/",)
+NOT_BUILT_IN = ("cert-manager.io/", "monitoring.coreos.com/")
 
 
 def validate_built_in(m: Manifests, version: str) -> None:
@@ -178,7 +182,10 @@ def validate_built_in(m: Manifests, version: str) -> None:
      "webhook.certs.certManager.issuerRef.kind=ClusterIssuer",
      "webhook.namespaceSelector.matchLabels.team=ml", "webhook.nodeSelector.role=infra"),
     ("webhook.enabled=false",),
-], ids=["gates-and-election", "cert-manager-hami", "cert-manager-issuer", "no-webhook"])
+    ("prometheusRule.enabled=true", "podMonitor.enabled=true", "dashboards.namespace=grafana",
+     "dashboards.annotations.grafana_folder=GPUs"),
+], ids=["gates-and-election", "cert-manager-hami", "cert-manager-issuer", "no-webhook",
+        "monitoring"])
 def test_variants_match_the_kubernetes_schema(helm: Path, sets: tuple[str, ...]) -> None:
     validate_built_in(template(helm, *sets), render.KUBE_VERSION)
 
@@ -374,3 +381,76 @@ def test_webhook_selectors_follow_the_release_namespace_and_values(helm: Path) -
     assert flag(args, "bootstrap-secret") == "gpu-vgpud-webhook-tls"
     role = m.one("Role", "gpu-vgpud-webhook")
     assert role["metadata"]["namespace"] == "gpu-system"
+
+
+# -- monitoring -----------------------------------------------------------------------------
+
+def test_prometheus_rule_is_the_rules_file_with_its_pending_threshold(helm: Path) -> None:
+    rules = yaml.safe_load((render.CHART / "rules" / "vgpud.rules.yaml").read_text())
+    for minutes in (15, 7):
+        m = template(helm, "prometheusRule.enabled=true",
+                     f"prometheusRule.pendingMinutes={minutes}",
+                     "prometheusRule.labels.release=prometheus")
+        (rule,) = m.of_kind("PrometheusRule")
+        assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+        assert rule["metadata"]["labels"]["release"] == "prometheus"
+        want = yaml.safe_load(yaml.safe_dump(rules).replace("> 15 * 60", f"> {minutes} * 60"))
+        assert rule["spec"] == want
+        (pending,) = [r for g in rule["spec"]["groups"] for r in g["rules"]
+                      if r.get("alert") == "VgpudGpuPodPending"]
+        assert pending["expr"].endswith(f"> {minutes} * 60")
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", [])
+               if e["operator"] == "In")
+
+
+def test_service_monitor_scrapes_the_metrics_port_of_each_role(helm: Path) -> None:
+    m = template(helm, "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom",
+                 "serviceMonitor.interval=15s")
+    (sm,) = m.of_kind("ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [render.NAMESPACE]}
+    (ep,) = sm["spec"]["endpoints"]
+    # the plugin's namespace/pod/container labels name the workload: they must win
+    assert (ep["port"], ep["path"], ep["interval"], ep["honorLabels"]) == (
+        "metrics", "/metrics", "15s", True)
+    chosen = {s["metadata"]["name"] for s in m.of_kind("Service")
+              if _selects(sm["spec"]["selector"], s["metadata"]["labels"])}
+    assert chosen == {"vgpud-scheduler", "vgpud-plugin", "vgpud-webhook"}
+    for name in chosen:
+        ports = [p["name"] for p in m.one("Service", name)["spec"]["ports"]]
+        assert "metrics" in ports, name
+    assert not m.of_kind("PodMonitor")
+
+
+def test_pod_monitor_scrapes_every_role_by_its_port_name(helm: Path) -> None:
+    m = template(helm, "podMonitor.enabled=true")
+    (pm,) = m.of_kind("PodMonitor")
+    (ep,) = pm["spec"]["podMetricsEndpoints"]
+    assert (ep["port"], ep["honorLabels"]) == ("metrics", True)
+    for kind, name, container in (("Deployment", "vgpud-scheduler", "extender"),
+                                  ("DaemonSet", "vgpud-plugin", "plugin"),
+                                  ("Deployment", "vgpud-webhook", "webhook")):
+        labels = m.workload(kind, name)["spec"]["template"]["metadata"]["labels"]
+        assert _selects(pm["spec"]["selector"], labels), name
+        assert "metrics" in [p["name"] for p in m.container(kind, container)["ports"]]
+    assert not m.of_kind("ServiceMonitor")
+
+
+def test_dashboards_follow_their_values(helm: Path) -> None:
+    m = template(helm, "dashboards.namespace=monitoring", "dashboards.labels.team=gpu",
+                 "dashboards.annotations.grafana_folder=GPUs")
+    maps = [d for d in m.of_kind("ConfigMap") if d["metadata"]["name"].startswith(
+        "vgpud-dashboard-")]
+    assert len(maps) == len(list((render.CHART / "dashboards").glob("*.json")))
+    for cm in maps:
+        meta = cm["metadata"]
+        assert meta["namespace"] == "monitoring"
+        assert {"grafana_dashboard": "1", "team": "gpu"}.items() <= meta["labels"].items()
+        assert meta["annotations"] == {"grafana_folder": "GPUs"}
+    off = template(helm, "dashboards.enabled=false")
+    assert not [d for d in off.of_kind("ConfigMap") if "dashboard" in d["metadata"]["name"]]

@@ -299,13 +299,15 @@ def overcommitted(pods: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> li
 
 async def ledger_from_metrics(session: aiohttp.ClientSession, ext: str,
                               ) -> dict[tuple[str, str], int]:
-    """Per (node, GPU) memory the scheduler holds, read from its /metrics."""
+    """Per (node, GPU) memory (MiB) the scheduler holds, read from its /metrics (bytes)."""
     async with session.get(f"{ext}/metrics") as r:  # the ops URL
         text = await r.text()
     out = {}
     for line in text.splitlines():
-        if line.startswith("vgpud_scheduler_gpu_memory_allocated_mib{"):
+        if line.startswith("vgpud_scheduler_gpu_memory_allocated_bytes{"):
             labels, value = line.rsplit(" ", 1)
             parts = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(","))
-            out[(parts["node"].strip('"'), parts["uuid"].strip('"'))] = int(float(value))
+            held, rest = divmod(int(float(value)), 1 << 20)
+            assert not rest, f"{line}: not whole MiB"
+            out[(parts["node"].strip('"'), parts["uuid"].strip('"'))] = held
     return out

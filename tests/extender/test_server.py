@@ -147,9 +147,12 @@ async def test_metrics(server: tuple[str, Allocator]) -> None:
     async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
         text = await r.text()
     assert 'vgpud_extender_requests_total{outcome="ok",verb="filter"}' in text
-    assert ('vgpud_scheduler_gpu_memory_capacity_mib{node="big",uuid="GPU-big-0",'
-            'model="Tesla V100-PCIE-32GB"} 40000') in text
-    assert "vgpud_extender_latency_seconds_bucket" in text
+    assert ('vgpud_scheduler_gpu_memory_capacity_bytes{node="big",uuid="GPU-big-0",'
+            f'model="Tesla V100-PCIE-32GB"}} {40000 << 20}') in text
+    assert "vgpud_extender_request_duration_seconds_bucket" in text
+    # known label values exist before their first event
+    assert 'vgpud_extender_requests_total{outcome="internal_error",verb="bind"} 0.0' in text
+    assert "vgpud_scheduler_pending_gpu_pods 0.0" in text
 
 
 async def test_verbs_refuse_until_the_caches_have_synced() -> None:
@@ -212,10 +215,11 @@ def test_per_gpu_exposition_parses_and_escapes() -> None:
     families = {f.name: f for f in text_string_to_metric_families(
         render_allocation(snapshot(alloc)))}
     mem = {s.labels["uuid"]: s.value
-           for s in families["vgpud_scheduler_gpu_memory_allocated_mib"].samples}
-    assert mem == {"GPU-n1-0": 3000, "GPU-n1-1": 0}  # the removed node is gone
-    sample = families["vgpud_scheduler_gpu_cores_allocated_percent"].samples[0]
+           for s in families["vgpud_scheduler_gpu_memory_allocated_bytes"].samples}
+    assert mem == {"GPU-n1-0": 3000 << 20, "GPU-n1-1": 0}  # the removed node is gone
+    sample = families["vgpud_scheduler_gpu_cores_allocated_ratio"].samples[0]
     assert sample.labels["model"] == 'Odd "GPU"\\ name'
+    assert sample.value == 0.2
     states = {s.labels["state"]: s.value
               for s in families["vgpud_scheduler_ledger_entries"].samples}
     assert states == {"assumed": 1, "confirmed": 0}

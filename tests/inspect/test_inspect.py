@@ -105,6 +105,9 @@ async def test_bad_input_is_a_clear_error(cluster: Cluster) -> None:
     assert p.returncode == 2 and "choose text, wide, json or yaml" in p.stderr
     p = await _run(cluster, "pod", "a/b/c", ok=False)
     assert p.returncode == 2 and "NAMESPACE/NAME" in p.stderr
+
+
+def test_no_cluster_is_a_clear_error() -> None:
     p = subprocess.run([sys.executable, "-m", "vgpud", "inspect", "nodes", "--kubeconfig",
                         "/nonexistent"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 1 and "no such file" in p.stderr
@@ -112,3 +115,22 @@ async def test_bad_input_is_a_clear_error(cluster: Cluster) -> None:
                         "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60,
                        cwd=ROOT)
     assert p.returncode == 1 and "cannot reach the scheduler" in p.stderr
+
+
+async def test_the_scheduler_json_api_gives_the_same_rows(cluster: Cluster) -> None:
+    """``--scheduler``: the running scheduler's own ledger, through its JSON API, agrees
+    with the one rebuilt from the API server; a refused pod carries filter's reason."""
+    url = cluster.sched.ops_url
+    from_api = json.loads((await _run(cluster, "gpus", "-o", "json")).stdout)
+    from_sched = json.loads((await _run(cluster, "gpus", "-o", "json", "--scheduler", url)
+                             ).stdout)
+    assert from_sched == from_api
+    nodes = (await _run(cluster, "nodes", "--scheduler", url)).stdout
+    assert nodes == (await _run(cluster, "nodes")).stdout
+    doc = json.loads((await _run(cluster, "pod", "default/huge", "-o", "json",
+                                 "--scheduler", url)).stdout)
+    (why,) = doc["pending"]
+    assert why["reason"].startswith("0/2 nodes fit")
+    bound = json.loads((await _run(cluster, "pod", "team-a/notebook", "-o", "json",
+                                   "--scheduler", url)).stdout)
+    assert bound["assignment"]["grants"][0]["memory"] == 4000 << 20

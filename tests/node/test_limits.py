@@ -76,8 +76,8 @@ async def test_two_pods_on_one_gpu_get_exact_slices(node: Node) -> None:
         # the plugin's view: every process that touched CUDA registered (the four above,
         # and the two nvml readers), every slice as the shim counts it
         text = await g.metrics()
-        assert metric(text, "vgpud_registrations_total", result="accepted") == 6
-        assert metric(text, "vgpud_registrations_total", result="refused") == 0
+        assert metric(text, "vgpud_container_process_registrations_total", result="accepted") == 6
+        assert metric(text, "vgpud_container_process_registrations_total", result="refused") == 0
         for pod, container, used in (("a", "main", 2048), ("a", "side", 1024),
                                      ("b", "main", 4096)):
             assert metric(text, "vgpud_container_memory_used_bytes", pod=pod,

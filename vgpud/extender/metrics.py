@@ -1,25 +1,42 @@
-"""Prometheus metrics of the extender: verbs, latency, rejections, per-GPU allocation."""
+"""Prometheus metrics of the scheduler process: extender verbs, latency, rejections,
+per-GPU allocation, GPU pods waiting to be placed.
+
+Memory is in bytes and SM shares are ratios of one GPU (the ledger counts MiB and
+percent); ``docs/metrics.md`` lists every metric.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Node
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+MIB = 1 << 20
+VERBS = ("filter", "prioritize", "bind", "preempt")
+# how a verb call ended (vgpud/extender/server.py): "error" is an answer with its
+# Error field set (a bind that failed, a filter that could not run)
+OUTCOMES = ("ok", "error", "not_ready", "bad_request", "internal_error")
+PREEMPTION_OUTCOMES = ("kept", "extended", "dropped")
+RESCHEDULE_ACTIONS = ("deleted", "recreated", "gave_up")
 
 
 _FAMILIES = (
-    ("vgpud_scheduler_gpu_memory_allocated_mib", "Device memory held by pods on a GPU (MiB)"),
-    ("vgpud_scheduler_gpu_memory_capacity_mib",
-     "Schedulable memory of a GPU (physical x scaling, MiB)"),
-    ("vgpud_scheduler_gpu_cores_allocated_percent", "SM percent held by pods on a GPU"),
+    ("vgpud_scheduler_gpu_memory_allocated_bytes", "Device memory held by pods on a GPU"),
+    ("vgpud_scheduler_gpu_memory_capacity_bytes",
+     "Schedulable memory of a GPU (physical x scaling)"),
+    ("vgpud_scheduler_gpu_cores_allocated_ratio",
+     "SM share held by pods on a GPU (1 = one GPU's SMs)"),
     ("vgpud_scheduler_gpu_vgpus_allocated", "vGPUs (containers) on a GPU"),
 )
 
@@ -60,7 +77,9 @@ def allocation_chunks(snap: AllocationSnapshot, nodes_per_chunk: int = 250) -> I
     one large buffer, either of which leaves tens of MiB behind after every scrape.
     Pure formatting of a snapshot, so it can run off the event loop.
     """
-    columns = (snap.used_mem, snap.cap_mem, snap.used_cores, snap.used_split)
+    columns: tuple[list[Any], ...] = (
+        (snap.used_mem * MIB).tolist(), (snap.cap_mem * MIB).tolist(),
+        (snap.used_cores / 100).tolist(), snap.used_split.tolist())
     models: dict[str, str] = {}
     live = [(i, n) for i, n in enumerate(snap.nodes) if n is not None]
     for (name, help_text), values in zip(_FAMILIES, columns, strict=True):
@@ -75,7 +94,7 @@ def allocation_chunks(snap: AllocationSnapshot, nodes_per_chunk: int = 250) -> I
                     if model is None:
                         model = models[g.model] = _label(g.model)
                     lines.append(f'{name}{{node="{node_label}",uuid="{_label(g.uuid)}",'
-                                 f'model="{model}"}} {int(values[first + i])}\n')
+                                 f'model="{model}"}} {values[first + i]}\n')
             yield "".join(lines)
     yield ("# HELP vgpud_scheduler_ledger_entries Pods holding GPUs, by state\n"
            "# TYPE vgpud_scheduler_ledger_entries gauge\n"
@@ -87,12 +106,35 @@ def render_allocation(snap: AllocationSnapshot) -> str:
     return "".join(allocation_chunks(snap))
 
 
+class PendingGpuPods(Collector):
+    """GPU pods waiting for this scheduler: how many, and how long the oldest has waited
+    (since its creation). ``since`` gives their creation times (epoch seconds)."""
+
+    def __init__(self, since: Callable[[], Collection[float]] = tuple,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.since = since
+        self.clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        waiting = self.since()
+        oldest = min(waiting, default=None)
+        yield GaugeMetricFamily(
+            "vgpud_scheduler_pending_gpu_pods",
+            "Pods asking for a vGPU that name this scheduler and are not bound to a node yet",
+            value=len(waiting))
+        yield GaugeMetricFamily(
+            "vgpud_scheduler_oldest_pending_gpu_pod_age_seconds",
+            "How long the oldest of those pods has existed (0 when there is none)",
+            value=0.0 if oldest is None else max(0.0, self.clock() - oldest))
+
+
 class Metrics:
     def __init__(self, alloc: Allocator) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("vgpud_extender_requests", "Extender calls by verb and outcome",
                                 ["verb", "outcome"], registry=self.registry)
-        self.latency = Histogram("vgpud_extender_latency_seconds", "Extender call latency",
+        self.latency = Histogram("vgpud_extender_request_duration_seconds",
+                                 "Time to answer one extender call, body read included",
                                  ["verb"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rejections = Counter("vgpud_extender_node_rejections",
                                   "Nodes rejected by filter, by reason code", ["code"],
@@ -108,3 +150,20 @@ class Metrics:
                                    registry=self.registry)
         self.expired = Counter("vgpud_scheduler_ledger_expired",
                                "Assumed placements never confirmed", registry=self.registry)
+        self.pending = PendingGpuPods()
+        self.registry.register(self.pending)
+        # Every known label value starts at 0, so rates and error ratios have series to
+        # work on before the first event (Prometheus' advice for known label sets).
+        for verb in VERBS:
+            self.latency.labels(verb)
+            for outcome in OUTCOMES:
+                self.requests.labels(verb, outcome)
+        for outcome in PREEMPTION_OUTCOMES:
+            self.preemption.labels(outcome)
+        for action in RESCHEDULE_ACTIONS:
+            self.reschedules.labels(action)
+
+    def count_pending(self, since: Callable[[], Collection[float]]) -> None:
+        """Where the pending GPU pods' creation times come from
+        (:meth:`vgpud.extender.state.SchedulerState.pending_since`)."""
+        self.pending.since = since

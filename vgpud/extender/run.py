@@ -14,6 +14,7 @@ import gc
 import os
 import socket
 import time
+from functools import partial
 
 import anyio
 import structlog
@@ -33,6 +34,7 @@ from vgpud.extender.state import (
     project_budget,
     project_node,
     project_pod,
+    waits_for_gpu,
 )
 from vgpud.kube.cache import Informer
 from vgpud.kube.client import KubeClient
@@ -68,9 +70,11 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
     async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
                                   burst=settings.kubeBurst) as kube:
         nodes: Informer[NodeInfo] = Informer(kube, NODES, project=project_node)
-        pods: Informer[PodInfo] = Informer(kube, PODS, project=project_pod)
+        waits = waits_for_gpu(settings.schedulerName, alloc.defaults)
+        pods: Informer[PodInfo] = Informer(kube, PODS, project=partial(project_pod, waits=waits))
         budgets: Informer[Budget] = Informer(kube, PDBS, project=project_budget)
         state = SchedulerState(alloc, pod_lookup=pods.get)
+        metrics.count_pending(state.pending_since)
         nodes.subscribe(state.on_node)
         pods.subscribe(state.on_pod)
         events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)

@@ -4,7 +4,8 @@ The *verbs* app: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` in
 kube-scheduler's extender v1 JSON. Until the caches have synced every verb answers an ``Error``
 ("not ready"): a filter before the ledger is rebuilt would see GPUs as empty.
 The *ops* app: ``GET /healthz`` (alive), ``/readyz`` (caches synced and the ledger
-rebuilt), ``/metrics`` (Prometheus). They listen apart so the verbs can stay on
+rebuilt), ``/metrics`` (Prometheus), and the status page with its JSON API
+(``/``, ``/api/v1/…``: :mod:`vgpud.extender.status`). They listen apart so the verbs can stay on
 localhost beside kube-scheduler while probes and Prometheus reach the ops port.
 
 Bodies are bounded; a malformed body gets ``400`` and a JSON ``{"Error": ...}`` that
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vgpud.extender.metrics import allocation_chunks, snapshot
 from vgpud.extender.routes import Extender, timed
+from vgpud.extender.status import add_status_routes
 from vgpud.extender.wire import (
     RawJson,
     WireError,
@@ -118,4 +120,5 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
         app.router.add_get("/metrics", metrics)
+        add_status_routes(app, ext, ready)
     return app

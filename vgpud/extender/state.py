@@ -16,13 +16,16 @@ tens of MiB. Decoding is the core's; this module only routes.
 from __future__ import annotations
 
 import sys
+import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import structlog
 
+from vgpud.core.admission import is_gpu_pod
 from vgpud.core.allocate import Allocator
 from vgpud.core.codec import (
     ASSIGNMENT,
@@ -31,7 +34,7 @@ from vgpud.core.codec import (
     decode_assignment,
     decode_node_devices,
 )
-from vgpud.core.model import Node, NodeInventory, Placement, PodRequest
+from vgpud.core.model import Defaults, Node, NodeInventory, Placement, PodRequest
 from vgpud.core.preempt import Budget, Requirement
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 
@@ -65,6 +68,9 @@ class PodInfo:
     # why kubelet refused it, when it did (see :func:`kubelet_failure`).
     controller: str = ""
     failure: str | None = None
+    # A GPU pod waiting for this scheduler (see :func:`waits_for_gpu`): its creation
+    # time, epoch seconds (-1 when the object has none); 0 for every other pod.
+    pending_since: float = 0.0
 
     @property
     def key(self) -> str:
@@ -90,7 +96,29 @@ class NodeInfo:
     error: str | None = None
 
 
-def project_pod(obj: dict[str, Any]) -> PodInfo:
+PodFilter = Callable[[dict[str, Any]], bool]
+
+
+def waits_for_gpu(scheduler_name: str, defaults: Defaults) -> PodFilter:
+    """Is an unbound pod one this scheduler must place on a GPU? It names this
+    scheduler and asks for a vGPU (a resource of an enabled preset)."""
+    def check(obj: dict[str, Any]) -> bool:
+        spec = obj.get("spec") or {}
+        return spec.get("schedulerName") == scheduler_name and is_gpu_pod(obj, defaults)
+
+    return check
+
+
+def _created(meta: dict[str, Any]) -> float:
+    try:
+        return datetime.fromisoformat(str(meta["creationTimestamp"])).timestamp()
+    except (KeyError, ValueError):
+        return -1.0
+
+
+def project_pod(obj: dict[str, Any], waits: PodFilter | None = None) -> PodInfo:
+    """The pod as the scheduler keeps it; ``waits`` (:func:`waits_for_gpu`) marks the
+    pods counted as pending (unbound, not terminated, not being deleted)."""
     meta = obj.get("metadata") or {}
     ann = meta.get("annotations") or {}
     raw = ann.get(ASSIGNMENT)
@@ -125,6 +153,9 @@ def project_pod(obj: dict[str, Any]) -> PodInfo:
         deleting=bool(meta.get("deletionTimestamp")),
         controller=sys.intern(owner) if owner else "",
         failure=kubelet_failure(status) if raw is not None else None,
+        pending_since=_created(meta) if (
+            waits is not None and not spec.get("nodeName") and not meta.get("deletionTimestamp")
+            and status.get("phase") in (None, "", "Pending") and waits(obj)) else 0.0,
     )
 
 
@@ -211,6 +242,8 @@ class SchedulerState:
         self._request_cache = request_cache
         # pods filter found no node for, until they bind or go (bounded like requests)
         self.refused: OrderedDict[str, Refused] = OrderedDict()
+        # GPU pods waiting to be placed (PodInfo.pending_since): uid -> creation time
+        self.pending: dict[str, float] = {}
 
     # -- requests seen at filter time, for bind ----------------------------------------------
 
@@ -261,6 +294,7 @@ class SchedulerState:
             return
         if isinstance(event, Deleted):
             info = event.obj
+            self.pending.pop(info.uid, None)
             self.bad_assignments.discard(info.uid)
             self._requests.pop(info.uid, None)
             self.refused.pop(info.uid, None)
@@ -268,6 +302,12 @@ class SchedulerState:
                 log.debug("pod_released", pod=info.key, why="deleted")
             return
         info = event.obj if isinstance(event, Added) else event.new
+        if info.pending_since:
+            # no creation time: count from when the scheduler first saw it
+            self.pending.setdefault(info.uid, info.pending_since if info.pending_since > 0
+                                    else time.time())
+        else:
+            self.pending.pop(info.uid, None)
         if info.phase in TERMINAL or info.node:
             self.refused.pop(info.uid, None)
         if info.phase in TERMINAL:
@@ -289,6 +329,10 @@ class SchedulerState:
                         assigned=placement.node)
             return
         self.alloc.confirm(info.uid, info.key, placement)
+
+    def pending_since(self) -> Collection[float]:
+        """Creation times of the GPU pods waiting to be placed (for the metrics)."""
+        return self.pending.values()
 
     def pod_by_name(self, namespace: str, name: str) -> PodInfo | None:
         return self.pod_lookup(f"{namespace}/{name}")

@@ -5,6 +5,7 @@ PIDs), each process mapped to its container (the registration's trusted PID, els
 the container's cgroup, else the host PIDs the container's own usage file lists —
 see :mod:`vgpud.core.arbitration` for why that last one is safe), the decision
 (:class:`~vgpud.core.arbitration.Arbiter`), and one record per GPU written in place.
+The last round's figures stay in an :class:`Observed` for the plugin's metrics.
 
 The record's layout is ``csrc/include/vgpu_arbiter_abi.h`` (version 1, 64 bytes),
 mirrored here; ``tests/shim/test_arbiter.py`` checks the two agree by running the
@@ -20,7 +21,7 @@ import os
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -106,6 +107,28 @@ class Publisher:
             f.close()
 
 
+@dataclass
+class Observed:
+    """The last round's measurements and decisions, kept for the plugin's ``/metrics``.
+
+    ``sm_percent``: per (container key, GPU uuid) of every member, the SM percent NVML
+    saw its processes use since the round before, summed (0 when it saw none: what the
+    arbiter took as idle). ``records``: what was published per GPU.
+    """
+
+    sm_percent: dict[tuple[str, str], int] = field(default_factory=dict)
+    records: dict[str, Record] = field(default_factory=dict)
+    rounds: int = 0
+
+    def update(self, members: Sequence[Member], samples: Sequence[Contender],
+               records: Mapping[str, Record]) -> None:
+        sm = {(m.key, u): 0 for m in members for u in m.uuids}
+        for c in samples:
+            sm[(c.key, c.uuid)] = c.sm_percent
+        self.sm_percent, self.records = sm, dict(records)
+        self.rounds += 1
+
+
 def declared_pids(members: Sequence[Member]) -> dict[int, str]:
     """Host PIDs the containers' usage files name (see the module docstring)."""
     out: dict[int, str] = {}
@@ -131,8 +154,10 @@ async def run_arbiter(
     clock: Callable[[], float] = time.monotonic,
     wall_ns: Callable[[], int] = time.time_ns,
     on_round: Callable[[Mapping[str, Record]], None] | None = None,
+    observed: Observed | None = None,
 ) -> None:
-    """Measure, decide, publish, every ``period`` seconds, until cancelled."""
+    """Measure, decide, publish, every ``period`` seconds, until cancelled; ``observed``
+    (if given) keeps each round's figures for metrics."""
     period_ms = max(1, round(period * 1000))
     while True:
         try:
@@ -145,7 +170,7 @@ async def run_arbiter(
             used = await utilisation()
             unknown = {pid for rows in used.values() for pid, _ in rows if owner_of(pid) is None}
             declared = await anyio.to_thread.run_sync(declared_pids, ms) if unknown else {}
-            samples = []
+            samples: list[Contender] = []
             for uuid, rows in used.items():
                 totals: dict[str, int] = {}
                 for pid, pct in rows:
@@ -155,6 +180,8 @@ async def run_arbiter(
                 samples += [Contender(k, uuid, prio[k], v) for k, v in totals.items()]
             records = arbiter.decide(clock(), publisher.files, per_gpu, samples)
             publisher.publish(records, period_ms, wall_ns())
+            if observed is not None:
+                observed.update(ms, samples, records)
             if on_round is not None:
                 on_round(records)
         except Exception as e:  # one bad round must not end arbitration

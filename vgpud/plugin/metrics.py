@@ -1,12 +1,15 @@
 """``/metrics`` of the plugin (prometheus-client), computed at scrape time.
 
 Per GPU: capacity, memory and cores allocated, memory used (from the GPU source),
-containers sharing it, health. Per container: its limits; the memory its shim counts
-(``vgpud.shm``; slots of processes that are gone are left out, whatever the file
-says); the memory NVML says it uses and whether it is over its limit past the grace
-period (the watchdog). Node-wide: process registrations, ``VGPUD_*`` variables that
-containers set and the shim ignored, the watchdog's reports and kills. Labels name the
-GPU by uuid and index and the container by namespace, pod and container.
+containers sharing it, health, the top priority active on it. Per container: its
+limits; the memory its shim counts (``vgpud.shm``; slots of processes that are gone
+are left out, whatever the file says); the memory NVML says it uses and whether it is
+over its limit past the grace period (the watchdog); its SM use as NVML measured it
+in the last arbitration round and whether a higher priority holds it at the floor.
+Node-wide: process registrations, ``VGPUD_*`` variables that containers set and the
+shim ignored, the watchdog's reports and kills. Labels name the GPU by uuid and index
+and the container by namespace, pod and container. Memory is in bytes, shares of SMs
+are ratios of one GPU (0.3 = 30 %); ``docs/metrics.md`` lists every metric.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from vgpud import shm
 from vgpud.node import procfs
+from vgpud.node.arbiter import Observed
 from vgpud.node.registration import Registry
 from vgpud.node.watchdog import Watchdog
 from vgpud.plugin.allocations import AllocationStore
@@ -65,9 +69,11 @@ class PluginCollector(Collector):
     def __init__(self, node: str, devices: NodeDevices, store: AllocationStore,
                  used: Callable[[], Mapping[str, int]],
                  usage_reader: UsageReader | None = None, *,
-                 registry: Registry | None = None, watchdog: Watchdog | None = None) -> None:
+                 registry: Registry | None = None, watchdog: Watchdog | None = None,
+                 arbiter: Observed | None = None) -> None:
         self.registry = registry
         self.watchdog = watchdog
+        self.arbiter = arbiter
         self.node = node
         self.devices = devices
         self.store = store
@@ -81,8 +87,8 @@ class PluginCollector(Collector):
                                     "Device memory a GPU offers (physical × scaling)", labels=gl)
         alloc_mem = GaugeMetricFamily("vgpud_gpu_memory_allocated_bytes",
                                       "Device memory granted to containers", labels=gl)
-        alloc_cores = GaugeMetricFamily("vgpud_gpu_cores_allocated_percent",
-                                        "SM share granted to containers (% of one GPU)",
+        alloc_cores = GaugeMetricFamily("vgpud_gpu_cores_allocated_ratio",
+                                        "SM share granted to containers (1 = one GPU)",
                                         labels=gl)
         used_mem = GaugeMetricFamily("vgpud_gpu_memory_used_bytes",
                                      "Device memory in use (all processes)", labels=gl)
@@ -92,14 +98,16 @@ class PluginCollector(Collector):
         cl = ["node", "namespace", "pod", "container", "uuid"]
         c_mem = GaugeMetricFamily("vgpud_container_memory_limit_bytes",
                                   "A container's device memory limit on a GPU", labels=cl)
-        c_cores = GaugeMetricFamily("vgpud_container_cores_limit_percent",
-                                    "A container's SM limit on a GPU", labels=cl)
+        c_cores = GaugeMetricFamily("vgpud_container_cores_limit_ratio",
+                                    "A container's SM limit on a GPU (1 = all; 0 = none set)",
+                                    labels=cl)
         c_used = GaugeMetricFamily("vgpud_container_memory_used_bytes",
                                    "Device memory a container uses (the shim's count)",
                                    labels=cl)
         mem: dict[str, int] = {}
         cores: dict[str, int] = {}
         count: dict[str, int] = {}
+        containers: dict[tuple[str, str], list[str]] = {}  # (allocation key, uuid) -> labels
         for g in self.store.configured():
             assert g.owner is not None  # configured() holds owned allocations only
             usage = None
@@ -113,48 +121,79 @@ class PluginCollector(Collector):
                 cores[d.uuid] = cores.get(d.uuid, 0) + d.cores
                 count[d.uuid] = count.get(d.uuid, 0) + 1
                 labels = [self.node, g.owner.namespace, g.owner.pod, g.owner.container, d.uuid]
+                containers[(g.key, d.uuid)] = labels
                 c_mem.add_metric(labels, d.memory * MIB)
-                c_cores.add_metric(labels, d.cores)
+                c_cores.add_metric(labels, d.cores / 100)
                 if usage is not None and d.uuid in usage:
                     c_used.add_metric(labels, usage[d.uuid])
         used = self.used()
+        gpus: dict[str, list[str]] = {}
         for gpu in inv.devices:
             labels = [self.node, gpu.uuid, str(gpu.index), gpu.model]
+            gpus[gpu.uuid] = labels
             cap_mem.add_metric(labels, inv.capacity(gpu).memory * MIB)
             alloc_mem.add_metric(labels, mem.get(gpu.uuid, 0) * MIB)
-            alloc_cores.add_metric(labels, cores.get(gpu.uuid, 0))
+            alloc_cores.add_metric(labels, cores.get(gpu.uuid, 0) / 100)
             if gpu.uuid in used:
                 used_mem.add_metric(labels, used[gpu.uuid] * MIB)
             sharing.add_metric(labels, count.get(gpu.uuid, 0))
             health.add_metric(labels, 1 if gpu.healthy else 0)
         yield from (cap_mem, alloc_mem, alloc_cores, used_mem, sharing, health,
                     c_mem, c_cores, c_used)
-        yield from self._node_side(cl)
+        yield from self._arbitration(gl, gpus, cl, containers)
+        yield from self._node_side(cl, containers)
 
-    def _node_side(self, cl: list[str]) -> Iterator[Any]:
-        owners = {a.key: a.owner for a in self.store.configured() if a.owner is not None}
+    def _arbitration(self, gl: list[str], gpus: Mapping[str, list[str]], cl: list[str],
+                     containers: Mapping[tuple[str, str], list[str]]) -> Iterator[Any]:
+        """The last arbitration round: measured SM use, and who held whom back."""
+        seen = self.arbiter
+        if seen is None or not seen.rounds:
+            return
+        active = GaugeMetricFamily(
+            "vgpud_gpu_arbitration_active",
+            "1 while a container is busy on the GPU (it has a top priority)", labels=gl)
+        top = GaugeMetricFamily(
+            "vgpud_gpu_arbitration_top_priority",
+            "The highest nvidia.com/vgpu-priority busy on the GPU (0 when none is)",
+            labels=gl)
+        sm = GaugeMetricFamily(
+            "vgpud_container_sm_utilization_ratio",
+            "SM use of a container's processes on a GPU in the last arbitration round, "
+            "by NVML on the host (1 = the whole GPU)", labels=cl)
+        held = GaugeMetricFamily(
+            "vgpud_container_arbitration_held",
+            "1 while a higher priority busy on the GPU holds the container to the floor",
+            labels=cl)
+        for uuid, r in seen.records.items():
+            lab = gpus.get(uuid)
+            if lab is not None:
+                active.add_metric(lab, 1 if r.active else 0)
+                top.add_metric(lab, r.top_priority if r.active else 0)
+        for (key, uuid), pct in seen.sm_percent.items():
+            lab = containers.get((key, uuid))
+            if lab is None:
+                continue
+            sm.add_metric(lab, pct / 100)
+            rec = seen.records.get(uuid)
+            held.add_metric(lab, 1 if rec is not None and key in rec.held else 0)
+        yield from (active, top, sm, held)
 
-        def labels(key: str, uuid: str) -> list[str] | None:
-            o = owners.get(key)
-            return None if o is None else [self.node, o.namespace, o.pod, o.container, uuid]
-
+    def _node_side(self, cl: list[str],
+                   containers: Mapping[tuple[str, str], list[str]]) -> Iterator[Any]:
         if self.watchdog is not None:
             device = GaugeMetricFamily(
                 "vgpud_container_memory_device_bytes",
-                "Device memory a container's processes hold, by NVML (the watchdog's view)",
-                labels=cl)
+                "Device memory a container's processes hold on a GPU, by NVML on the host "
+                "(the watchdog's view; 0 when NVML lists none of its processes)", labels=cl)
             over = GaugeMetricFamily(
                 "vgpud_container_over_limit",
                 "1 while a container is over its memory limit past the grace period",
                 labels=cl)
-            for u in self.watchdog.last:
-                lab = labels(u.key, u.uuid)
-                if lab is not None:
-                    device.add_metric(lab, u.used)
-            for u in self.watchdog.over:
-                lab = labels(u.key, u.uuid)
-                if lab is not None:
-                    over.add_metric(lab, 1)
+            seen = {(u.key, u.uuid): u.used for u in self.watchdog.last}
+            over_now = {(u.key, u.uuid) for u in self.watchdog.over}
+            for k, lab in containers.items():
+                device.add_metric(lab, seen.get(k, 0))
+                over.add_metric(lab, 1 if k in over_now else 0)
             actions = CounterMetricFamily("vgpud_watchdog_actions",
                                           "Over-limit incidents reported, and processes killed",
                                           labels=["node", "action"])
@@ -162,7 +201,7 @@ class PluginCollector(Collector):
             actions.add_metric([self.node, "kill"], self.watchdog.kills)
             yield from (device, over, actions)
         if self.registry is not None:
-            regs = CounterMetricFamily("vgpud_registrations",
+            regs = CounterMetricFamily("vgpud_container_process_registrations",
                                        "GPU processes that registered with the plugin",
                                        labels=["node", "result"])
             regs.add_metric([self.node, "accepted"], self.registry.accepted)

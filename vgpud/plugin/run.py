@@ -33,7 +33,7 @@ from vgpud.config import Settings
 from vgpud.core.arbitration import Arbiter
 from vgpud.kube.client import KubeClient
 from vgpud.node import procfs
-from vgpud.node.arbiter import Member, Publisher, run_arbiter
+from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.watchdog import Usage, Watchdog, Watched
 from vgpud.plugin._pb import v1beta1 as pb
@@ -185,6 +185,7 @@ async def run_plugin(
                else ""))
 
     used: dict[str, int] = {}
+    observed = Observed()  # the arbiter's last round, for the metrics
     listen = settings.plugin.metricsListen if opts.metrics_listen is None else opts.metrics_listen
     gates = settings.plugin.featureGates
     try:
@@ -200,7 +201,7 @@ async def run_plugin(
                                      hold=plug.priorityHoldSeconds),
                 publisher, source.utilisation, lambda: _members(store),
                 lambda pid: registry.allocation_of(pid, procfs.read(pid)),
-                period=plug.arbitrationPeriodSeconds))
+                period=plug.arbitrationPeriodSeconds, observed=observed))
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
                 memory=gates.MemoryPlugin))
@@ -208,7 +209,8 @@ async def run_plugin(
             if listen:
                 metrics = CollectorRegistry(auto_describe=False)
                 metrics.register(PluginCollector(opts.node_name, devices, store, lambda: used,
-                                                 registry=registry, watchdog=watchdog))
+                                                 registry=registry, watchdog=watchdog,
+                                                 arbiter=observed))
                 port = await tg.start(_serve_metrics, metrics_app(metrics), listen)
             options = await service.get_device_plugin_options(pb.Empty())
             sockets: dict[str, Path] = {}

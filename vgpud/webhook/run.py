@@ -114,7 +114,7 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
                              tls_cert, tls_key, bootstrap.configuration)
             await boot.once()
         tls = await anyio.to_thread.run_sync(TlsFiles, tls_cert, tls_key)
-        metrics.tls_loads.set_function(lambda: tls.loads)
+        metrics.tls_loads.source = lambda: tls.loads
         nodes: Informer[Profile | None] = Informer(kube, NODES, project=node_profile)
         nodes.subscribe(gpus.on_node)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
@@ -27,6 +27,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, mutate, validate
 from vgpud.webhook.wire import Review, WireError, answer, parse_review
@@ -38,6 +40,21 @@ log = structlog.get_logger(__name__)
 MAX_BODY = 4 << 20
 
 
+class _Count(Collector):
+    """A counter whose value someone else keeps (read at scrape time)."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name, self.doc = name, doc
+        self.source: Callable[[], float] = lambda: 0
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.doc, value=self.source())
+
+
+ENDPOINTS = ("mutate", "validate")
+OUTCOMES = ("allowed", "patched", "denied", "skipped", "bad_request", "error")
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -46,15 +63,21 @@ class Metrics:
             "(allowed, patched, denied, skipped: not a Pod CREATE, bad_request, error).",
             ["endpoint", "outcome"], registry=self.registry)
         self.seconds = Histogram(
-            "vgpud_webhook_review_seconds", "Time to answer one review, body read included.",
+            "vgpud_webhook_review_duration_seconds",
+            "Time to answer one review, body read included.",
             ["endpoint"], registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
         self.gpu_nodes = Gauge(
             "vgpud_webhook_gpu_nodes", "Nodes with a GPU inventory the webhook knows of "
             "(requests larger than any of their GPUs are denied).", registry=self.registry)
-        self.tls_loads = Gauge(
+        self.tls_loads = _Count(
             "vgpud_webhook_tls_loads", "Times the serving certificate was loaded (1 at start, "
-            "+1 per rotation).", registry=self.registry)
+            "+1 per rotation).")
+        self.registry.register(self.tls_loads)
+        for endpoint in ENDPOINTS:  # known label values start at 0
+            self.seconds.labels(endpoint)
+            for outcome in OUTCOMES:
+                self.reviews.labels(endpoint, outcome)
 
 
 def _review(r: Review, endpoint: str, policy: AdmissionPolicy,

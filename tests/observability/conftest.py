@@ -1,0 +1,31 @@
+"""Fixtures of the observability tests.
+
+- ``prometheus_tools`` (session): :class:`~tests.observability.prometheus.Tools`, the
+  real ``prometheus`` and ``promtool`` (Debian's ``prometheus`` package, installed with
+  apt-get when missing and we are root). Where they cannot be had the tests that need
+  them are skipped with the reason, or fail with it when ``VGPUD_PROMETHEUS_REQUIRED=1``
+  (for CI, where a skip would hide a broken setup).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.observability.prometheus import PrometheusUnavailable, Tools, obtain_tools
+
+
+@pytest.fixture(scope="session")
+def prometheus_tools() -> Tools:
+    try:
+        return obtain_tools()
+    except PrometheusUnavailable as e:
+        if os.environ.get("VGPUD_PROMETHEUS_REQUIRED", "") not in ("", "0"):
+            pytest.fail(f"VGPUD_PROMETHEUS_REQUIRED is set but prometheus is unusable: {e}")
+        pytest.skip(f"no usable prometheus: {e}")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
