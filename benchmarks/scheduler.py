@@ -27,31 +27,18 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.cluster import Driver, Scheduler, free_port, gpu_node, gpu_pod, standin
-from vgpud.core.codec import ASSIGNMENT, encode_assignment
-from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
+from tests.e2e.cluster import (
+    Driver,
+    Scheduler,
+    bound_pods,
+    free_port,
+    gpu_node,
+    gpu_pod,
+    standin,
+)
 
 GPUS = 8
 MEMORY = 81920
-
-
-def bound_pods(n_nodes: int, n_pods: int, rng: random.Random) -> list[dict[str, Any]]:
-    """Pods already running, each with its assignment: what a restart must rebuild."""
-    out = []
-    for i in range(n_pods):
-        node = f"node-{i % n_nodes:05d}"
-        gpu = (i // n_nodes) % GPUS
-        p = gpu_pod(f"running-{i:06d}", {"nvidia.com/vgpu-number": 1,
-                                         "nvidia.com/vgpu-memory": 4000,
-                                         "nvidia.com/vgpu-cores": 10})
-        a = Placement(node, (ContainerGrant("main", False, (
-            DeviceGrant(f"GPU-{node}-{gpu}", rng.choice([2000, 4000, 8000]), 10),)),),
-            time="2026-11-21T00:00:00Z")
-        p["metadata"]["annotations"][ASSIGNMENT] = encode_assignment(a)
-        p["spec"]["nodeName"] = node
-        p["status"] = {"phase": "Running"}
-        out.append(p)
-    return out
 
 
 def feasible_to_find(n: int, percentage: int = 0) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,9 +32,10 @@ from vgpud.core.codec import (
     NODE_DEVICES,
     decode_assignment,
     decode_node_devices,
+    encode_assignment,
     encode_node_devices,
 )
-from vgpud.core.model import Gpu, NodeInventory
+from vgpud.core.model import ContainerGrant, DeviceGrant, Gpu, NodeInventory, Placement
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,6 +177,28 @@ async def running(tmp: Path, config: dict[str, Any] | None = None,
                 yield Driver(s, url, sched.url), sched
         finally:
             sched.stop()
+
+
+def bound_pods(n_nodes: int, n_pods: int, rng: random.Random, gpus: int = 8,
+               ) -> list[dict[str, Any]]:
+    """Running pods with their assignments, spread over every node's ``gpus`` GPUs
+    (nodes named ``node-00000``…): what a restarted scheduler rebuilds its ledger from.
+    For benchmarks that seed a large cluster."""
+    out = []
+    for i in range(n_pods):
+        node = f"node-{i % n_nodes:05d}"
+        gpu = (i // n_nodes) % gpus
+        p = gpu_pod(f"running-{i:06d}", {"nvidia.com/vgpu-number": 1,
+                                         "nvidia.com/vgpu-memory": 4000,
+                                         "nvidia.com/vgpu-cores": 10})
+        a = Placement(node, (ContainerGrant("main", False, (
+            DeviceGrant(f"GPU-{node}-{gpu}", rng.choice([2000, 4000, 8000]), 10),)),),
+            time="2026-11-21T00:00:00Z")
+        p["metadata"]["annotations"][ASSIGNMENT] = encode_assignment(a)
+        p["spec"]["nodeName"] = node
+        p["status"] = {"phase": "Running"}
+        out.append(p)
+    return out
 
 
 @dataclass
