@@ -30,6 +30,8 @@ import aiohttp
 import anyio
 import yaml
 
+from tests.debian import NotInstallable, apt_install
+
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "helm" / "vgpud" / "dashboards"
 RULES = ROOT / "helm" / "vgpud" / "rules" / "vgpud.rules.yaml"
@@ -58,35 +60,13 @@ def _find(name: str) -> str | None:
 
 
 def install_prometheus(timeout: float = 600) -> None:
-    """``apt-get install prometheus`` (after ``apt-get update`` if the first try fails)."""
-    apt = shutil.which("apt-get")
-    if apt is None:
-        raise PrometheusUnavailable("prometheus is not installed and there is no apt-get to "
-                                    "install it")
-    if os.geteuid() != 0:
-        raise PrometheusUnavailable("prometheus is not installed and we are not root, so "
-                                    "apt-get cannot install it")
-    # noninteractive, and no service started: policy-rc.d is the caller's business; the
-    # package's own service (port 9090) is not what the tests use either way
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [apt, "install", "-y", "-q", "--no-install-recommends", "prometheus"]
-    log = ""
-    for step in ([install], [[apt, "update", "-q"], install]):
-        for cmd in step:
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                                   timeout=timeout, check=False)
-            except subprocess.TimeoutExpired:
-                log += f"$ {' '.join(cmd)} -> timed out after {timeout:.0f} s\n"
-                break
-            log += f"$ {' '.join(cmd)} -> {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
-            if r.returncode != 0:
-                break
-        else:
-            if _find("prometheus") and _find("promtool"):
-                return
-    raise PrometheusUnavailable(f"prometheus is not installed and apt-get could not install "
-                                f"it:\n{log}")
+    """``apt-get install prometheus`` (:func:`tests.debian.apt_install`). The package's
+    own service (port 9090), where it starts one, is not what the tests use."""
+    try:
+        apt_install(["prometheus"], lambda: bool(_find("prometheus") and _find("promtool")),
+                    timeout=timeout)
+    except NotInstallable as e:
+        raise PrometheusUnavailable(str(e)) from None
 
 
 def obtain_tools(*, install: bool = True) -> Tools:

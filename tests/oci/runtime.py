@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from tests.debian import NotInstallable, apt_install
 from tests.oci.kubelet import (
     Bind,
     DeviceNode,
@@ -128,28 +129,14 @@ def find_runc() -> str | None:
 
 
 def install_runc(timeout: float = 600) -> str:
-    """``apt-get install runc`` (after ``apt-get update`` if the first try fails)."""
-    apt = shutil.which("apt-get")
-    if apt is None:
-        raise RuncUnavailable("runc is not installed and there is no apt-get to install it")
-    if os.geteuid() != 0:
-        raise RuncUnavailable("runc is not installed and we are not root, so apt-get "
-                              "cannot install it")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [apt, "install", "-y", "--no-install-recommends", "runc"]
-    log = ""
-    for step in ([install], [[apt, "update"], install]):
-        for cmd in step:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                               check=False)
-            log += f"$ {' '.join(cmd)} -> {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
-            if r.returncode != 0:
-                break
-        else:
-            found = find_runc()
-            if found:
-                return found
-    raise RuncUnavailable(f"runc is not installed and apt-get could not install it:\n{log}")
+    """``apt-get install runc`` (:func:`tests.debian.apt_install`)."""
+    try:
+        apt_install(["runc"], lambda: find_runc() is not None, timeout=timeout)
+    except NotInstallable as e:
+        raise RuncUnavailable(str(e)) from None
+    found = find_runc()
+    assert found is not None
+    return found
 
 
 def obtain_runc(*, install: bool = True) -> Runc:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tests.debian import NotInstallable, apt_install
 
 if TYPE_CHECKING:
     from selenium.webdriver.chrome.webdriver import WebDriver
@@ -36,28 +37,11 @@ def _find() -> tuple[str | None, str | None]:
 
 
 def install(timeout: float = 900) -> None:
-    """``apt-get install chromium chromium-driver`` (after ``apt-get update`` if the
-    first try fails)."""
-    apt = shutil.which("apt-get")
-    if apt is None:
-        raise BrowserUnavailable("chromium is not installed and there is no apt-get")
-    if os.geteuid() != 0:
-        raise BrowserUnavailable("chromium is not installed and we are not root, so apt-get "
-                                 "cannot install it (apt-get install chromium chromium-driver)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = [apt, "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    log = ""
-    for step in ([cmd], [[apt, "update", "-q"], cmd]):
-        for c in step:
-            r = subprocess.run(c, capture_output=True, text=True, env=env, timeout=timeout,
-                               check=False)
-            log += f"$ {' '.join(c)} -> {r.returncode}\n{r.stderr[-2000:]}"
-            if r.returncode != 0:
-                break
-        else:
-            if all(_find()):
-                return
-    raise BrowserUnavailable(f"apt-get could not install {' '.join(PACKAGES)}:\n{log}")
+    """``apt-get install chromium chromium-driver`` (:func:`tests.debian.apt_install`)."""
+    try:
+        apt_install(PACKAGES, lambda: all(_find()), timeout=timeout)
+    except NotInstallable as e:
+        raise BrowserUnavailable(str(e)) from None
 
 
 def start(browser: str, driver: str, width: int = 1280, height: int = 800) -> WebDriver:
