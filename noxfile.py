@@ -16,6 +16,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     session.install("-e", ".[dev]")
     session.run("mypy")
+    session.run("lint-imports")  # the layers: pyproject.toml [tool.importlinter]
 
 
 @nox.session

@@ -277,11 +277,15 @@ def _on_kube(call: ast.Call) -> bool:
         isinstance(v, ast.Attribute) and v.attr == "kube")
 
 
-def api_needs(package: str) -> set[tuple[str, str]]:
-    """(resource, verb) pairs the code of ``vgpud/<package>`` can issue: its own calls of
-    the generated API, the vgpud.kube classes it constructs, and its informers."""
-    assert (VGPUD / package).is_dir(), f"vgpud/{package}/ does not exist (yet)"
-    files = [p for p in sorted((VGPUD / package).rglob("*.py")) if "_pb" not in p.parts]
+def api_needs(*packages: str) -> set[tuple[str, str]]:
+    """(resource, verb) pairs the code of ``vgpud/<package>`` (each of them: a role and
+    the packages it runs) can issue: its own calls of the generated API, the vgpud.kube
+    classes it constructs, and its informers."""
+    files = []
+    for package in packages:
+        assert (VGPUD / package).is_dir(), f"vgpud/{package}/ does not exist (yet)"
+        files += [p for p in sorted((VGPUD / package).rglob("*.py")) if "_pb" not in p.parts]
+    package = "+".join(packages)
     classes = _kube_classes()
     methods: set[str] = set()
     needs: set[tuple[str, str]] = set()

@@ -8,7 +8,7 @@ import shlex
 import tomllib
 
 from tests.deploy.rendered import ROOT, Manifests
-from vgpud.plugin.shim import _VERSIONED, IMAGE_LIB_DIR
+from vgpud.node.shim import _VERSIONED, IMAGE_LIB_DIR
 
 TEXT = (ROOT / "Containerfile").read_text()
 

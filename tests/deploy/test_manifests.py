@@ -42,10 +42,10 @@ from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
 from vgpud.extender.state import SchedulerState
+from vgpud.node.shim import IMAGE_LIB_DIR
 from vgpud.plugin import command as plugin_command
 from vgpud.plugin.metrics import metrics_app
 from vgpud.plugin.service import RESOURCE
-from vgpud.plugin.shim import IMAGE_LIB_DIR
 
 M = Manifests.committed()
 NAMESPACE = "kube-system"
@@ -155,7 +155,7 @@ def test_scheduler_rbac_is_what_its_code_calls() -> None:
 
 
 def test_plugin_rbac_is_what_its_code_calls() -> None:
-    needs = api_needs("plugin")
+    needs = api_needs("plugin", "node")  # the node package runs in the plugin
     granted = _granted(("ClusterRole", "vgpud-plugin"))
     # nodes/status is written only behind the CorePlugin/MemoryPlugin gates (off here).
     gates = settings().plugin.featureGates

@@ -57,7 +57,7 @@ from tests.observability.prometheus import (
 )
 from vgpud import shm
 from vgpud.core.codec import NODE_DEVICES
-from vgpud.plugin.allocations import AllocationStore
+from vgpud.node.allocations import AllocationStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -32,8 +32,8 @@ from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, decode_node_devices, enco
 from vgpud.core.model import ContainerGrant, DeviceGrant, Node, NodeInventory, Placement
 from vgpud.core.requests import parse_pod
 from vgpud.kube.client import KubeClient
-from vgpud.plugin.cluster import KubeCluster
-from vgpud.plugin.fakegpus import FakeGpus
+from vgpud.node.cluster import KubeCluster
+from vgpud.node.fakegpus import FakeGpus
 from vgpud.plugin.run import PluginOptions, Running, run_plugin
 
 NODE = "gpu-node-1"

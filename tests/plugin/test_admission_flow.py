@@ -13,7 +13,7 @@ from tests.plugin.flow import Denied, control_plane
 from tests.plugin.harness import NODE, node_harness
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
 from vgpud.core.container import parse
-from vgpud.plugin.allocations import AllocationStore
+from vgpud.node.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
 

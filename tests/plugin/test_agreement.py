@@ -11,7 +11,7 @@ from tests.plugin.harness import placement, uuid_of
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Gpu, GpuUsage, Node, NodeInventory, Placement
 from vgpud.core.requests import parse_pod
-from vgpud.plugin.inventory import extended_resources
+from vgpud.node.inventory import extended_resources
 from vgpud.plugin.replicas import reconcile
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from vgpud.core.model import DeviceGrant
-from vgpud.plugin.allocations import AllocationStore, Owner
-from vgpud.plugin.fakegpus import FakeDevicesError, parse_fake_devices
-from vgpud.plugin.shim import ShimError, install
+from vgpud.node.allocations import AllocationStore, Owner
+from vgpud.node.fakegpus import FakeDevicesError, parse_fake_devices
+from vgpud.node.shim import ShimError, install
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,12 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vgpud.core.arbitration import Arbiter
 from vgpud.core.model import DeviceGrant
+from vgpud.node.allocations import AllocationStore, Owner
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
+from vgpud.node.devices import NodeDevices
+from vgpud.node.fakegpus import parse_fake_devices
 from vgpud.node.registration import Registry
 from vgpud.node.watchdog import Usage, Watchdog
-from vgpud.plugin.allocations import AllocationStore, Owner
-from vgpud.plugin.devices import NodeDevices
-from vgpud.plugin.fakegpus import parse_fake_devices
 from vgpud.plugin.metrics import PluginCollector
 
 pytestmark = pytest.mark.anyio

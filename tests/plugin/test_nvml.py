@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, sys, anyio
-from vgpud.plugin.gpus import NvmlGpus
-from vgpud.plugin.devices import HealthEvent
+from vgpud.node.nvml import NvmlGpus
+from vgpud.node.devices import HealthEvent
 
 async def main():
     src = NvmlGpus(wait_ms=50)

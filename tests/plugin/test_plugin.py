@@ -14,7 +14,7 @@ from tests.plugin.harness import NODE, node_harness, placement, uuid_of, wait_fo
 from vgpud.core.codec import NODE_DEVICES, decode_assignment, decode_node_devices
 from vgpud.core.container import limits_for, render
 from vgpud.core.model import ComputePolicy, DeviceGrant
-from vgpud.plugin.allocations import AllocationStore
+from vgpud.node.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
 

@@ -9,10 +9,10 @@ import pytest
 
 from tests.plugin.harness import placement, uuid_of
 from vgpud.core.model import Gpu, GpuUsage, NodeInventory, Placement, Reason
+from vgpud.node.allocations import allocation_key
 from vgpud.plugin.replicas import (
     ReplicaIdError,
     advertised,
-    allocation_key,
     parse_id,
     preferred,
     reconcile,

@@ -8,8 +8,8 @@ import pytest
 
 from vgpud.config import parse_settings
 from vgpud.core.model import DeviceGrant
+from vgpud.node.allocations import DEFAULT_RESOURCE
 from vgpud.plugin.resources import (
-    DEFAULT_RESOURCE,
     PERCENT_IDS,
     VGPU_IDS,
     ServedResource,

@@ -18,7 +18,7 @@ import pytest
 
 from tests.fakekubelet import FakePod
 from tests.plugin.harness import node_harness, placement
-from vgpud.plugin.allocations import AllocationStore
+from vgpud.node.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]

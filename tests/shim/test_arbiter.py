@@ -29,7 +29,7 @@ import json, sys, time, anyio
 from pathlib import Path
 from vgpud.core.arbitration import Arbiter
 from vgpud.node.arbiter import Member, Publisher, run_arbiter
-from vgpud.plugin.gpus import NvmlGpus
+from vgpud.node.nvml import NvmlGpus
 
 async def main():
     src = NvmlGpus()

@@ -41,9 +41,9 @@ def plugin(
 ) -> None:
     """Run the kubelet device plugin on a GPU node."""
     from vgpud.kube.errors import KubeError
-    from vgpud.plugin.fakegpus import FakeDevicesError
+    from vgpud.node.fakegpus import FakeDevicesError
+    from vgpud.node.shim import ShimError
     from vgpud.plugin.run import PluginOptions, main
-    from vgpud.plugin.shim import ShimError
 
     try:
         settings = load_settings(config, env=os.environ)

@@ -27,11 +27,11 @@ from prometheus_client.registry import Collector
 
 from vgpud import shm
 from vgpud.node import procfs
+from vgpud.node.allocations import AllocationStore
 from vgpud.node.arbiter import Observed
+from vgpud.node.devices import NodeDevices
 from vgpud.node.registration import Registry
 from vgpud.node.watchdog import Watchdog
-from vgpud.plugin.allocations import AllocationStore
-from vgpud.plugin.devices import NodeDevices
 
 log = structlog.get_logger(__name__)
 MIB = 1 << 20

@@ -15,7 +15,6 @@ exclusive to it while it lives, so the resource and the set name the container
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from vgpud.core.model import (
     Placement,
     Reason,
 )
-from vgpud.plugin.resources import DEFAULT_RESOURCE, VGPU_IDS
+from vgpud.plugin.resources import VGPU_IDS
 
 SEP = "::"
 MAX_ID_LEN = 63  # kubelet's limit on a device ID
@@ -67,22 +66,6 @@ def parse_id(rid: str) -> tuple[str, int]:
 def gpus_of(ids: Iterable[str]) -> list[str]:
     """The GPU uuids of some replica IDs, in first-seen order, repeats kept."""
     return [parse_id(r)[0] for r in ids]
-
-
-def allocation_key(ids: Iterable[str], resource: str = DEFAULT_RESOURCE) -> str:
-    """A stable, file-name-safe name for a set of replica IDs of ``resource``
-    (order-insensitive).
-
-    Two resources advertise the same ID strings, so the key of any resource but the
-    default one includes the resource's name; the default resource's key is the IDs'
-    alone, as it was when it was the only resource, so the allocation directories of
-    running containers keep their names across the upgrade. The prefix cannot be an ID
-    (it has no ``::``), so no set of the default resource hashes the same text.
-    """
-    canonical = "\n".join(sorted(set(ids)))
-    if resource != DEFAULT_RESOURCE:
-        canonical = f"resource={resource}\n{canonical}"
-    return hashlib.sha256(canonical.encode()).hexdigest()[:24]
 
 
 def advertised(inventory: NodeInventory, per_gpu: int | None = None) -> list[Replica]:

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 from vgpud.core.model import DeviceGrant
 from vgpud.core.requests import PRESETS
+from vgpud.node.allocations import DEFAULT_RESOURCE
 
-DEFAULT_RESOURCE = PRESETS["vgpu-manager"].number  # nvidia.com/vgpu-number
 DEFAULT_SOCKET = "vgpud-vgpu-number.sock"  # the name before several resources: kept on upgrade
 VGPU_IDS = 1  # per_gpu: one ID is one vGPU
 PERCENT_IDS = 100  # per_gpu: one ID is 1 % of a GPU (TKE's vcuda-core)

@@ -33,20 +33,20 @@ from vgpud.config import Settings
 from vgpud.core.arbitration import Arbiter
 from vgpud.kube.client import KubeClient
 from vgpud.node import procfs
+from vgpud.node.allocations import AllocationStore
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
+from vgpud.node.cluster import ClusterApi, KubeCluster, PodView
+from vgpud.node.devices import GpuSource, HealthEvent, NodeDevices
+from vgpud.node.inventory import publish_inventory
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
+from vgpud.node.shim import ShimError, ShimFiles, find_library, install
 from vgpud.node.watchdog import Usage, Watchdog, Watched
 from vgpud.plugin._pb import v1beta1 as pb
-from vgpud.plugin.allocations import AllocationStore
-from vgpud.plugin.cluster import ClusterApi, KubeCluster, PodView
-from vgpud.plugin.devices import GpuSource, HealthEvent, NodeDevices
-from vgpud.plugin.inventory import publish_inventory
 from vgpud.plugin.kubelet import serve_plugin
 from vgpud.plugin.metrics import PluginCollector, metrics_app
 from vgpud.plugin.podresources import PodResourcesClient
 from vgpud.plugin.resources import served
 from vgpud.plugin.service import PluginService
-from vgpud.plugin.shim import ShimError, ShimFiles, find_library, install
 from vgpud.process import bound_port, parse_listen
 
 log = structlog.get_logger(__name__)
@@ -255,10 +255,10 @@ def _watched(store: AllocationStore) -> dict[str, Watched]:
 
 def make_source(fake_devices: str | None) -> GpuSource:
     if fake_devices:
-        from vgpud.plugin.fakegpus import FakeGpus
+        from vgpud.node.fakegpus import FakeGpus
 
         return FakeGpus(fake_devices)
-    from vgpud.plugin.gpus import NvmlGpus
+    from vgpud.node.nvml import NvmlGpus
 
     return NvmlGpus()
 

@@ -5,7 +5,7 @@ its own socket; they share the node's devices, the allocation store (whose keys 
 the resources apart), the API and the registrar.
 
 - **ListAndWatch** streams every replica (``<uuid>::<i>``) with its health and NUMA
-  node, and again whenever :class:`~vgpud.plugin.devices.NodeDevices` changes.
+  node, and again whenever :class:`~vgpud.node.devices.NodeDevices` changes.
 - **GetPreferredAllocation** steers kubelet to the GPUs the scheduler assigned to
   the pod kubelet is admitting (the pod whose containers PodResources lists without
   devices yet). It is only a hint; PreStartContainer checks what kubelet really did.
@@ -38,12 +38,13 @@ from vgpud.core.codec import encode_assignment
 from vgpud.core.container import LimitsError, render
 from vgpud.core.model import GpuUsage
 from vgpud.kube.errors import Conflict, KubeError, NotFound
+from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
+from vgpud.node.cluster import ClusterApi, PodView
+from vgpud.node.devices import NodeDevices
 from vgpud.node.registration import SOCKET_NAME, Registrar
 from vgpud.node.registration import Owner as RegistrationOwner
+from vgpud.node.shim import ShimFiles
 from vgpud.plugin._pb import v1beta1 as pb
-from vgpud.plugin.allocations import Allocation, AllocationStore, Owner
-from vgpud.plugin.cluster import ClusterApi, PodView
-from vgpud.plugin.devices import NodeDevices
 from vgpud.plugin.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
 from vgpud.plugin.prestart import (
     NEEDS_OTHERS,
@@ -55,8 +56,7 @@ from vgpud.plugin.prestart import (
     wanted,
 )
 from vgpud.plugin.replicas import ReplicaIdError, advertised, gpus_of, preferred
-from vgpud.plugin.resources import DEFAULT_RESOURCE, ServedResource
-from vgpud.plugin.shim import ShimFiles
+from vgpud.plugin.resources import ServedResource
 
 log = structlog.get_logger(__name__)
 

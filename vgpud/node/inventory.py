@@ -17,8 +17,8 @@ import structlog
 from vgpud.core.codec import NODE_DEVICES, encode_node_devices
 from vgpud.core.model import NodeInventory
 from vgpud.kube.errors import KubeError
-from vgpud.plugin.cluster import ClusterApi
-from vgpud.plugin.devices import NodeDevices
+from vgpud.node.cluster import ClusterApi
+from vgpud.node.devices import NodeDevices
 
 log = structlog.get_logger(__name__)
 

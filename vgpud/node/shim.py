@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpud.plugin.allocations import write_atomic
+from vgpud.node.allocations import write_atomic
 
 CONTAINER_LIB_DIR = "/usr/local/vgpud/lib"
 IMAGE_LIB_DIR = Path("/usr/local/lib/vgpud")

@@ -7,7 +7,7 @@ of one resource).
     <state-dir>/allocations/<key>/etc/config    the shim's limits file (PreStartContainer)
     <state-dir>/allocations/<key>/state/        the container's writable state directory
 
-``<key>`` is :func:`~vgpud.plugin.replicas.allocation_key` of the resource and the IDs,
+``<key>`` is :func:`allocation_key` of the resource and the IDs,
 so Allocate (which knows only the IDs of its resource) and PreStartContainer (which
 learns the owner) name the same directory, and so does a restarted plugin. Two
 resources advertise the same ID strings, so the key includes the resource's name, except
@@ -29,6 +29,7 @@ Everything here is blocking file I/O: call it through ``anyio.to_thread``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -40,10 +41,27 @@ from pathlib import Path
 from typing import Any
 
 from vgpud.core.model import DeviceGrant
-from vgpud.plugin.replicas import allocation_key
-from vgpud.plugin.resources import DEFAULT_RESOURCE
+from vgpud.core.requests import PRESETS
 
 RECORD_VERSION = 1
+# The default preset's number resource: its keys are the IDs' alone (see allocation_key).
+DEFAULT_RESOURCE = PRESETS["vgpu-manager"].number  # nvidia.com/vgpu-number
+
+
+def allocation_key(ids: Iterable[str], resource: str = DEFAULT_RESOURCE) -> str:
+    """A stable, file-name-safe name for a set of kubelet device IDs of ``resource``
+    (order-insensitive).
+
+    Two resources advertise the same ID strings, so the key of any resource but the
+    default one includes the resource's name; the default resource's key is the IDs'
+    alone, as it was when it was the only resource, so the allocation directories of
+    running containers keep their names across the upgrade. The prefix cannot be an ID
+    (it has no ``::``), so no set of the default resource hashes the same text.
+    """
+    canonical = "\n".join(sorted(set(ids)))
+    if resource != DEFAULT_RESOURCE:
+        canonical = f"resource={resource}\n{canonical}"
+    return hashlib.sha256(canonical.encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True, slots=True)

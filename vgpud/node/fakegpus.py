@@ -21,7 +21,7 @@ import yaml
 from anyio.abc import ObjectSendStream
 
 from vgpud.core.codec import CodecError, decode_gpu
-from vgpud.plugin.devices import DeviceInfo, HealthEvent
+from vgpud.node.devices import DeviceInfo, HealthEvent
 
 log = structlog.get_logger(__name__)
 MAX_FILE = 1 << 20
@@ -76,7 +76,7 @@ def _read(path: Path) -> str:
 
 
 class FakeGpus:
-    """A :class:`~vgpud.plugin.devices.GpuSource` backed by a file."""
+    """A :class:`~vgpud.node.devices.GpuSource` backed by a file."""
 
     def __init__(self, path: str | Path, *, poll_interval: float = 0.5) -> None:
         self.path = Path(path)

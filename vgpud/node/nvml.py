@@ -31,7 +31,7 @@ import structlog
 from anyio.abc import ObjectSendStream
 
 from vgpud.core.model import Gpu
-from vgpud.plugin.devices import DeviceInfo, HealthEvent
+from vgpud.node.devices import DeviceInfo, HealthEvent
 
 log = structlog.get_logger(__name__)
 
@@ -172,7 +172,7 @@ def _probe(uuid: str) -> bool:
 
 
 class NvmlGpus:
-    """A :class:`~vgpud.plugin.devices.GpuSource` backed by NVML."""
+    """A :class:`~vgpud.node.devices.GpuSource` backed by NVML."""
 
     def __init__(self, *, wait_ms: int = 1000, quiet: float = 120.0, recheck: float = 30.0) -> None:
         self.wait_ms = wait_ms

@@ -1,7 +1,7 @@
 """Where the plugin's GPUs come from, and the node's live device state.
 
 A *source* (:class:`GpuSource`) discovers the physical GPUs once and then reports
-health transitions; :mod:`vgpud.plugin.gpus` reads NVML, :mod:`vgpud.plugin.fakegpus`
+health transitions; :mod:`vgpud.node.nvml` reads NVML, :mod:`vgpud.node.fakegpus`
 a file. :class:`NodeDevices` holds what the rest of the plugin reads: the GPUs with
 their current health, the node's split and scaling, and a version that changes
 whenever the advertised inventory changes (ListAndWatch and the node annotation
