@@ -4,7 +4,8 @@ second adapter over the same modules).
 
 ``devices`` (the backend interface and the node's devices with their health), ``nvml``
 (the NVML backend, the only importer of pynvml), ``fakegpus`` (a file of devices),
-``allocations`` (per-allocation directories on disk), ``shim`` (installing the shim
+``allocations`` (per-allocation directories on disk), ``edits`` (what a container
+needs from the node: env, device nodes, CDI names, mounts), ``shim`` (installing the shim
 library), ``cluster`` (the Kubernetes API calls a node makes), ``inventory`` (the
 ``vgpud.io/node-devices`` annotation and extended resources), ``procfs`` (what the
 host's ``/proc`` says of a PID), ``registration`` (processes registering with the

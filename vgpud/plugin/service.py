@@ -11,8 +11,9 @@ the resources apart), the API and the registrar.
   devices yet). It is only a hint; PreStartContainer checks what kubelet really did.
 - **Allocate** knows only the IDs. It prepares the allocation's directory and returns
   the visible devices, the shim library, ``/etc/ld.so.preload``, the read-only
-  config directory (``/etc/vgpud``) and the writable state directory. The response is
-  composed from the small ``_with_*`` functions below.
+  config directory (``/etc/vgpud``), the writable state directory and the node's
+  read-only priority records: the node's :mod:`vgpud.node.edits`, translated into
+  kubelet's response by :func:`_response`.
 - **PreStartContainer** (``pre_start_required``) learns the owner from PodResources,
   reads its ``vgpud.io/assignment``, and carries out what
   :func:`vgpud.plugin.prestart.plan` decides: write the limits file atomically (after
@@ -38,11 +39,12 @@ from vgpud.core.codec import encode_assignment
 from vgpud.core.container import LimitsError, render
 from vgpud.core.model import GpuUsage
 from vgpud.kube.errors import Conflict, KubeError, NotFound
+from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
 from vgpud.node.cluster import ClusterApi, PodView
 from vgpud.node.devices import NodeDevices
-from vgpud.node.registration import SOCKET_NAME, Registrar
 from vgpud.node.registration import Owner as RegistrationOwner
+from vgpud.node.registration import Registrar
 from vgpud.node.shim import ShimFiles
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
@@ -61,13 +63,7 @@ from vgpud.plugin.resources import ServedResource
 log = structlog.get_logger(__name__)
 
 RESOURCE = DEFAULT_RESOURCE  # the default preset's; every served one: vgpud.plugin.resources
-CONFIG_DIR = "/etc/vgpud"
-STATE_DIR = "/var/run/vgpud"
-REGISTER = f"{CONFIG_DIR}/{SOCKET_NAME}"
-ARBITER_DIR = "/var/run/vgpud-arbiter"  # the node's per-GPU priority records (read-only)
-PRELOAD = "/etc/ld.so.preload"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 FAILED_REASON = "VgpuAllocationFailed"
 
 
@@ -81,39 +77,17 @@ class AllocationFailed(Exception):
 
 # -- composing the Allocate response ---------------------------------------------------------
 
-def _with_visible(r: pb.ContainerAllocateResponse, uuids: list[str], minors: list[int],
-                  mode: str) -> None:
-    if mode == "env":
-        r.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-    elif mode == "cdi":
-        r.cdi_devices.extend(pb.CdiDevice(name=f"nvidia.com/gpu={u}") for u in uuids)
-    else:
-        for path in [f"/dev/nvidia{m}" for m in minors] + list(CONTROL_DEVICES):
-            r.devices.append(pb.DeviceSpec(container_path=path, host_path=path,
-                                           permissions="rw"))
-    r.envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-
-
-def _with_shim(r: pb.ContainerAllocateResponse, shim: ShimFiles | None) -> None:
-    if shim is None:
-        return
-    r.mounts.append(pb.Mount(container_path=shim.container_lib, host_path=str(shim.host_lib),
-                             read_only=True))
-    r.mounts.append(pb.Mount(container_path=PRELOAD, host_path=str(shim.host_preload),
-                             read_only=True))
-
-
-def _with_dirs(r: pb.ContainerAllocateResponse, alloc: Allocation,
-               arbiter: Path | None) -> None:
-    # No env: a pod's own env overrides the plugin's. The shim finds /etc/vgpud mounted
-    # and then reads its limits from there only.
-    r.mounts.append(pb.Mount(container_path=CONFIG_DIR, host_path=str(alloc.etc),
-                             read_only=True))
-    r.mounts.append(pb.Mount(container_path=STATE_DIR, host_path=str(alloc.state),
-                             read_only=False))
-    if arbiter is not None:
-        r.mounts.append(pb.Mount(container_path=ARBITER_DIR, host_path=str(arbiter),
-                                 read_only=True))
+def _response(e: edits.ContainerEdits) -> pb.ContainerAllocateResponse:
+    """The node's container edits in kubelet's words."""
+    r = pb.ContainerAllocateResponse()
+    for k, v in e.env:
+        r.envs[k] = v
+    r.devices.extend(pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path,
+                                   permissions=d.permissions) for d in e.devices)
+    r.cdi_devices.extend(pb.CdiDevice(name=n) for n in e.cdi_devices)
+    r.mounts.extend(pb.Mount(container_path=m.container_path, host_path=m.host_path,
+                             read_only=m.read_only) for m in e.mounts)
+    return r
 
 
 class PluginService(pb.DevicePluginBase):
@@ -126,7 +100,7 @@ class PluginService(pb.DevicePluginBase):
         store: AllocationStore,
         podresources: PodResourcesClient,
         cluster: ClusterApi,
-        visible: str = "env",
+        visible: edits.VisibleMode = "env",
         shim: ShimFiles | None = None,
         registrar: Registrar | None = None,
         clock: Callable[[], float] = time.time,
@@ -231,10 +205,8 @@ class PluginService(pb.DevicePluginBase):
             raise GRPCError(Status.INTERNAL,
                             f"cannot create the allocation directory: {e.strerror or e}") from None
         await self.listen(alloc)
-        r = pb.ContainerAllocateResponse()
-        _with_visible(r, [i.gpu.uuid for i in infos], [i.minor for i in infos], self.visible)
-        _with_shim(r, self.shim)
-        _with_dirs(r, alloc, self.arbiter)
+        r = _response(edits.nvidia_gpus(infos, self.visible) + edits.shim(self.shim)
+                      + edits.allocation_dirs(alloc, self.arbiter))
         log.info("allocated", resource=self.resource.name, ids=len(ids), gpus=uuids,
                  key=alloc.key)
         return r
@@ -328,9 +300,11 @@ class PluginService(pb.DevicePluginBase):
     def _plan(self, where: str, pod: PodView, container: str, chosen: list[str],
               others: dict[str, GpuUsage] | None = None) -> Configure | Refuse | object:
         return plan(where, pod.annotations, node=self.node, container=container,
-                    chosen=chosen, inventory=self.devices.inventory(), state_dir=STATE_DIR,
-                    register=REGISTER if self.registrar is not None else "",
-                    arbiter_dir=ARBITER_DIR if self.arbiter is not None else "", others=others,
+                    chosen=chosen, inventory=self.devices.inventory(),
+                    state_dir=edits.STATE_DIR,
+                    register=edits.REGISTER if self.registrar is not None else "",
+                    arbiter_dir=edits.ARBITER_DIR if self.arbiter is not None else "",
+                    others=others,
                     per_gpu=self.resource.per_gpu)
 
     async def listen(self, alloc: Allocation) -> None:
