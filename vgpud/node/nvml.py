@@ -234,7 +234,7 @@ class NvmlGpus:
                         if now - t >= self.quiet and _probe(uuid):
                             del last_error[uuid]
                             anyio.from_thread.run(send.send, HealthEvent(
-                                uuid, True, f"no error for {self.quiet:.0f} s and probe passed"))
+                                uuid, True, f"no error for {self.quiet:g} s and probe passed"))
         finally:
             pynvml.nvmlEventSetFree(events)
 

@@ -53,6 +53,7 @@ int main(void) {
     V(NVML_ERROR_INSUFFICIENT_SIZE) V(NVML_ERROR_TIMEOUT) V(NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
     V(NVML_ERROR_NOT_FOUND) V(nvmlEventTypeXidCriticalError) V(nvmlEventTypeGpuRecoveryAction)
     V(nvmlEventTypeAll) V(NVML_GPU_RECOVERY_ACTION_NONE) V(nvmlMemory_v2)
+    V(nvmlEventTypeDoubleBitEccError) V(NVML_NVLINK_MAX_LINKS) V(NVML_FEATURE_ENABLED)
     S(nvmlMemory_t) S(nvmlMemory_v2_t) S(nvmlProcessInfo_v1_t) S(nvmlProcessInfo_t)
     O(nvmlProcessInfo_t, computeInstanceId) S(nvmlProcessUtilizationSample_t)
     O(nvmlProcessUtilizationSample_t, smUtil) S(nvmlPciInfo_t) O(nvmlPciInfo_t, busId)

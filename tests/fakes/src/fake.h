@@ -31,6 +31,11 @@ struct fc_knobs {
     const char *host_pid_sock;    /* FAKECUDA_HOST_PID_SOCK: NULL when unset */
     const char *state_path; /* NULL: process-local */
     const char *events_path;
+    /* FAKECUDA_NVLINK ("0-1,2-3"): NVLink pairs; links[d] lists d's peers in order */
+    int nlinks[FC_MAX_DEV];
+    int links[FC_MAX_DEV][FC_MAX_DEV];
+    /* FAKECUDA_RETIRE_PENDING ("1,3"): devices with a page retirement pending */
+    int retire_pending[FC_MAX_DEV];
     /* CUDA_VISIBLE_DEVICES (CUDA side only): visible ordinal -> physical device */
     int nvis;
     int vis[FC_MAX_DEV];

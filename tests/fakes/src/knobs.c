@@ -111,6 +111,30 @@ static void knobs_read(void) {
     knobs.driver_version = (int)env_u64("FAKECUDA_DRIVER_VERSION", 12080);
     const char *sp = getenv("FAKECUDA_STATE");
     knobs.state_path = (sp && *sp) ? strdup(sp) : NULL;
+    const char *nl = getenv("FAKECUDA_NVLINK");
+    for (const char *p = nl; p && *p;) {
+        int a, b, used = 0;
+        if (sscanf(p, "%d-%d%n", &a, &b, &used) == 2 && a >= 0 && b >= 0 && a < FC_MAX_DEV &&
+            b < FC_MAX_DEV && a != b && knobs.nlinks[a] < FC_MAX_DEV &&
+            knobs.nlinks[b] < FC_MAX_DEV) {
+            knobs.links[a][knobs.nlinks[a]++] = b;
+            knobs.links[b][knobs.nlinks[b]++] = a;
+        } else {
+            fprintf(stderr, "fakecuda: ignoring FAKECUDA_NVLINK=%s (want pairs like 0-1,2-3)\n", nl);
+            memset(knobs.nlinks, 0, sizeof knobs.nlinks);
+            break;
+        }
+        p += used;
+        if (*p == ',') p++;
+    }
+    const char *rp = getenv("FAKECUDA_RETIRE_PENDING");
+    for (const char *p = rp; p && *p;) {
+        char *end;
+        long d = strtol(p, &end, 10);
+        if (end == p) break;
+        if (d >= 0 && d < FC_MAX_DEV) knobs.retire_pending[d] = 1;
+        p = *end == ',' ? end + 1 : end;
+    }
     const char *ep = getenv("FAKECUDA_EVENTS");
     knobs.events_path = (ep && *ep) ? strdup(ep) : NULL;
     visible_read();

@@ -219,13 +219,47 @@ FC_API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *n
     return NVML_SUCCESS;
 }
 
+/* NVLink: FAKECUDA_NVLINK pairs (a PCIe card, NOT_SUPPORTED, when the device has none);
+ * link k of a device leads to its k-th peer, links past them are inactive. */
 FC_API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
                                             nvmlEnableState_t *isActive) {
-    (void)link;
     DEVICE_ARG(device, i);
-    (void)i;
-    if (!isActive) return NVML_ERROR_INVALID_ARGUMENT;
-    return NVML_ERROR_NOT_SUPPORTED; /* a PCIe card: no NVLink */
+    if (!isActive || link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fc_knobs *k = fc_knobs();
+    if (k->nlinks[i] == 0) return NVML_ERROR_NOT_SUPPORTED;
+    *isActive = link < (unsigned)k->nlinks[i] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                       nvmlPciInfo_t *pci) {
+    DEVICE_ARG(device, i);
+    if (!pci || link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fc_knobs *k = fc_knobs();
+    if (k->nlinks[i] == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= (unsigned)k->nlinks[i]) return NVML_ERROR_INVALID_ARGUMENT;
+    int peer = k->links[i][link];
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", (unsigned char)peer);
+    bus_id(peer, pci->busId, sizeof pci->busId);
+    pci->bus = (unsigned)peer;
+    pci->pciDeviceId = 0x20b010de;
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                                    nvmlPciInfo_t *pci) {
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
+}
+
+/* Page retirement: FAKECUDA_RETIRE_PENDING names the devices with one pending (the
+ * health probe keeps such a GPU unhealthy until a reset). */
+FC_API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
+                                                          nvmlEnableState_t *isPending) {
+    DEVICE_ARG(device, i);
+    if (!isPending) return NVML_ERROR_INVALID_ARGUMENT;
+    *isPending = fc_knobs()->retire_pending[i] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,

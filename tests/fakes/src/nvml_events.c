@@ -1,5 +1,6 @@
 /* NVML events from FAKECUDA_EVENTS: a text file tests append lines to.
  *   xid DEV CODE   -> nvmlEventTypeXidCriticalError, eventData = CODE
+ *   ecc DEV        -> nvmlEventTypeDoubleBitEccError
  *   healthy DEV    -> nvmlEventTypeGpuRecoveryAction, eventData = NVML_GPU_RECOVERY_ACTION_NONE
  * Each event set reads the file from its beginning, in order; a line is delivered to a set
  * when that set registered its device for its type.  Other lines are skipped. */
@@ -57,7 +58,8 @@ FC_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
     return r;
 }
 
-#define SUPPORTED (nvmlEventTypeXidCriticalError | nvmlEventTypeGpuRecoveryAction)
+#define SUPPORTED (nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError | \
+                   nvmlEventTypeGpuRecoveryAction)
 
 FC_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
                                                     unsigned long long *eventTypes) {
@@ -93,6 +95,9 @@ static int parse(const char *line, int *dev, unsigned long long *type, unsigned 
     if (sscanf(line, "%15s %d %llu", word, &d, &code) == 3 && strcmp(word, "xid") == 0) {
         *type = nvmlEventTypeXidCriticalError;
         *data = code;
+    } else if (sscanf(line, "%15s %d", word, &d) == 2 && strcmp(word, "ecc") == 0) {
+        *type = nvmlEventTypeDoubleBitEccError;
+        *data = 0;
     } else if (sscanf(line, "%15s %d", word, &d) == 2 && strcmp(word, "healthy") == 0) {
         *type = nvmlEventTypeGpuRecoveryAction;
         *data = NVML_GPU_RECOVERY_ACTION_NONE;

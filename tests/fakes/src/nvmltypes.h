@@ -105,6 +105,7 @@ typedef struct nvmlProcessUtilizationSample_st {
 #define nvmlEventTypeXidCriticalError 0x0000000000000008LL
 #define nvmlEventTypeGpuRecoveryAction 0x0000000000008000LL
 #define nvmlEventTypeAll 0x000000000000FF9FLL
+#define NVML_NVLINK_MAX_LINKS 36
 
 #define NVML_GPU_RECOVERY_ACTION_NONE 0
 
