@@ -10,6 +10,18 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+import pytest
+
+
+def unavailable(what: str, required: str, why: Exception) -> NoReturn:
+    """A fixture's part cannot be had: skip with the reason, or fail with it when the
+    environment variable ``required`` is set (CI, where a skip would hide a broken
+    setup)."""
+    if os.environ.get(required, "") not in ("", "0"):
+        pytest.fail(f"{required} is set but {what} is unusable: {why}")
+    pytest.skip(f"no usable {what}: {why}")
 
 
 class NotInstallable(RuntimeError):

@@ -67,12 +67,18 @@ def standin(tmp: Path) -> Iterator[tuple[str, Path]]:
                                                          "user": "standin"}}]}))
         yield url, kubeconfig
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         log.close()
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``grace`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace)
 
 
 @dataclass
@@ -119,12 +125,7 @@ class Scheduler:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            stop_process(self.proc)
             self.proc = None
 
     def log(self) -> str:

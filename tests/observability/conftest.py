@@ -9,10 +9,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.debian import unavailable
 from tests.observability.prometheus import PrometheusUnavailable, Tools, obtain_tools
 
 
@@ -21,9 +20,7 @@ def prometheus_tools() -> Tools:
     try:
         return obtain_tools()
     except PrometheusUnavailable as e:
-        if os.environ.get("VGPUD_PROMETHEUS_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"VGPUD_PROMETHEUS_REQUIRED is set but prometheus is unusable: {e}")
-        pytest.skip(f"no usable prometheus: {e}")
+        unavailable("prometheus", "VGPUD_PROMETHEUS_REQUIRED", e)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ import anyio
 import yaml
 
 from tests.debian import NotInstallable, apt_install
+from tests.e2e.cluster import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "helm" / "vgpud" / "dashboards"
@@ -113,12 +114,7 @@ class Prometheus:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            stop_process(self.proc)
             self.proc = None
 
     def log(self) -> str:

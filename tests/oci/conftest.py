@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.debian import unavailable
 from tests.oci.runtime import Node, Runc, RuncUnavailable, obtain_runc
 
 PROGS = Path(__file__).resolve().parent / "progs"
@@ -33,9 +33,7 @@ def runc() -> Runc:
     try:
         return obtain_runc()
     except RuncUnavailable as e:
-        if os.environ.get("VGPUD_OCI_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"VGPUD_OCI_REQUIRED is set but runc is unusable: {e}")
-        pytest.skip(f"no usable runc: {e}")
+        unavailable("runc", "VGPUD_OCI_REQUIRED", e)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import aiohttp
 import anyio
 import pytest
 
+from tests.debian import unavailable
 from tests.e2e.cluster import Driver, gpu_pod
 from tests.status.browser import (
     BrowserUnavailable,
@@ -48,9 +49,7 @@ def browser_paths() -> tuple[str, str]:
     try:
         return obtain_browser()
     except BrowserUnavailable as e:
-        if os.environ.get("VGPUD_BROWSER_REQUIRED", "") not in ("", "0"):
-            pytest.fail(f"VGPUD_BROWSER_REQUIRED is set but no headless Chromium: {e}")
-        pytest.skip(f"no headless Chromium: {e}")
+        unavailable("headless Chromium", "VGPUD_BROWSER_REQUIRED", e)
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ Pure: the caller supplies the ledger's holders and the pods' priority and labels
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vgpud.core.choose import place_released
 from vgpud.core.cluster import Cluster
@@ -242,13 +242,8 @@ def holders_on(ledger: Ledger, node: str,
     for e in ledger.on_node(node):
         h = describe(e)
         if h is not None:
-            out.append(h if e.state is State.CONFIRMED else _unconfirmed(h))
+            out.append(h if e.state is State.CONFIRMED else replace(h, confirmed=False))
     return out
-
-
-def _unconfirmed(h: Holder) -> Holder:
-    return Holder(h.uid, h.namespace, h.name, h.priority, h.placement, h.labels,
-                  h.start_time, h.deleting, confirmed=False)
 
 
 def preempt(cluster: Cluster, ledger: Ledger, pod: PodRequest, priority: int,

@@ -178,8 +178,7 @@ class Extender:
                 "dropped" if o.victims is None else "extended" if o.added else "kept").inc()
             if o.victims is not None:
                 kept[node] = (o.victims, o.pdb_violations)
-        key = ExtenderArgs(args.pod, (), None).key
-        log.info("preemption", pod=key, proposed=len(outcomes), kept=len(kept),
+        log.info("preemption", pod=args.key, proposed=len(outcomes), kept=len(kept),
                  reasons={n: o.reason for n, o in list(outcomes.items())[:8]})
         if not kept and outcomes:
             first = next(iter(outcomes.values()))

@@ -125,6 +125,11 @@ class PreemptionArgs:
     known: dict[str, tuple[str, str, tuple[tuple[str, str], ...]]]
 
     @property
+    def key(self) -> str:
+        meta = self.pod.get("metadata") or {}
+        return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+    @property
     def priority(self) -> int:
         p = (self.pod.get("spec") or {}).get("priority")
         return p if isinstance(p, int) and not isinstance(p, bool) else 0
