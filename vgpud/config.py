@@ -34,6 +34,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
+# How a node's MIG instances are offered (NVIDIA's names and meaning): "none" ignores
+# them (a GPU in MIG mode is advertised unhealthy), "single" shares each instance like a
+# GPU (vGPU slices inside it), "mixed" offers each instance whole under its profile's
+# resource (nvidia.com/mig-1g.10gb).
+MigStrategy = Literal["none", "single", "mixed"]
+
+
 class NodeConfig(_Model):
     """Per-node overrides (matched by node name)."""
 
@@ -41,6 +48,7 @@ class NodeConfig(_Model):
     deviceSplitCount: int | None = Field(default=None, ge=1, le=1024)
     deviceMemoryScaling: float | None = Field(default=None, gt=0, le=100)
     deviceCoreScaling: float | None = Field(default=None, gt=0, le=100)
+    migStrategy: MigStrategy | None = None
 
 
 class FeatureGates(_Model):
@@ -50,6 +58,12 @@ class FeatureGates(_Model):
 
 class PluginSettings(_Model):
     visibleDevices: Literal["env", "cdi", "device-specs"] = "env"
+    migStrategy: MigStrategy = "none"
+    # GPUs that come and go: the devices are discovered again this often, and at once
+    # after an event that says a GPU fell off the bus; a GPU that is gone stays
+    # advertised unhealthy this long before it is dropped
+    rediscoverSeconds: float = Field(default=60.0, gt=0, le=86400)
+    goneLingerSeconds: float = Field(default=5.0, ge=0, le=3600)
     featureGates: FeatureGates = FeatureGates()
     shimHostDir: str = "/usr/local/vgpud"
     metricsListen: str = "0.0.0.0:9394"
@@ -168,6 +182,13 @@ class Settings(_Model):
                 mem = n.deviceMemoryScaling or mem
                 core = n.deviceCoreScaling or core
         return split, mem, core
+
+    def mig_strategy_for(self, name: str) -> MigStrategy:
+        """``plugin.migStrategy``, or the node's override."""
+        for n in self.nodeConfigs:
+            if n.name == name and n.migStrategy is not None:
+                return n.migStrategy
+        return self.plugin.migStrategy
 
 
 def _snake_upper(key: str) -> str:

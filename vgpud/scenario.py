@@ -12,6 +12,10 @@ the other, each on a fresh cluster)::
         gpus:
           - {model: Tesla V100-PCIE-32GB, memory: 32768, count: 2, numa: 0,
              nvlink: true}              # nvlink: the GPUs of this entry are all linked
+          - {model: NVIDIA A100-SXM4-80GB, memory: 81920,
+             migInstances: [1g.10gb, 1g.10gb, 3g.40gb]}  # in MIG mode, with these
+                                        # instances (or {profile: 1g.10gb, memory: 9728});
+                                        # offered by the node's plugin.migStrategy
     priorityClasses: {urgent: 1000}     # optional: PriorityClass values by name
     workload:                           # in arrival order
       - replicas: 10
@@ -29,7 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vgpud.config import ConfigError, Settings, parse_settings
-from vgpud.core.model import Gpu, Node, NodeInventory
+from vgpud.core.model import MIG_PROFILE, Gpu, Node, NodeInventory, offered
 
 MAX_SCENARIO_BYTES = 16 << 20
 MAX_PODS = 1_000_000
@@ -43,6 +47,30 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class MigSpec(_Model):
+    profile: str
+    memory: int | None = Field(default=None, ge=1, le=1 << 24,
+                               description="MiB; default: 95 % of the profile's GB")
+
+    @model_validator(mode="after")
+    def _name(self) -> MigSpec:
+        if not MIG_PROFILE.match(self.profile):
+            raise ValueError(f"{self.profile!r} is not a MIG profile name (like 1g.10gb)")
+        return self
+
+    @property
+    def slices(self) -> int:
+        """Compute slices of its GPU instance (the ``<g>g`` part)."""
+        return int(self.profile.split("g.")[0].split(".")[-1])
+
+    @property
+    def mib(self) -> int:
+        if self.memory is not None:
+            return self.memory
+        gb = int(self.profile.split("g.")[-1].split("gb")[0])
+        return gb * 1024 * 95 // 100  # what an A100 80GB's 1g.10gb has: 9728 MiB
+
+
 class GpuSpec(_Model):
     model: str = Field(min_length=1)
     memory: int = Field(ge=1, le=1 << 24, description="physical MiB")
@@ -52,11 +80,24 @@ class GpuSpec(_Model):
     nvlink: bool = False
     healthy: bool = True
     mig: bool = False
+    migInstances: tuple[MigSpec, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profiles(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("migInstances"), list):
+            data = {**data, "migInstances": [{"profile": m} if isinstance(m, str) else m
+                                             for m in data["migInstances"]]}
+        return data
 
     @model_validator(mode="after")
     def _uuid_single(self) -> GpuSpec:
         if self.uuid is not None and self.count != 1:
             raise ValueError("uuid can only be given for an entry with count 1")
+        if sum(m.slices for m in self.migInstances) > 7:
+            raise ValueError("MIG instances of more than the GPU's 7 compute slices")
+        if sum(m.mib for m in self.migInstances) > self.memory:
+            raise ValueError("MIG instances with more memory than the GPU has")
         return self
 
 
@@ -109,15 +150,25 @@ def build_nodes(s: Scenario, settings: Settings) -> list[Node]:
         except ConfigError as e:
             raise ScenarioError(str(e)) from None
         split, mem_scale, core_scale = node_settings.for_node(spec.name)
+        strategy = node_settings.mig_strategy_for(spec.name)
         gpus: list[Gpu] = []
+        index = 0
         for entry in spec.gpus:
-            first = len(gpus)
-            uuids = [entry.uuid or f"GPU-{spec.name}-{first + i}" for i in range(entry.count)]
+            uuids = [entry.uuid or f"GPU-{spec.name}-{index + i}" for i in range(entry.count)]
             for i, uuid in enumerate(uuids):
                 links = tuple(u for u in uuids if u != uuid) if entry.nvlink else ()
-                gpus.append(Gpu(uuid=uuid, index=first + i, model=entry.model,
+                mig = entry.mig or bool(entry.migInstances)
+                gpus.append(Gpu(uuid=uuid, index=index + i, model=entry.model,
                                 memory=entry.memory, split=split, numa=entry.numa, links=links,
-                                healthy=entry.healthy, mig=entry.mig))
+                                healthy=entry.healthy, mig=mig))
+                for k, m in enumerate(entry.migInstances):
+                    g = offered(Gpu(uuid=f"MIG-{uuid}-{k}", index=index + i,
+                                    model=f"{entry.model} MIG {m.profile}", memory=m.mib,
+                                    split=split, numa=entry.numa, healthy=entry.healthy,
+                                    profile=m.profile, parent=uuid), strategy)
+                    if g is not None:
+                        gpus.append(g)
+            index += entry.count
         if len({g.uuid for g in gpus}) != len(gpus):
             raise ScenarioError(f"node {spec.name!r}: two GPUs share a uuid")
         nodes.append(Node(spec.name, NodeInventory(tuple(gpus), mem_scale, core_scale),

@@ -30,7 +30,7 @@ from typing import Any
 from vgpud.config import PluginSettings
 from vgpud.core.allocate import Allocator
 from vgpud.core.arbitration import Share, shares
-from vgpud.core.model import ComputePolicy, PodRequest, Reason
+from vgpud.core.model import ComputePolicy, Gpu, PodRequest, Reason
 from vgpud.core.preempt import Holder, Proposal, select_victims
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.scenario import Scenario, build_nodes, settings_of
@@ -74,6 +74,8 @@ class GpuResult:
     vgpus_used: int
     holders: list[tuple[str, int]]  # (pod, MiB)
     sm: list[tuple[str, float]] = field(default_factory=list)  # (pod, SM %) all busy
+    mig: str = ""  # "mode": a GPU in MIG mode (its instances are rows of their own);
+    # a MIG instance: its profile, and "(shared)" when it is shared in vGPUs
 
 
 @dataclass
@@ -243,8 +245,16 @@ def _gpus(alloc: Allocator, results: list[PodResult],
             out.append(GpuResult(name, v.gpu.uuid, v.gpu.index, v.gpu.model, v.cap_memory,
                                  u.memory, v.cap_cores, u.cores, v.gpu.split, u.vgpus,
                                  holders.get((name, v.gpu.uuid), []),
-                                 sorted(sm.items(), key=lambda kv: -kv[1])))
+                                 sorted(sm.items(), key=lambda kv: -kv[1]), _mig(v.gpu)))
     return out
+
+
+def _mig(g: Gpu) -> str:
+    if g.mig:
+        return "mode"
+    if g.parent:
+        return g.profile or "shared"
+    return ""
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -292,6 +302,9 @@ def render_text(results: list[SimResult], *, max_pods: int = 200) -> str:
             sm = " ".join(f"{pod}:{pct:.0f}" for pod, pct in g.sm[:6])
             if len(g.sm) > 6:
                 sm += " …"
+            if g.mig == "mode":
+                rows.append([g.node, str(g.index), g.model, "MIG mode", "-", "-", "-"])
+                continue
             rows.append([g.node, str(g.index), g.model, f"{g.vgpus_used}/{g.split}",
                          f"{g.memory_used}/{g.memory}", f"{g.cores_used}/{g.cores}", sm or "-"])
         out.append(_table(rows))

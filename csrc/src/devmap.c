@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 
 #include "shim.h"
@@ -35,7 +36,7 @@ static int resolve(CUdevice ordinal)
 {
     if (vg_cfg.deny) return -1;
     if (!has_uuids()) return ordinal < VG_MAX_DEVICES ? ordinal : -1;
-    CUuuid u;
+    CUuuid u, gpu;
     CUresult r = vg_real.cuDeviceGetUuid_v2 ? vg_real.cuDeviceGetUuid_v2(&u, ordinal)
                  : vg_real.cuDeviceGetUuid ? vg_real.cuDeviceGetUuid(&u, ordinal)
                                            : CUDA_ERROR_NOT_FOUND;
@@ -44,12 +45,17 @@ static int resolve(CUdevice ordinal)
                  ordinal, (int)r);
         return -1;
     }
+    /* On a MIG device _v2 gives the instance's UUID and the old call its GPU's: when the
+     * two differ the device is a MIG instance, named MIG-<uuid> (as NVML names it). */
+    int mig = vg_real.cuDeviceGetUuid_v2 && vg_real.cuDeviceGetUuid &&
+              vg_real.cuDeviceGetUuid(&gpu, ordinal) == CUDA_SUCCESS &&
+              memcmp(gpu.bytes, u.bytes, sizeof u.bytes) != 0;
     const unsigned char *b = (const unsigned char *)u.bytes;
     char text[48];
     snprintf(text, sizeof text,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-             b[13], b[14], b[15]);
+             "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             mig ? "MIG" : "GPU", b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9],
+             b[10], b[11], b[12], b[13], b[14], b[15]);
     for (int i = 0; i < vg_cfg.device_count && i < VG_MAX_DEVICES; i++)
         if (!strcasecmp(vg_cfg.dev[i].uuid, text)) return i;
     VG_WARN("CUDA device %d (%s) is not one of this container's GPUs: no device memory "

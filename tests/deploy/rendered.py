@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "manifests" / "vgpud.yaml"
 SCHEDULER_CONFIG = ROOT / "manifests" / "kube-scheduler-config.yaml"
 CHART = ROOT / "helm" / "vgpud"
+# the chart's default scheduler.migProfiles: the MIG profile resources it manages
+MIG_PROFILES: list[str] = yaml.safe_load((CHART / "values.yaml").read_text())["scheduler"][
+    "migProfiles"]
 
 Rule = tuple[str, str, tuple[str, ...]]  # (apiGroup, resource, resourceNames)
 
@@ -130,7 +133,8 @@ def cel_matches(expression: str, obj: dict[str, Any]) -> bool:
 # Sample containers' resources (besides every preset's names, alone and mixed).
 OTHER_RESOURCES = [{}, {"cpu": "1"}, {"memory": "1Gi", "ephemeral-storage": "1Gi"},
                    {"example.com/fpga": "1"}, {"nvidia.com/vgpu": "1"},
-                   {"nvidia.com/mig-1g.5gb": "1"}]
+                   {"nvidia.com/mig-1g.5gb": "1"}, {"nvidia.com/mig-3g.40gb": "0"},
+                   {"example.com/mig-1g.5gb": "1"}, {"nvidia.com/migrate": "1"}]
 PRESET_FIELDS = ("number", "memory", "cores", "memory_percent", "priority")
 
 

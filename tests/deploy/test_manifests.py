@@ -17,6 +17,7 @@ from tests.deploy.rendered import (
     CHART,
     GO_DURATION,
     MANIFEST,
+    MIG_PROFILES,
     SCHEDULER_CONFIG,
     Manifests,
     Rule,
@@ -226,7 +227,7 @@ def chart_presets() -> dict[str, dict[str, str]]:
 
 def test_chart_preset_table_is_the_codes() -> None:
     fields = {"number": "number", "memory": "memory", "cores": "cores",
-              "memoryPercent": "memory_percent", "priority": "priority"}
+              "memoryPercent": "memory_percent", "priority": "priority", "mig": "mig"}
     code = {name: {k: getattr(p, attr) for k, attr in fields.items()
                    if getattr(p, attr) is not None} for name, p in PRESETS.items()}
     assert chart_presets() == code
@@ -388,6 +389,8 @@ def test_managed_resources_are_the_codes_resource_names() -> None:
         preset.memory: not gates.MemoryPlugin,
         preset.cores: not gates.CorePlugin,
         preset.memory_percent: True,
+        # the MIG profiles, which the plugin advertises with migStrategy mixed
+        **{f"{preset.mig}{p}": False for p in MIG_PROFILES},
     }
 
 
@@ -742,7 +745,7 @@ def test_webhook_match_condition_text_names_the_enabled_presets() -> None:
     # Without a CEL library, at least: every enabled GPU name is in the expression, no
     # other (a priority alone does not make a GPU pod: is_gpu_pod).
     names = [n for p in [PRESETS[settings().resourcePreset]]
-             for n in (p.number, p.memory, p.cores, p.memory_percent) if n]
+             for n in (p.number, p.memory, p.cores, p.memory_percent, p.mig) if n]
     every = {getattr(p, f) for p in PRESETS.values()
              for f in ("number", "memory", "cores", "memory_percent", "priority")} - {None}
     for hook in webhook_configurations().values():

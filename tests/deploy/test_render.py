@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.deploy.rendered import (
+    MIG_PROFILES,
     ROOT,
     Manifests,
     check_match_condition,
@@ -221,6 +222,9 @@ def expected_managed(preset: str, compat: tuple[str, ...], *, memory_gate: bool 
     out["nvidia.com/vgpu-cores"] = not core_gate
     out = {n: v for n, v in out.items() if n in names}
     out[PRESETS[preset].number] = False  # the one the device plugin advertises
+    for prefix in dict.fromkeys(PRESETS[p].mig for p in (preset, *compat)):
+        if prefix is not None:  # MIG profiles: advertised by the plugin too
+            out.update({f"{prefix}{profile}": False for profile in MIG_PROFILES})
     return out
 
 
@@ -243,7 +247,7 @@ def test_every_preset_renders_with_the_codes_names(helm: Path, preset: str,
     assert len(got) == len(ext["managedResources"])
     assert got == expected_managed(preset, compat, memory_gate=True)
     gpu_names = {getattr(PRESETS[p], f) for p in (preset, *compat)
-                 for f in ("number", "memory", "cores", "memory_percent")} - {None}
+                 for f in ("number", "memory", "cores", "memory_percent", "mig")} - {None}
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         (cfg,) = m.of_kind(kind)
         expression = match_condition(cfg["webhooks"][0])

@@ -110,6 +110,7 @@ class _Endpoint:
     devices: dict[str, str] = field(default_factory=dict)  # ID -> health
     topology: dict[str, list[int]] = field(default_factory=dict)
     updates: int = 0
+    history: list[dict[str, str]] = field(default_factory=list)  # every ListAndWatch reply
 
     def close(self) -> None:
         if self.channel is not None:
@@ -268,6 +269,7 @@ class FakeKubelet:
             for reply in e.stub.ListAndWatch(dp.Empty()):
                 with self._cond:
                     e.devices = {d.ID: d.health for d in reply.devices}
+                    e.history.append(dict(e.devices))
                     e.topology = {d.ID: [n.ID for n in d.topology.nodes] for d in reply.devices}
                     e.updates += 1
                     self._cond.notify_all()
@@ -292,7 +294,7 @@ class FakeKubelet:
 
         def done() -> bool:
             return all(len(self.registrations_of(r)) >= count and r in self._endpoints
-                       and bool(self._endpoints[r].devices) for r in names)
+                       and self._endpoints[r].updates > 0 for r in names)
 
         self.wait(done, timeout)
 
@@ -314,6 +316,12 @@ class FakeKubelet:
         e = self._endpoint(resource)
         with self._lock:
             return {} if e is None else dict(e.topology)
+
+    def device_history(self, resource: str | None = None) -> list[dict[str, str]]:
+        """Every device list the plugin sent, oldest first (ID -> health)."""
+        e = self._endpoint(resource)
+        with self._lock:
+            return [] if e is None else list(e.history)
 
     def list_and_watch_updates(self, resource: str | None = None) -> int:
         e = self._endpoint(resource)

@@ -190,3 +190,21 @@ def wait_for_window(window_ns: int, into_ns: int = 5_000_000) -> int:
 def mono_to_real_us(t_ns: int) -> int:
     """A CLOCK_MONOTONIC time as CLOCK_REALTIME microseconds (NVML timestamps)."""
     return (t_ns + time.time_ns() - time.monotonic_ns()) // 1000
+
+
+NVML_PRELUDE = """
+# pynvml on the fake, for child scripts: val() turns an NVML error into {"code": n}
+import ctypes, json, os, pynvml as n
+n.nvmlInit()
+def val(f, *a):
+    try:
+        v = f(*a)
+    except n.NVMLError as e:
+        return {"code": e.value}
+    return v.decode() if isinstance(v, bytes) else v
+def event(line):
+    with open(os.environ["FAKECUDA_EVENTS"], "a") as f:
+        f.write(line + "\\n")
+def addr(h):
+    return ctypes.cast(h, ctypes.c_void_p).value
+"""

@@ -6,6 +6,10 @@ a query can land in a chosen sampling window and run in a chosen PID namespace.
     rates DEV              nvmlDeviceGetUtilizationRates
     procs DEV              nvmlDeviceGetComputeRunningProcesses (v3, v2 and v1)
     count                  nvmlDeviceGetCount
+    list                   every device by index: uuid, index, minor (or the error code)
+    hold KEY IDX|UUID      keep a handle (by index, or by GPU-/MIG- UUID) under KEY
+    ask KEY                uuid, index, minor, name, memory of a held handle (or error codes)
+    migs IDX               the MIG devices of device IDX (nvmlDeviceGetMigDeviceHandleByIndex)
     driver                 nvmlSystemGetDriverVersion
     now                    CLOCK_MONOTONIC ns and CLOCK_REALTIME us
     pid                    getpid()
@@ -59,8 +63,67 @@ def raw_util(h: Any, last_seen: int, room: int) -> dict[str, Any]:
     return {"rc": rc, "count": count.value, "samples": samples}
 
 
+HELD: dict[str, Any] = {}
+
+
+def attempt(fn: Any, *args: Any) -> Any:
+    """fn(*args) as JSON: the value, or {"code": NVML error code}."""
+    try:
+        v = fn(*args)
+    except pynvml.NVMLError as e:
+        return {"code": e.value}
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def describe(h: Any) -> dict[str, Any]:
+    mem = attempt(pynvml.nvmlDeviceGetMemoryInfo, h)
+    return {
+        "uuid": attempt(pynvml.nvmlDeviceGetUUID, h),
+        "index": attempt(pynvml.nvmlDeviceGetIndex, h),
+        "minor": attempt(pynvml.nvmlDeviceGetMinorNumber, h),
+        "name": attempt(pynvml.nvmlDeviceGetName, h),
+        "memory": mem if isinstance(mem, dict) else {"total": mem.total, "used": mem.used},
+    }
+
+
+def migs(idx: int) -> list[dict[str, Any]]:
+    parent = pynvml.nvmlDeviceGetHandleByIndex(idx)
+    out = []
+    for k in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(parent)):
+        try:
+            m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, k)
+        except pynvml.NVMLError_NotFound:
+            break
+        d = describe(m)
+        d["gi"] = pynvml.nvmlDeviceGetGpuInstanceId(m)
+        d["ci"] = pynvml.nvmlDeviceGetComputeInstanceId(m)
+        out.append(d)
+    return out
+
+
 def handle(words: list[str]) -> dict[str, Any]:
     cmd = words[0]
+    if cmd == "list":
+        n = pynvml.nvmlDeviceGetCount()
+        return {
+            "count": n,
+            "devices": [describe(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(n)],
+        }
+    if cmd == "hold":
+        key, what = words[1], words[2]
+        h = (
+            attempt(pynvml.nvmlDeviceGetHandleByIndex, int(what))
+            if what.isdigit()
+            else attempt(pynvml.nvmlDeviceGetHandleByUUID, what)
+        )
+        if isinstance(h, dict):
+            return h
+        HELD[key] = h
+        return {}
+    if cmd == "ask":
+        return describe(HELD[words[1]])
+    if cmd == "migs":
+        return {"migs": migs(int(words[1]))}
     h = pynvml.nvmlDeviceGetHandleByIndex(int(words[1])) if len(words) > 1 else None
     if cmd == "util":
         try:
@@ -98,7 +161,7 @@ def main() -> None:
         try:
             reply = handle(words)
         except pynvml.NVMLError as e:
-            reply = {"error": str(e)}
+            reply = {"error": str(e), "code": e.value}
         print(json.dumps(reply), flush=True)
 
 

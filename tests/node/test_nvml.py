@@ -62,7 +62,7 @@ def test_nvlink_ecc_quiet_timer_and_pending_retirement(tmp_path: Path) -> None:
                             u[2]: sorted([u[1], u[3]]), u[3]: [u[2]]}
     ev = out["events"]
     assert ev[:3] == [[u[3], False, "Xid 48"], [u[0], False, "double-bit ECC error"],
-                      [u[2], False, "Xid 79"]]
+                      [u[2], False, "Xid 79 (fell off the bus)"]]
     recovered = [(uuid, why) for uuid, ok, why in ev[3:] if ok]
     assert [x[0] for x in recovered] == [u[0], u[2]], ev
     assert all("no error for" in why and "probe passed" in why for _, why in recovered)

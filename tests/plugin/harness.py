@@ -33,6 +33,7 @@ from vgpud.core.model import ContainerGrant, DeviceGrant, Node, NodeInventory, P
 from vgpud.core.requests import parse_pod
 from vgpud.kube.client import KubeClient
 from vgpud.node.cluster import KubeCluster
+from vgpud.node.devices import GpuSource
 from vgpud.node.fakegpus import FakeGpus
 from vgpud.plugin.run import PluginOptions, Running, run_plugin
 
@@ -91,7 +92,8 @@ async def wait_for(predicate: Callable[[], Any], seconds: float = 10.0) -> None:
 
 class Harness:
     def __init__(self, api: ApiServer, kube: KubeClient, kubelet: FakeKubelet, root: Path,
-                 tg: TaskGroup, settings: Settings, devices_file: Path) -> None:
+                 tg: TaskGroup, settings: Settings, devices_file: Path,
+                 source: Callable[[Path], GpuSource] | None = None) -> None:
         self.api = api
         self.kube = kube
         self.kubelet = kubelet
@@ -99,6 +101,7 @@ class Harness:
         self.tg = tg
         self.settings = settings
         self.devices_file = devices_file
+        self.source = source or (lambda path: FakeGpus(path, poll_interval=0.05))
         self.state_dir = root / "state"
         self.running: Running | None = None
         self.allocator: Allocator | None = None
@@ -115,7 +118,7 @@ class Harness:
         async def body(*, task_status: Any) -> None:
             with anyio.CancelScope() as scope:
                 self._scope = scope
-                source = FakeGpus(self.devices_file, poll_interval=0.05)
+                source = self.source(self.devices_file)
                 try:
                     await run_plugin(opts, source, KubeCluster(self.kube), task_status=task_status)
                 finally:
@@ -169,10 +172,16 @@ class Harness:
 @asynccontextmanager
 async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
                        memory: int = 24576, resources: Sequence[str] = (VGPU,),
+                       source: Callable[[Path], GpuSource] | None = None,
+                       devices: list[dict[str, Any]] | None = None,
                        ) -> AsyncIterator[Harness]:
+    """A plugin on the API stand-in and the fake kubelet, its GPUs from a fake-devices
+    file of ``gpus`` devices (or of ``devices``, or from ``source(file)``)."""
     root = Path(tempfile.mkdtemp(prefix="vgp"))  # unix socket paths must stay short
     try:
         devices_file = write_devices(root / "devices.json", gpus, memory)
+        if devices is not None:
+            devices_file.write_text(json.dumps({"devices": devices}))
         given = dict(settings or {})  # the shim is always installed under the test's root
         s = parse_settings({**given, "plugin": {**given.get("plugin", {}),
                                                 "shimHostDir": str(root / "shim")}})
@@ -182,7 +191,7 @@ async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
             async with KubeClient.for_url(api.url) as kube, anyio.create_task_group() as tg:
                 kubelet = FakeKubelet(root, resources[0])
                 kubelet.start_servers()
-                h = Harness(api, kube, kubelet, root, tg, s, devices_file)
+                h = Harness(api, kube, kubelet, root, tg, s, devices_file, source)
                 try:
                     await h.start_plugin()
                     await anyio.to_thread.run_sync(

@@ -287,3 +287,30 @@ def test_without_pid_mapping_context_is_not_guessed(shim: Shim) -> None:
     out, _ = shim.run("ctx", "alloc", MIB, "info", env=env)
     assert out[2]["free"] == (1 << 30) - MIB  # NVML never saw "our" pid: nothing charged
     assert time.monotonic() - t0 < 30
+
+
+# The fake driver's first MIG device on GPU 0 (tests/fakes/CONTRACT.md): a 1g.10gb GPU
+# instance at placement 0 has GPU-instance id 7, its one compute instance id 0.
+MIG_UUID = "MIG-fa4ecda1-0000-4007-8000-000000000000"
+MIG_GPU = {"FAKECUDA_DEVICES": "81920", "FAKECUDA_MIG": "0",
+           "FAKECUDA_MIG_LAYOUT": "0:1g.10gb", "CUDA_VISIBLE_DEVICES": MIG_UUID}
+
+
+def test_a_vgpu_slice_inside_a_mig_instance_is_limited_by_its_mig_uuid(shim: Shim) -> None:
+    """migStrategy single: the limits file names the instance's MIG UUID; the shim finds
+    it by cuDeviceGetUuid_v2 (v1 would give the GPU's), and holds the slice inside the
+    instance's own 9728 MiB."""
+    limit = 4000 * MIB
+    shim.config(device__0__uuid=MIG_UUID, device__0__memory_limit=str(limit))
+    out, _ = shim.run("ctx", "alloc", 3000 * MIB, "alloc", 1000 * MIB, "alloc", 1, "info",
+                      "total", env=MIG_GPU)
+    assert [a["rc"] for a in by_op(out, "alloc")] == [0, 0, OOM]
+    assert (by_op(out, "info")[0]["total"], by_op(out, "info")[0]["free"]) == (limit, 0)
+    assert by_op(out, "total")[0]["total"] == limit
+    # without the shim the instance, not the 80 GiB GPU, bounds the process
+    shim.config(device__0__uuid="GPU-fa4ecda0-0000-4000-8000-000000000000",
+                device__0__memory_limit=str(limit))
+    raw, _ = shim.run("ctx", "total", "alloc", 9728 * MIB, "alloc", 1, env=MIG_GPU,
+                      preload=False)
+    assert by_op(raw, "total")[0]["total"] == 9728 * MIB
+    assert [a["rc"] for a in by_op(raw, "alloc")] == [0, OOM]

@@ -116,3 +116,44 @@ def test_plot(tmp_path: Path) -> None:
     out = vgpud("simulate", str(EXAMPLES / "seed-003.yaml"), "--plot", str(png))
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_mig_inventories_under_both_strategies() -> None:
+    out = vgpud("simulate", str(EXAMPLES / "mig.yaml"), "--output", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    pods = {p["name"]: p for p in doc["pods"]}
+    gpus = {g["uuid"]: g for g in doc["gpus"]}  # one scenario: the document is it
+    mixed = {u for u, g in gpus.items() if g["node"] == "mig-mixed" and g["mig"] != "mode"}
+    single = {u for u, g in gpus.items() if g["node"] == "mig-single" and g["mig"] == "shared"}
+    assert len(mixed) == 7 and len(single) == 7
+    for k in range(3):  # whole 1g.10gb instances, each once
+        (d,) = pods[f"small-instance-{k}"]["devices"]
+        assert gpus[d["uuid"]]["mig"] == "1g.10gb" and d["memory"] == 9728
+    assert len({pods[f"small-instance-{k}"]["devices"][0]["uuid"] for k in range(3)}) == 3
+    assert "whole MIG 1g.10gb instance" in pods["small-instance-3"]["reason"]
+    assert [gpus[d["uuid"]]["mig"] for d in pods["two-halves"]["devices"]] == ["3g.40gb"] * 2
+    assert gpus[pods["hami-mig"]["devices"][0]["uuid"]]["mig"] == "2g.20gb"
+    assert pods["no-such-profile"]["status"] == "pending"
+    # vGPU slices: never on a mixed instance or a MIG-mode GPU; inside shared instances
+    slices = [pods[f"slice-{k}"]["devices"][0]["uuid"] for k in range(12)]
+    assert not set(slices) & mixed
+    assert all(gpus[u]["mig"] in ("", "shared") for u in slices)
+    assert sum(u in single for u in slices) >= 8
+    assert pods["big-slice"]["devices"][0]["uuid"] == "GPU-plain-0"
+    for g in gpus.values():
+        if g["mig"] == "mode":
+            assert g["vgpus_used"] == 0 and not g["holders"]
+
+
+def test_bad_mig_inventories_are_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    for gpu, message in [
+        ("{model: A100, memory: 81920, migInstances: [4g.40gb, 4g.40gb]}", "7 compute slices"),
+        ("{model: A100, memory: 40960, migInstances: [3g.40gb, 3g.40gb]}", "more memory"),
+        ("{model: A100, memory: 81920, migInstances: [big]}", "not a MIG profile name"),
+    ]:
+        bad.write_text(f"nodes: [{{name: n, gpus: [{gpu}]}}]\n")
+        out = vgpud("simulate", str(bad))
+        assert out.returncode != 0 and message in out.stderr, (gpu, out.stderr)
+        assert "Traceback" not in out.stderr

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 
 GPU_KEYS = {"node", "uuid", "index", "model", "healthy", "mig", "memoryCapacity",
             "memoryAllocated", "coresCapacity", "coresAllocated", "vgpusCapacity",
-            "vgpusAllocated", "slices"}
+            "vgpusAllocated", "slices", "profile", "parent"}
 SLICE_KEYS = {"namespace", "pod", "container", "memory", "cores", "priority", "state"}
 POD_KEYS = {"namespace", "name", "uid", "node", "state", "priority", "grants", "reason",
             "since"}
@@ -99,7 +99,7 @@ async def test_gpus_api_shape(served: Served) -> None:
         "node": "gpu-b", "uuid": "GPU-gpu-b-1", "index": 1, "model": "NVIDIA A100-SXM4-80GB",
         "healthy": True, "mig": False, "memoryCapacity": 16384 << 20,
         "memoryAllocated": 3000 << 20, "coresCapacity": 100, "coresAllocated": 30,
-        "vgpusCapacity": 10, "vgpusAllocated": 2, "slices": None}
+        "vgpusCapacity": 10, "vgpusAllocated": 2, "slices": None, "profile": "", "parent": ""}
     assert b1["slices"] == [
         {"namespace": "team-a", "pod": "infer", "container": "main", "memory": 1000 << 20,
          "cores": 10, "priority": 5, "state": "confirmed"},

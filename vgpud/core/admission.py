@@ -90,7 +90,7 @@ EMPTY = Catalogue({})
 
 def profile(inv: NodeInventory) -> tuple[GpuUsage, ...]:
     """A node's GPUs as their capacities (MIG-mode GPUs are never placed on)."""
-    caps = (inv.capacity(g) for g in inv.devices if not g.mig)
+    caps = (inv.capacity(g) for g in inv.devices if g.offers(""))
     return tuple(sorted(caps, key=lambda c: (c.memory, c.cores, c.vgpus), reverse=True))
 
 

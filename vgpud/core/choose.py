@@ -41,7 +41,7 @@ class _Free:
 
     __slots__ = ("cap_cores", "cap_memory", "cap_vgpus", "free_cores", "free_memory",
                  "free_vgpus", "healthy", "held_exclusive", "held_vgpus", "selected",
-                 "uuid", "view", "whole")
+                 "uuid", "view", "whole")  # whole: offers the container being placed
 
     def __init__(self, g: GpuView, pod: PodRequest, *, pristine: bool = False) -> None:
         self.view = g
@@ -118,6 +118,7 @@ def _place_container(c: ContainerRequest, state: list[_Free], pod: PodRequest,
     cands = []
     reasons: dict[str, int] = {}
     for f in state:
+        f.whole = f.view.gpu.offers(c.profile)
         why = gpu_reason(f, demand(c, f.cap_memory))
         if why is None:
             cands.append(f)

@@ -58,6 +58,8 @@ class Cluster:
         self._free_nodes: list[int] = []
         self.type_names: list[str] = []
         self._type_ids: dict[str, int] = {}
+        self.profile_names: list[str] = [""]
+        self._profile_ids: dict[str, int] = {"": 0}
         self.generation = 0
         self._n = 0  # slots in use (including dead ones)
         self._alloc(capacity)
@@ -85,6 +87,7 @@ class Cluster:
         grow("alive", np.bool_, False)
         grow("healthy", np.bool_, False)
         grow("mig", np.bool_, False)
+        grow("profile_id", np.int32, 0)
         grow("type_id", np.int32, 0)
         grow("numa", np.int32, 0)
         grow("cap_mem", np.int64)
@@ -102,6 +105,7 @@ class Cluster:
     alive: B
     healthy: B
     mig: B
+    profile_id: I32  # 0: takes vGPUs; else a MIG profile placed whole (profile_names)
     type_id: I32
     numa: I32
     cap_mem: I64
@@ -123,6 +127,18 @@ class Cluster:
             tid = self._type_ids[model] = len(self.type_names)
             self.type_names.append(model)
         return tid
+
+    def profile_code(self, profile: str) -> int:
+        """The ``profile_id`` of GPUs offered to a request for ``profile``; -1 when no
+        GPU offers it."""
+        return self._profile_ids.get(profile, -1)
+
+    def _profile(self, profile: str) -> int:
+        pid = self._profile_ids.get(profile)
+        if pid is None:
+            pid = self._profile_ids[profile] = len(self.profile_names)
+            self.profile_names.append(profile)
+        return pid
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -154,7 +170,7 @@ class Cluster:
     def _shape(self, inv: NodeInventory) -> int:
         pos = {g.uuid: i for i, g in enumerate(inv.devices)}
         key = (inv.memory_scaling, inv.core_scaling, tuple(
-            (g.model, g.memory, g.split, g.numa, g.healthy, g.mig,
+            (g.model, g.memory, g.split, g.numa, g.healthy, g.mig, g.profile,
              tuple(sorted(pos.get(u, -1) for u in g.links))) for g in inv.devices))
         sid = self._shape_ids.get(key)
         if sid is None:
@@ -217,6 +233,7 @@ class Cluster:
             self.alive[k] = True
             self.healthy[k] = g.healthy
             self.mig[k] = g.mig
+            self.profile_id[k] = self._profile(g.profile)
             self.type_id[k] = self._type(g.model)
             self.numa[k] = g.numa
             cap = inv.capacity(g)
@@ -242,7 +259,7 @@ class Cluster:
             [np.arange(self.node_start[i], self.node_start[i] + self.node_count[i])
              for i in live] or [np.zeros(0, dtype=np.int64)]
         ).astype(np.int64)
-        arrays = ("node_of", "alive", "healthy", "mig", "type_id", "numa", "cap_mem",
+        arrays = ("node_of", "alive", "healthy", "mig", "profile_id", "type_id", "numa", "cap_mem",
                   "cap_cores", "cap_split", "used_mem", "used_cores", "used_split", "excl",
                   "link_degree")
         kept = {name: getattr(self, name)[order] for name in arrays}

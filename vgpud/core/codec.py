@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from vgpud.core.model import (
+    MIG_PROFILE,
     ComputePolicy,
     ContainerGrant,
     DeviceGrant,
@@ -108,7 +109,9 @@ def encode_node_devices(inv: NodeInventory) -> str:
         "devices": [
             {"uuid": g.uuid, "index": g.index, "model": g.model, "memory": g.memory,
              "split": g.split, "numa": g.numa, "links": list(g.links),
-             "healthy": g.healthy, "mig": g.mig}
+             "healthy": g.healthy, "mig": g.mig,
+             **({"profile": g.profile} if g.profile else {}),
+             **({"parent": g.parent} if g.parent else {})}
             for g in inv.devices
         ],
     }
@@ -137,7 +140,16 @@ def decode_gpu(d: object, where: str, *, split_default: int | None = None) -> Gp
         links=tuple(links),
         healthy=_opt(d, "healthy", bool, True, where),
         mig=_opt(d, "mig", bool, False, where),
+        profile=_profile(_opt(d, "profile", str, "", where), f"{where}.profile"),
+        parent=sys.intern(_opt(d, "parent", str, "", where)),
     )
+
+
+def _profile(name: str, where: str) -> str:
+    """A MIG profile name as NVIDIA writes it (``1g.10gb``, ``1c.2g.20gb``, ``1g.10gb+me``)."""
+    if name and not MIG_PROFILE.match(name):
+        raise CodecError(f"{where}: {name!r} is not a MIG profile name (like 1g.10gb)")
+    return sys.intern(name)
 
 
 def decode_node_devices(raw: str | bytes | object) -> NodeInventory:

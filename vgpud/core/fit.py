@@ -24,7 +24,7 @@ idle for a whole-GPU request, free memory, free cores) are resolvable.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -84,7 +84,7 @@ class GpuState:
     free_memory: int
     free_cores: int
     healthy: bool = True
-    whole: bool = True  # not in MIG mode
+    whole: bool = True  # offers what is asked: not in MIG mode, the asked MIG profile
     selected: bool = True  # passes the pod's type/uuid filters
 
     @classmethod
@@ -119,8 +119,8 @@ PREDICATES: tuple[Predicate, ...] = (
               "GPU {g.uuid} is unhealthy",
               "container {name} needs {need} healthy GPU(s); the node has {have}"),
     Predicate("mig", False, lambda g, n: g.whole,
-              "GPU {g.uuid} is in MIG mode",
-              "container {name} needs {need} GPU(s) not in MIG mode; the node has {have}"),
+              "GPU {g.uuid} is in MIG mode, or a MIG instance of another kind than asked",
+              "container {name} needs {need} {what}; the node has {have}"),
     Predicate("gpu-filter", False, lambda g, n: g.selected,
               "GPU {g.uuid} is excluded by the pod's GPU type/uuid filters",
               "container {name} needs {need} GPU(s) matching the pod's GPU type/uuid filters; "
@@ -212,7 +212,9 @@ def _stage_reason(stage: _Stage, have: int, need: int, c: ContainerRequest,
     r = cache.get(key)
     if r is None:
         mem = f"{c.memory} MiB" if c.memory is not None else f"{c.memory_percent}% of memory"
-        msg = template.format(have=have, need=need, mem=mem, cores=c.cores, name=c.name)
+        what = f"whole MIG {c.profile} instance(s)" if c.profile else "GPU(s) not in MIG mode"
+        msg = template.format(have=have, need=need, mem=mem, cores=c.cores, name=c.name,
+                              what=what)
         r = cache[key] = Reason(code, msg, resolvable)
     return r
 
@@ -309,8 +311,10 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     if um is not None:
         um = take(um)
         selected = um if selected is None else selected & um
+    not_mig = ~take(cluster.mig)
+    profile_of = take(cluster.profile_id)
     cols = _Columns(
-        healthy=take(cluster.healthy), whole=~take(cluster.mig),
+        healthy=take(cluster.healthy), whole=not_mig & (profile_of == 0),
         selected=True if selected is None else selected,
         cap_vgpus=cap_split, cap_memory=cap_mem, cap_cores=cap_cores,
         held_vgpus=used_split, held_exclusive=take(cluster.excl),
@@ -324,11 +328,14 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     cache: dict[tuple[str, int, int, str], Reason] = {}
     masks = []
     # Containers that run at the same time must each fit; init containers too.
-    shapes: dict[tuple[int, int | None, int | None, int], ContainerRequest] = {}
+    shapes: dict[tuple[int, int | None, int | None, int, str], ContainerRequest] = {}
     for c in pod.containers:
-        shapes.setdefault((c.number, c.memory, c.memory_percent, c.cores), c)
+        shapes.setdefault((c.number, c.memory, c.memory_percent, c.cores, c.profile), c)
     numa = pod.topology is TopologyMode.NUMA
+    vgpu_cols = cols
     for c in shapes.values():
+        cols = vgpu_cols if not c.profile else replace(
+            vgpu_cols, whole=not_mig & (profile_of == cluster.profile_code(c.profile)))
         need = demand(c, cap_mem)
         running = on_candidate
         cumulative = [running]

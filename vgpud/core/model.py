@@ -16,11 +16,15 @@ maximum over its phases (:meth:`GpuUsage.join`), since phases never overlap.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 EXCLUSIVE_CORES = 100
+# A MIG profile name as NVIDIA writes it: 1g.10gb, 1c.2g.20gb (a compute-instance
+# profile), 1g.10gb+me (with media engines; ``.me`` where a resource name cannot hold "+")
+MIG_PROFILE = re.compile(r"^(?:[1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0,3}gb(?:[.+][a-z]+)?$")
 
 
 def is_exclusive(cores: int) -> bool:
@@ -53,17 +57,47 @@ class ComputePolicy(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One physical GPU as the node's plugin reports it."""
+    """One GPU as the node's plugin reports it: a physical GPU, or a MIG instance.
+
+    A physical GPU in MIG mode has ``mig`` set and is never placed on; its instances
+    (``parent`` names the GPU) are devices of their own. An instance advertised whole
+    under its profile's resource (``migStrategy: mixed``, e.g. ``nvidia.com/mig-1g.10gb``)
+    has ``profile`` set and only a request for that profile fits it; one shared like a
+    GPU (``single``) has no ``profile`` and takes vGPU slices as any GPU does.
+    """
 
     uuid: str
     index: int
     model: str
-    memory: int  # physical MiB
+    memory: int  # physical MiB (an instance's own memory)
     split: int = 10
     numa: int = 0
     links: tuple[str, ...] = ()
     healthy: bool = True
     mig: bool = False
+    profile: str = ""  # MIG profile ("1g.10gb") of an instance placed whole
+    parent: str = ""  # the physical GPU of a MIG instance
+
+    def offers(self, profile: str) -> bool:
+        """A container asking for ``profile`` ("" for vGPUs) may be placed here."""
+        return not self.mig and self.profile == profile
+
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+def offered(gpu: Gpu, strategy: str) -> Gpu | None:
+    """How a node offers a discovered device under its MIG strategy (NVIDIA's names):
+    GPUs as they are; a MIG instance (``parent`` set, ``profile`` its profile) not at
+    all with "none", shared like a GPU with "single" (no ``profile``), whole under its
+    profile with "mixed" (one vGPU)."""
+    if not gpu.parent:
+        return gpu
+    if strategy == "single":
+        return replace(gpu, profile="")
+    if strategy == "mixed":
+        return replace(gpu, split=1)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +134,8 @@ class ContainerRequest:
     ``memory`` is MiB per vGPU; ``memory_percent`` (exclusive with ``memory``) is a
     share of each chosen GPU's capacity. ``cores`` is percent of one GPU per vGPU;
     100 asks for a whole GPU, which needs an idle one and keeps others off it.
+    A ``profile`` request asks for ``number`` whole MIG instances of that profile
+    (``memory_percent`` 100, ``cores`` 100).
     """
 
     name: str
@@ -109,6 +145,7 @@ class ContainerRequest:
     cores: int = 0
     init: bool = False
     sidecar: bool = False  # a restartable init container: runs alongside later ones
+    profile: str = ""  # MIG instances of this profile, each whole ("" for vGPUs)
 
     @property
     def exclusive(self) -> bool:

@@ -55,6 +55,8 @@ class GpuRow:
     vgpus_capacity: int
     vgpus_allocated: int
     slices: tuple[Slice, ...]
+    profile: str = ""  # a MIG instance placed whole: its profile
+    parent: str = ""  # a MIG instance: its GPU's uuid
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +111,8 @@ def gpu_rows(cluster: Cluster, ledger: Ledger, nodes: Iterable[str] | None = Non
                 cores_capacity=v.cap_cores, cores_allocated=used.cores,
                 vgpus_capacity=v.gpu.split, vgpus_allocated=used.vgpus,
                 slices=tuple(sorted(slices.get(v.gpu.uuid, ()),
-                                    key=lambda s: (s.namespace, s.pod, s.container)))))
+                                    key=lambda s: (s.namespace, s.pod, s.container))),
+                profile=v.gpu.profile, parent=v.gpu.parent))
     return out
 
 

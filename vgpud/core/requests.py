@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Any
 
 from vgpud.core.model import (
+    MIG_PROFILE,
     ComputePolicy,
     ContainerRequest,
     Defaults,
@@ -43,13 +44,23 @@ class Preset:
     memory_percent: str | None = None
     priority: str | None = None  # a resource carrying the priority (HAMi)
     tke: bool = False  # TKE's units: vcuda-core 100 = one GPU, vcuda-memory × 256 MiB
+    mig: str | None = None  # prefix of the MIG profile resources (``<mig><profile>``)
+
+    def mig_profile(self, resource: str) -> str | None:
+        """The MIG profile a resource name asks for (``nvidia.com/mig-1g.10gb`` →
+        ``1g.10gb``), or None when it is not one of this preset's MIG resources."""
+        if self.mig is None or not resource.startswith(self.mig):
+            return None
+        return resource[len(self.mig):]
 
 
 PRESETS: dict[str, Preset] = {
     "vgpu-manager": Preset("vgpu-manager", "nvidia.com/vgpu-number", "nvidia.com/vgpu-memory",
-                           "nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory-percentage"),
+                           "nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory-percentage",
+                           mig="nvidia.com/mig-"),
     "hami": Preset("hami", "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores",
-                   "nvidia.com/gpumem-percentage", priority="nvidia.com/priority"),
+                   "nvidia.com/gpumem-percentage", priority="nvidia.com/priority",
+                   mig="nvidia.com/mig-"),
     "volcano": Preset("volcano", "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory",
                       "volcano.sh/vgpu-cores"),
     "tke": Preset("tke", "tencent.com/vcuda-core", "tencent.com/vcuda-memory", None, tke=True),
@@ -127,8 +138,8 @@ def preset_of(names: Iterable[str], presets: Sequence[Preset]) -> Preset | None:
     a container names: the system the container speaks. None: not a GPU container."""
     held = set(names)
     return next((p for p in presets if any(
-        n is not None and n in held for n in (p.number, p.memory, p.cores, p.memory_percent))),
-        None)
+        n is not None and n in held for n in (p.number, p.memory, p.cores, p.memory_percent))
+        or any(p.mig_profile(n) is not None for n in held)), None)
 
 
 def _container(
@@ -150,6 +161,9 @@ def _container(
 
     if preset.tke:
         return _tke_container(cname, get(preset.number), get(preset.memory), init, sidecar)
+    profiles = {p: n for n in res if (p := preset.mig_profile(n)) is not None}
+    if profiles:
+        return _mig_container(cname, preset, profiles, res, init, sidecar)
     number = get(preset.number)
     memory = get(preset.memory) or None
     percent = get(preset.memory_percent)
@@ -189,6 +203,34 @@ def _container(
     return ContainerRequest(
         name=cname, number=number, memory=memory, memory_percent=percent,
         cores=defaults.default_cores if cores is None else cores, init=init, sidecar=sidecar)
+
+
+def _mig_container(cname: str, preset: Preset, profiles: Mapping[str, str],
+                   res: Mapping[str, object], init: bool, sidecar: bool,
+                   ) -> ContainerRequest | None:
+    """A container asking for whole MIG instances (``nvidia.com/mig-1g.10gb: 2``)."""
+    counts = {p: parse_quantity(res[n], f"container {cname!r}: {n}") for p, n in profiles.items()}
+    counts = {p: k for p, k in counts.items() if k}
+    if not counts:
+        return None
+    if len(counts) > 1:
+        raise RequestError(f"container {cname!r}: asks for MIG instances of several profiles "
+                           f"({', '.join(sorted(counts))}); one profile per container")
+    (profile, number), = counts.items()
+    if not MIG_PROFILE.match(profile):
+        raise RequestError(f"container {cname!r}: {profiles[profile]}: {profile!r} is not a "
+                           "MIG profile name (like 1g.10gb)")
+    mixed = [n for n in (preset.number, preset.memory, preset.cores, preset.memory_percent)
+             if n is not None and res.get(n) not in (None, 0, "0")]
+    if mixed:
+        raise RequestError(f"container {cname!r}: asks for MIG instances "
+                           f"({profiles[profile]}) and vGPUs ({', '.join(mixed)}) at once; a "
+                           "MIG instance is given whole, ask for one or the other")
+    if number > MAX_VGPUS:
+        raise RequestError(f"container {cname!r}: {profiles[profile]}: {number} instances is "
+                           f"more than {MAX_VGPUS}")
+    return ContainerRequest(name=cname, number=number, memory_percent=100, cores=100,
+                            init=init, sidecar=sidecar, profile=profile)
 
 
 def _tke_container(cname: str, core: int | None, mem: int | None, init: bool,

@@ -148,7 +148,10 @@ def gpu_row_html(r: GpuRow) -> str:
     health = ('<span class="badge ok">healthy</span>' if r.healthy
               else '<span class="badge bad">unhealthy</span>')
     if r.mig:
-        health += ' <span class="badge">MIG</span>'
+        health += ' <span class="badge">MIG mode</span>'
+    elif r.parent:
+        health += (f' <span class="badge" title="on {escape(r.parent)}">MIG '
+                   f'{escape(r.profile or "shared")}</span>')
     slices = ("<ul class=\"slices\">" + "".join(_slice_html(s) for s in r.slices) + "</ul>"
               if r.slices else '<span class="muted">free</span>')
     cls = "gpu" if r.healthy else "gpu sick"

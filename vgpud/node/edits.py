@@ -8,7 +8,8 @@ so a second adapter or a second vendor adds a builder, not a servicer.
 
 * :func:`nvidia_gpus` — the GPUs themselves: ``NVIDIA_VISIBLE_DEVICES`` (the NVIDIA
   container runtime's ``env`` mode), CDI names ``nvidia.com/gpu=<uuid>`` (``cdi``), or
-  the device nodes ``/dev/nvidiaN`` plus the control devices (``device-specs``), and
+  the device nodes ``/dev/nvidiaN`` plus the control devices (``device-specs``; a MIG
+  instance adds its ``/dev/nvidia-caps/nvidia-capN`` access devices), and
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA's ordinals follow the limits file's order;
 * :func:`shim` — the shim library and the read-only ``/etc/ld.so.preload`` naming it;
 * :func:`allocation_dirs` — the per-allocation directories: the read-only config
@@ -36,6 +37,7 @@ REGISTER = f"{CONFIG_DIR}/{SOCKET_NAME}"
 ARBITER_DIR = "/var/run/vgpud-arbiter"
 PRELOAD = "/etc/ld.so.preload"
 NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+NVIDIA_CAPS = "/dev/nvidia-caps"  # a MIG instance's access devices: nvidia-cap<minor>
 
 VisibleMode = Literal["env", "cdi", "device-specs"]
 
@@ -75,7 +77,10 @@ def nvidia_gpus(gpus: Sequence[DeviceInfo], mode: VisibleMode) -> ContainerEdits
     if mode == "cdi":
         return ContainerEdits(env=order,
                               cdi_devices=tuple(f"nvidia.com/gpu={d.gpu.uuid}" for d in gpus))
-    paths = [f"/dev/nvidia{d.minor}" for d in gpus] + list(NVIDIA_CONTROL_DEVICES)
+    paths = list(dict.fromkeys(
+        [f"/dev/nvidia{d.minor}" for d in gpus]
+        + [f"{NVIDIA_CAPS}/nvidia-cap{c}" for d in gpus for c in d.caps]))
+    paths += NVIDIA_CONTROL_DEVICES
     return ContainerEdits(env=order, devices=tuple(DeviceNode(p, p) for p in paths))
 
 

@@ -3,9 +3,11 @@
 The file is YAML or JSON ``{"devices": [...]}``; each entry has the fields of a
 ``vgpud.io/node-devices`` device except ``split`` (uuid, index, model, memory, numa,
 links, healthy, mig) and may add ``minor`` (the /dev/nvidiaN number; default the
-index) and ``used`` (MiB in use, for metrics). The file is polled: when a device's
-``healthy`` changes, a health transition is sent, so tests can flip health by
-rewriting the file. Reads happen in a worker thread.
+index) and ``used`` (MiB in use, for metrics). A MIG instance is an entry with
+``profile`` and ``parent`` (a GPU of the file with ``mig: true``). The file is polled:
+when a device's ``healthy`` changes, a health transition is sent, so tests can flip
+health by rewriting the file; discovery reads it again, so devices added to or removed
+from the file come and go as GPUs do. Reads happen in a worker thread.
 """
 
 from __future__ import annotations
@@ -58,9 +60,15 @@ def parse_fake_devices(text: str, where: str) -> tuple[tuple[DeviceInfo, ...], d
     uuids = [f.gpu.uuid for f in found]
     if len(set(uuids)) != len(uuids):
         raise FakeDevicesError(f"{where}: a uuid appears twice")
-    indexes = [f.gpu.index for f in found]
+    indexes = [f.gpu.index for f in found if not f.gpu.parent]
     if len(set(indexes)) != len(indexes):
         raise FakeDevicesError(f"{where}: an index appears twice")
+    parents = {f.gpu.uuid: f.gpu for f in found if not f.gpu.parent}
+    for f in found:
+        p = parents.get(f.gpu.parent) if f.gpu.parent else None
+        if f.gpu.parent and (p is None or not p.mig or not f.gpu.profile):
+            raise FakeDevicesError(f"{where}: MIG instance {f.gpu.uuid} needs a profile and a "
+                                   "parent that is a GPU of this file in MIG mode")
     return tuple(found), used
 
 

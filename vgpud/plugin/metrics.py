@@ -200,6 +200,13 @@ class PluginCollector(Collector):
             actions.add_metric([self.node, "report"], self.watchdog.reports)
             actions.add_metric([self.node, "kill"], self.watchdog.kills)
             yield from (device, over, actions)
+        changes = CounterMetricFamily(
+            "vgpud_gpu_changes", "GPUs (and MIG instances) found after start (added), "
+            "dropped after leaving the node (removed, the old board of a swap included), and "
+            "boards swapped in place (replaced)", labels=["node", "change"])
+        for change, n in sorted(self.devices.changes.items()):
+            changes.add_metric([self.node, change], n)
+        yield changes
         if self.registry is not None:
             regs = CounterMetricFamily("vgpud_container_process_registrations",
                                        "GPU processes that registered with the plugin",

@@ -68,14 +68,26 @@ def gpus_of(ids: Iterable[str]) -> list[str]:
     return [parse_id(r)[0] for r in ids]
 
 
-def advertised(inventory: NodeInventory, per_gpu: int | None = None) -> list[Replica]:
-    """Every replica of every GPU, in GPU index order: ``per_gpu`` of each GPU (its
-    ``split`` when None)."""
+def advertised(inventory: NodeInventory, per_gpu: int | None = None,
+               profile: str = "") -> list[Replica]:
+    """Every replica of every device a resource offers, in inventory order: ``per_gpu``
+    of each (its ``split`` when None).
+
+    A vGPU resource (``profile`` "") offers the GPUs and the MIG instances shared like
+    GPUs; a MIG-mode GPU none of whose instances is offered is advertised unhealthy (so
+    kubelet's capacity shows it), one whose instances are offered is not advertised
+    at all. A profile resource offers the instances of that profile, one ID each."""
+    parents = {g.parent for g in inventory.devices if g.parent}
     out: list[Replica] = []
-    for g in sorted(inventory.devices, key=lambda g: g.index):
+    for g in inventory.devices:
+        if g.mig:
+            if profile or g.uuid in parents:
+                continue
+        elif g.profile != profile:
+            continue
         healthy = g.healthy and not g.mig
-        out += [Replica(replica_id(g.uuid, i), g.uuid, i, healthy, g.numa)
-                for i in range(g.split if per_gpu is None else per_gpu)]
+        n = 1 if profile else g.split if per_gpu is None else per_gpu
+        out += [Replica(replica_id(g.uuid, i), g.uuid, i, healthy, g.numa) for i in range(n)]
     return out
 
 

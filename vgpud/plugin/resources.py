@@ -49,6 +49,7 @@ class ServedResource:
     socket: str  # the socket's file name in kubelet's device-plugin directory
     replicas: int  # IDs advertised per GPU
     per_gpu: int = VGPU_IDS  # IDs that make up one GPU's whole share (see the module doc)
+    profile: str = ""  # a MIG profile resource: one ID per instance of this profile
 
     @property
     def percent(self) -> bool:
@@ -76,10 +77,28 @@ def socket_for(resource: str) -> str:
     return f"vgpud-{resource.replace('/', '-')}.sock"
 
 
+def mig_resources(preset: str, compat: Iterable[str], profiles: Iterable[str],
+                  ) -> tuple[ServedResource, ...]:
+    """One resource per MIG profile the node offers whole (``migStrategy: mixed``) and
+    per preset that names MIG resources: ``nvidia.com/mig-1g.10gb``, one ID per
+    instance."""
+    out: dict[str, ServedResource] = {}
+    for name in (preset, *compat):
+        prefix = PRESETS[name].mig
+        if prefix is None:
+            continue
+        for p in sorted(set(profiles)):
+            res = f"{prefix}{p}"
+            out.setdefault(res, ServedResource(res, socket_for(res), 1, VGPU_IDS, profile=p))
+    return tuple(out.values())
+
+
 def served(preset: str, compat: Iterable[str] = (), *, split: int,
-           core_scaling: float = 1.0) -> tuple[ServedResource, ...]:
+           core_scaling: float = 1.0, profiles: Iterable[str] = (),
+           ) -> tuple[ServedResource, ...]:
     """The resources to register: ``preset``'s first, then each of ``compat``, one per
-    distinct resource name. ``split`` and ``core_scaling`` are this node's settings."""
+    distinct resource name, then the MIG profile resources of ``profiles``
+    (:func:`mig_resources`). ``split`` and ``core_scaling`` are this node's settings."""
     out: dict[str, ServedResource] = {}
     for name in (preset, *compat):
         number = PRESETS[name].number
@@ -91,4 +110,4 @@ def served(preset: str, compat: Iterable[str] = (), *, split: int,
                                          PERCENT_IDS)
         else:
             out[number] = ServedResource(number, socket_for(number), split, VGPU_IDS)
-    return tuple(out.values())
+    return (*out.values(), *mig_resources(preset, compat, profiles))

@@ -1,7 +1,9 @@
 """The plugin process: one anyio task group that owns every task.
 
 :func:`run_plugin` discovers the GPUs, restores the allocations on disk (of every
-resource), installs the shim, and then runs, side by side: the health watcher, one gRPC
+resource), installs the shim, and then runs, side by side: the health watcher, the
+rediscovery loop (GPUs that come and go; a ``VgpuDeviceGone`` event on each pod that
+held a GPU that left; MIG profile resources registered as they appear), one gRPC
 server with its kubelet registration per served resource
 (:func:`vgpud.plugin.resources.served` of ``resourcePreset`` and ``compatPresets``; each
 a :func:`vgpud.plugin.kubelet.serve_plugin` task that re-registers on its own after
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,7 +38,7 @@ from vgpud.node import procfs
 from vgpud.node.allocations import AllocationStore
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.cluster import ClusterApi, KubeCluster, PodView
-from vgpud.node.devices import GpuSource, HealthEvent, NodeDevices
+from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
 from vgpud.node.inventory import publish_inventory
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
@@ -45,7 +47,7 @@ from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.kubelet import serve_plugin
 from vgpud.plugin.metrics import PluginCollector, metrics_app
 from vgpud.plugin.podresources import PodResourcesClient
-from vgpud.plugin.resources import served
+from vgpud.plugin.resources import ServedResource, served
 from vgpud.plugin.service import PluginService
 from vgpud.process import bound_port, parse_listen
 
@@ -94,7 +96,22 @@ def _shim(settings: Settings, required: bool) -> ShimFiles | None:
     return install(source, settings.plugin.shimHostDir)
 
 
-async def _health(source: GpuSource, devices: NodeDevices) -> None:
+class Kick:
+    """Asks the rediscovery loop to run now (an event said a GPU left the bus)."""
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self, at_most: float) -> None:
+        with anyio.move_on_after(at_most):
+            await self._event.wait()
+        self._event = anyio.Event()
+
+
+async def _health(source: GpuSource, devices: NodeDevices, kick: Kick) -> None:
     send, receive = anyio.create_memory_object_stream[HealthEvent](16)
     async with anyio.create_task_group() as tg, receive:
         tg.start_soon(source.watch_health, send)
@@ -102,6 +119,43 @@ async def _health(source: GpuSource, devices: NodeDevices) -> None:
             if devices.apply(event):
                 log.warning("gpu_health", uuid=event.uuid, healthy=event.healthy,
                             reason=event.reason)
+            if event.gone:
+                kick.set()
+
+
+OnChange = Callable[[Changes], Awaitable[None]]
+
+
+async def _rediscover(source: GpuSource, devices: NodeDevices, kick: Kick, on_change: OnChange,
+                      *, every: float, linger: float) -> None:
+    """Discover the GPUs again every ``every`` seconds and when kicked; a GPU that is
+    gone is advertised unhealthy for ``linger`` seconds, then dropped."""
+    async def drop_later(gone: tuple[str, ...]) -> None:
+        await anyio.sleep(linger)
+        if devices.drop(gone):
+            log.warning("gpus_dropped", uuids=list(gone))
+
+    async with anyio.create_task_group() as tg:
+        while True:
+            await kick.wait(every)
+            try:
+                found = await source.discover()
+            except Exception as e:  # NVML hiccups must not stop the plugin; try again later
+                log.warning("rediscovery_failed", error=str(e))
+                continue
+            changes = devices.update(found)
+            if not changes:
+                continue
+            log.warning("gpus_changed", added=list(changes.added), gone=list(changes.gone),
+                        replaced=[list(r) for r in changes.replaced])
+            await on_change(changes)
+            if changes.gone:
+                tg.start_soon(drop_later, changes.gone)
+
+
+def _profiles(devices: NodeDevices) -> list[str]:
+    """The MIG profiles the node offers whole (``migStrategy: mixed``)."""
+    return sorted({g.profile for g in devices.inventory().devices if g.profile})
 
 
 async def _housekeeping(service: PluginService, source: GpuSource, used: dict[str, int],
@@ -139,9 +193,9 @@ async def run_plugin(
     found = await source.discover()
     split, mem_scaling, core_scaling = settings.for_node(opts.node_name)
     devices = NodeDevices(found, split=split, memory_scaling=mem_scaling,
-                          core_scaling=core_scaling)
+                          core_scaling=core_scaling, mig=settings.mig_strategy_for(opts.node_name))
     resources = served(settings.resourcePreset, settings.compatPresets, split=split,
-                       core_scaling=core_scaling)
+                       core_scaling=core_scaling, profiles=_profiles(devices))
     log.info("gpus_found", node=opts.node_name, gpus=len(found), split=split,
              resources=[r.name for r in resources])
     store = AllocationStore(opts.state_dir)
@@ -159,12 +213,15 @@ async def run_plugin(
 
     registrar = Registrar(registry, on_ignored_env=env_ignored)
     reconciling = anyio.Lock()
-    services = {r.name: PluginService(
-        resource=r, node=opts.node_name, devices=devices, store=store,
-        podresources=PodResourcesClient(str(opts.pod_resources_socket), r.name),
-        cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
-        registrar=registrar, reconcile_lock=reconciling, arbiter=arbiter_dir)
-        for r in resources}
+
+    def service_for(r: ServedResource) -> PluginService:
+        return PluginService(
+            resource=r, node=opts.node_name, devices=devices, store=store,
+            podresources=PodResourcesClient(str(opts.pod_resources_socket), r.name),
+            cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
+            registrar=registrar, reconcile_lock=reconciling, arbiter=arbiter_dir)
+
+    services = {r.name: service_for(r) for r in resources}
     service = services[resources[0].name]
     allocations = await anyio.to_thread.run_sync(store.all)  # also loads the store's index
     log.info("allocations_restored", configured=len(store.configured()),
@@ -184,6 +241,21 @@ async def run_plugin(
             + (": killing its largest processes there" if plug.overLimitAction == "kill"
                else ""))
 
+    async def device_gone(uuid: str) -> None:
+        info = devices.info(uuid)
+        what = f"GPU {uuid}" + (f" (index {info.gpu.index}, {info.gpu.model})" if info else "")
+        for a in store.configured():
+            if a.owner is None or uuid not in {d.uuid for d in a.devices}:
+                continue
+            log.warning("gpu_gone_under_container", uuid=uuid, pod=a.owner.pod,
+                        namespace=a.owner.namespace, container=a.owner.container)
+            await cluster.pod_event(
+                PodView(namespace=a.owner.namespace, name=a.owner.pod, uid=a.owner.uid,
+                        resource_version="", node_name="", phase=""), "VgpuDeviceGone",
+                f"{what} is gone from node {opts.node_name} (removed or fell off the bus); "
+                f"container {a.owner.container!r} was using it")
+
+    sockets: dict[str, Path] = {}
     used: dict[str, int] = {}
     observed = Observed()  # the arbiter's last round, for the metrics
     listen = settings.plugin.metricsListen if opts.metrics_listen is None else opts.metrics_listen
@@ -193,7 +265,20 @@ async def run_plugin(
             await tg.start(registrar.run)
             for a in allocations:  # running containers register again after a restart
                 await service.listen(a)
-            tg.start_soon(_health, source, devices)
+            kick = Kick()
+
+            async def on_change(changes: Changes) -> None:
+                for uuid in changes.gone:
+                    await device_gone(uuid)
+                for r in served(settings.resourcePreset, settings.compatPresets, split=split,
+                                core_scaling=core_scaling, profiles=_profiles(devices)):
+                    if r.name not in services:  # a MIG profile new to this node
+                        services[r.name] = service_for(r)
+                        sockets[r.name] = await tg.start(_serve, services[r.name], opts,
+                                                         options)
+                        log.info("resource_added", resource=r.name)
+
+            tg.start_soon(_health, source, devices, kick)
             tg.start_soon(cluster.run)
             tg.start_soon(watchdog.run, source, time.monotonic, over_limit)
             tg.start_soon(partial(
@@ -213,9 +298,10 @@ async def run_plugin(
                                                  arbiter=observed))
                 port = await tg.start(_serve_metrics, metrics_app(metrics), listen)
             options = await service.get_device_plugin_options(pb.Empty())
-            sockets: dict[str, Path] = {}
             for r in resources:  # each re-registers on its own after kubelet restarts
                 sockets[r.name] = await tg.start(_serve, services[r.name], opts, options)
+            tg.start_soon(partial(_rediscover, source, devices, kick, on_change,
+                                  every=plug.rediscoverSeconds, linger=plug.goneLingerSeconds))
             tg.start_soon(_housekeeping, service, source, used, opts.housekeeping,
                           opts.collect_grace)
             task_status.started(Running(devices, port, services, sockets))

@@ -132,7 +132,8 @@ class PluginService(pb.DevicePluginBase):
 
     def device_list(self) -> pb.ListAndWatchResponse:
         out = []
-        for r in advertised(self.devices.inventory(), self.resource.replicas):
+        for r in advertised(self.devices.inventory(), self.resource.replicas,
+                            self.resource.profile):
             topo = pb.TopologyInfo(nodes=[pb.NumaNode(id=r.numa)]) if r.numa >= 0 else None
             out.append(pb.Device(id=r.id, health=HEALTHY if r.healthy else UNHEALTHY,
                                  topology=topo))

@@ -61,12 +61,14 @@ vgpu-manager:
   memory: nvidia.com/vgpu-memory
   cores: nvidia.com/vgpu-cores
   memoryPercent: nvidia.com/vgpu-memory-percentage
+  mig: nvidia.com/mig-
 hami:
   number: nvidia.com/gpu
   memory: nvidia.com/gpumem
   cores: nvidia.com/gpucores
   memoryPercent: nvidia.com/gpumem-percentage
   priority: nvidia.com/priority
+  mig: nvidia.com/mig-
 volcano:
   number: volcano.sh/vgpu-number
   memory: volcano.sh/vgpu-memory
@@ -100,6 +102,22 @@ tke:
 {{- include "vgpud.resourceNames" (dict "ctx" . "fields" (list "number" "memory" "cores" "memoryPercent" "priority")) -}}
 {{- end -}}
 
+{{/* The enabled presets' MIG resource prefixes (JSON list), each once. */}}
+{{- define "vgpud.migPrefixes" -}}
+{{- include "vgpud.resourceNames" (dict "ctx" . "fields" (list "mig")) -}}
+{{- end -}}
+
+{{/* The MIG profile resources of scheduler.migProfiles under every prefix (JSON list). */}}
+{{- define "vgpud.migResourceNames" -}}
+{{- $names := list -}}
+{{- range $prefix := include "vgpud.migPrefixes" . | fromJsonArray -}}
+{{- range $profile := $.Values.scheduler.migProfiles -}}
+{{- $names = append $names (printf "%s%s" $prefix $profile) -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
+{{- end -}}
+
 {{/* The names that make a container a GPU container (vgpud/core/requests.py preset_of,
      vgpud/core/admission.py is_gpu_pod): a priority alone does not. */}}
 {{- define "vgpud.gpuPodResourceNames" -}}
@@ -117,11 +135,17 @@ tke:
      Only such pods are sent, so a down webhook blocks GPU pods only. */}}
 {{- define "vgpud.webhookMatchExpression" -}}
 {{- $names := include "vgpud.gpuPodResourceNames" . -}}
+{{- $mig := include "vgpud.migPrefixes" . -}}
 (object.spec.containers +
   (has(object.spec.initContainers) ? object.spec.initContainers : [])
-).exists(c, has(c.resources) && {{ $names }}.exists(r,
+).exists(c, has(c.resources) && ({{ $names }}.exists(r,
   (has(c.resources.limits) && r in c.resources.limits) ||
-  (has(c.resources.requests) && r in c.resources.requests)))
+  (has(c.resources.requests) && r in c.resources.requests))
+{{- if ne $mig "[]" }} || {{ $mig }}.exists(p,
+  (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith(p))) ||
+  (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith(p))))
+{{- end -}}
+))
 {{- end -}}
 
 {{/* Which webhook objects sit where. The label that spares a namespace or a pod. */}}

@@ -44,6 +44,11 @@ FC_API CUresult cuInit(unsigned int flags) {
     struct fc_shared *s = fc_state();
     if (!s) return fc_knobs()->ndev <= 0 ? CUDA_ERROR_NO_DEVICE : CUDA_ERROR_UNKNOWN;
     fc_lock();
+    fc_visible_resolve(s); /* a MIG-... entry naming no existing instance ends the list */
+    if (fc_knobs()->nvis <= 0) {
+        fc_unlock();
+        return CUDA_ERROR_NO_DEVICE;
+    }
     int slot = fc_self_slot_locked();
     fc_unlock();
     if (slot < 0) return CUDA_ERROR_UNKNOWN;
@@ -74,38 +79,59 @@ FC_API CUresult cuDeviceGetCount(int *count) {
     return CUDA_SUCCESS;
 }
 
+/* The ordinal CUDA_VISIBLE_DEVICES' MIG device has (cuInit resolved it). */
+static int is_mig(CUdevice dev) { return fc_knobs()->mig_ordinal == dev; }
+
 FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     int phys;
     CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (is_mig(dev)) { /* "NVIDIA Fake GPU 80GB MIG 1g.10gb", as NVML names it */
+        const struct fc_knobs *k = fc_knobs();
+        char parent[96], prof[64];
+        fc_device_name(phys, parent, sizeof parent);
+        fc_mig_profile_name(phys, k->mig_gslices, k->mig_cslices, k->mig_mem_slices, prof,
+                            sizeof prof);
+        snprintf(name, (size_t)len, "%s MIG %s", parent, prof);
+        return CUDA_SUCCESS;
+    }
     fc_device_name(phys, name, (size_t)len);
     return CUDA_SUCCESS;
 }
 
-/* The physical device's UUID: the 16 bytes whose string form is NVML's GPU-... UUID.
- * Both entry points share a static body: an LD_PRELOADed library that exports one of
- * the names must not be reached from inside the driver. */
-static CUresult device_uuid(CUuuid *uuid, CUdevice dev) {
+/* The physical device's UUID: the 16 bytes whose string form is NVML's GPU-... UUID.  On
+ * a MIG device, v2 gives the MIG device's UUID (MIG-...) and the legacy entry point its
+ * GPU's, as the real driver does.  The entry points share a static body: an LD_PRELOADed
+ * library that exports one of the names must not be reached from inside the driver. */
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev, int v2) {
     int phys;
     CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
-    fc_uuid_bytes(phys, (unsigned char *)uuid->bytes);
+    const struct fc_knobs *k = fc_knobs();
+    if (is_mig(dev) && v2)
+        fc_mig_uuid_bytes(phys, k->mig_gen, k->mig_gi, k->mig_ci, (unsigned char *)uuid->bytes);
+    else if (is_mig(dev))
+        fc_uuid_bytes_gen(phys, k->mig_gen, (unsigned char *)uuid->bytes);
+    else
+        fc_uuid_bytes(phys, (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
-FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+FC_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev, 0); }
 
-/* The same bytes (the two differ on MIG instances only, which the fake has none of). */
-FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev); }
+FC_API CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) { return device_uuid(uuid, dev, 1); }
 
 FC_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     int phys;
     CUresult r = fc_dev_arg(dev, &phys);
     if (r) return r;
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    *bytes = fc_knobs()->total[phys];
+    if (is_mig(dev)) /* the GPU instance's memory */
+        *bytes = fc_mig_mem_mib(phys, fc_knobs()->mig_mem_slices) * FC_MIB;
+    else
+        *bytes = fc_knobs()->total[phys];
     return CUDA_SUCCESS;
 }
 
@@ -134,7 +160,9 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1410000; break;
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = fc_knobs()->sms; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+        v = is_mig(dev) ? (int)fc_mig_sms(fc_knobs()->mig_cslices) : fc_knobs()->sms;
+        break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = phys; break;
     case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 5120; break;
     case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 40 * 1024 * 1024; break;

@@ -120,10 +120,10 @@ FC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     CUresult r = fc_current(&c);
     if (r) return r;
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
-    struct fc_shared *s = fc_state();
+    uint64_t used, tot;
     fc_lock();
     fc_reap_locked();
-    uint64_t used = s->dev[c->dev].used, tot = s->dev[c->dev].total;
+    fc_meminfo_locked(c->dev, &used, &tot); /* a MIG device: its GPU instance's */
     fc_unlock();
     *total = tot;
     *free_bytes = used < tot ? tot - used : 0;

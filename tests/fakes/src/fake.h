@@ -13,6 +13,8 @@
 #define FC_SAMPLES 64      /* NVML utilisation windows kept per device */
 #define FC_SAMPLE_PIDS 64  /* processes kept per window */
 #define FC_MIB (1024ull * 1024ull)
+#define FC_MIG_GI 15 /* GPU instance ids 0..14: the A100's partition (swizzle) ids */
+#define FC_MIG_CI 8  /* compute instance ids per GPU instance */
 
 /* ---- knobs (knobs.c) ---- */
 struct fc_knobs {
@@ -39,6 +41,18 @@ struct fc_knobs {
     /* CUDA_VISIBLE_DEVICES (CUDA side only): visible ordinal -> physical device */
     int nvis;
     int vis[FC_MAX_DEV];
+    /* the one MIG device CUDA_VISIBLE_DEVICES may name (MIG-... UUID): its ordinal (-1:
+     * none), parent physical device, board generation, GPU and compute instance ids;
+     * resolved against the MIG tables by cuInit (fc_visible_resolve) */
+    int mig_ordinal;
+    int mig_phys;
+    unsigned mig_gen, mig_gi, mig_ci;
+    unsigned mig_gslices, mig_cslices, mig_mem_slices; /* set by fc_visible_resolve */
+    /* FAKECUDA_ABSENT ("3" or "2,3"): devices not on the bus at start (NVML) */
+    int absent[FC_MAX_DEV];
+    /* FAKECUDA_MIG ("0,1"): devices in MIG mode at start; FAKECUDA_MIG_LAYOUT */
+    int mig[FC_MAX_DEV];
+    const char *mig_layout;
 };
 const struct fc_knobs *fc_knobs(void);
 
@@ -50,6 +64,7 @@ struct fc_seg {
 };
 
 #define FC_PROC_HOSTPID_REAL 1u /* host_pid came from the FAKECUDA_HOST_PID_SOCK oracle */
+#define FC_PROC_MIG 2u          /* its CUDA device mig_dev is MIG instance (mig_gi, mig_ci) */
 
 struct fc_proc {
     int32_t pid; /* getpid() of the process, in its own PID namespace; 0: free slot */
@@ -62,6 +77,9 @@ struct fc_proc {
     uint64_t used[FC_MAX_DEV];
     uint64_t managed;
     uint32_t nctx[FC_MAX_DEV];
+    int32_t mig_dev; /* with FC_PROC_MIG: the physical device whose MIG instance it uses */
+    uint32_t mig_gi, mig_ci;
+    uint32_t reserved2;
 };
 
 /* One completed NVML sampling window: [index * sample_ns, (index + 1) * sample_ns) of
@@ -93,19 +111,43 @@ struct fc_window_acc {
     } pid[FC_SAMPLE_PIDS];
 };
 
+/* MIG (mig.c): the GPU and compute instances of a device, shared by every process. */
+struct fc_ci {
+    uint32_t live;
+    uint32_t profile; /* compute instance profile id */
+    uint32_t start, size; /* compute slices within the GPU instance */
+};
+
+struct fc_gi {
+    uint32_t live;
+    uint32_t profile; /* GPU instance profile id (the real A100's: 19, 15, 14, 9, 5, 0) */
+    uint32_t start, size; /* memory slices */
+    uint64_t used;        /* device memory CUDA processes hold in it */
+    struct fc_ci ci[FC_MIG_CI];
+};
+
+struct fc_mig {
+    uint32_t mode;  /* NVML_DEVICE_MIG_ENABLE / DISABLE (current = pending) */
+    uint32_t gen;   /* board generation (FAKECUDA_EVENTS `replace`) the tables belong to */
+    uint32_t epoch; /* bus attachments (`remove`, `replace`) the instances belong to */
+    uint32_t reserved;
+    struct fc_gi gi[FC_MIG_GI]; /* by GPU instance id */
+};
+
 struct fc_dev {
     uint64_t total;
     uint64_t used;
     uint64_t busy_until;
     uint64_t seg_next; /* segments ever written; slot = n % FC_SEGS */
     uint64_t win_next; /* the next sampling window to complete; slot = index % FC_SAMPLES */
+    struct fc_mig mig;
     struct fc_sample samples[FC_SAMPLES];
     struct fc_window_acc acc[FC_SAMPLES];
     struct fc_seg seg[FC_SEGS];
 };
 
 #define FC_MAGIC 0x46414b43u /* "FAKC" */
-#define FC_VERSION 4u
+#define FC_VERSION 5u
 
 struct fc_shared {
     uint32_t magic, version, ndev, reserved;
@@ -151,9 +193,72 @@ uint64_t fc_oldest_locked(int dev);
 void fc_sample_locked(int dev, uint64_t now);
 uint64_t fc_sample_ns(void);
 
+/* Device memory in use and total as CUDA sees dev (this process's MIG instance when dev is
+ * its MIG device's parent); under the lock. */
+void fc_meminfo_locked(int dev, uint64_t *used, uint64_t *total);
+
 /* ---- helpers ---- */
+/* GPU-fa4ecda0-GGGG-4000-8000-00000000000N: N the physical device, GGGG its board
+ * generation (FAKECUDA_EVENTS `replace`; 0 at start) */
 void fc_uuid_bytes(int dev, unsigned char out[16]);
+void fc_uuid_bytes_gen(int dev, unsigned gen, unsigned char out[16]);
 void fc_uuid_string(int dev, char *buf, size_t len);
+void fc_uuid_string_gen(int dev, unsigned gen, char *buf, size_t len);
+void fc_uuid_format(const unsigned char b[16], const char *prefix, char *buf, size_t len);
 void fc_device_name(int dev, char *buf, size_t len);
+/* CUDA_VISIBLE_DEVICES' MIG entry checked against the MIG tables (by cuInit, under the
+ * lock): the list stops before it when the instance does not exist. */
+void fc_visible_resolve(const struct fc_shared *s);
+
+/* ---- MIG model (mig.c): an A100-like GPU, 7 compute slices and 8 memory slices ---- */
+#define FC_MIG_DISABLE 0u
+#define FC_MIG_ENABLE 1u
+struct fc_gi_profile {
+    unsigned constant;           /* NVML_GPU_INSTANCE_PROFILE_* */
+    unsigned id;                 /* the real A100's profile id */
+    unsigned compute, mem;       /* compute slices, memory slices */
+    unsigned count;              /* instanceCount = number of placements */
+    unsigned starts[7];          /* placements: memory slices [start, start + mem) */
+    unsigned ce, dec, jpeg, ofa; /* engines */
+};
+extern const struct fc_gi_profile fc_gi_profiles[];
+extern const unsigned fc_gi_nprofiles;
+const struct fc_gi_profile *fc_gi_profile_by_const(unsigned constant);
+const struct fc_gi_profile *fc_gi_profile_by_id(unsigned id);
+/* GPU instance id of a placement (the A100's swizzle id): 8 slices 0, 4: 1-2, 2: 3-6, 1: 7-13 */
+unsigned fc_gi_id(unsigned start, unsigned size);
+/* memorySizeMB of m memory slices: m x (device MiB / 8) x 95 / 100 */
+uint64_t fc_mig_mem_mib(int dev, unsigned mem_slices);
+/* the GB of a profile name: ceil(m x (device MiB / 8) / 1024) (81920 MiB: 10, 20, 40, 80) */
+unsigned fc_mig_name_gb(int dev, unsigned mem_slices);
+unsigned fc_mig_sms(unsigned compute_slices); /* slices x (FAKECUDA_SMS / 7) */
+/* "1g.10gb" (cslices == gslices) or "1c.3g.40gb" */
+void fc_mig_profile_name(int dev, unsigned gslices, unsigned cslices, unsigned mem_slices,
+                         char *buf, size_t len);
+/* compute slices of a compute instance profile id (0..4: 1, 2, 3, 4, 7), 0 if none */
+unsigned fc_ci_slices(unsigned ci_profile);
+/* Under the lock.  A GPU instance of profile p at placement start (-1: the lowest free one):
+ * its id, or -1 (no free placement / overlap: INSUFFICIENT_RESOURCES) or -2 (start is not a
+ * placement of p). */
+int fc_mig_create_gi_locked(struct fc_mig *m, const struct fc_gi_profile *p, int start);
+/* A compute instance of profile ci_profile in GPU instance g at compute slice start (-1: the
+ * lowest free placement), with the lowest free id: its id, -1 no room / overlap, -2 profile
+ * not supported by this GPU instance, -3 start is not a placement of the profile. */
+int fc_mig_create_ci_locked(struct fc_gi *g, unsigned ci_profile, int start);
+/* Compute slices of GPU instance g (from its profile). */
+unsigned fc_gi_compute(const struct fc_gi *g);
+/* The tables of a board: mode from FAKECUDA_MIG (keep_mode: as it is), no instances. */
+void fc_mig_reset_locked(struct fc_mig *m, int dev, uint32_t gen, uint32_t epoch, int keep_mode);
+/* FAKECUDA_MIG and FAKECUDA_MIG_LAYOUT applied to a new state (init_region). */
+void fc_mig_init_region(struct fc_shared *s);
+/* MIG-fa4ecda1-GGGG-40gg-80cc-00000000000N: device N, generation GGGG, GPU instance gg,
+ * compute instance cc (hex) */
+void fc_mig_uuid_bytes(int dev, unsigned gen, unsigned gi, unsigned ci, unsigned char out[16]);
+void fc_mig_uuid_string(int dev, unsigned gen, unsigned gi, unsigned ci, char *buf, size_t len);
+/* Parse a full MIG-... / GPU-... UUID (case-insensitive) of the fake's format; 0 when it
+ * is one (the device number is not checked against FAKECUDA_DEVICES). */
+int fc_mig_uuid_parse(const char *s, size_t len, int *dev, unsigned *gen, unsigned *gi,
+                      unsigned *ci);
+int fc_gpu_uuid_parse(const char *s, size_t len, int *dev, unsigned *gen);
 
 #endif

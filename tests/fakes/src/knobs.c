@@ -53,11 +53,39 @@ static int visible_entry(const char *e, size_t len) {
     return v < knobs.ndev ? v : -1;
 }
 
+/* A MIG entry of CUDA_VISIBLE_DEVICES: a full MIG-<uuid> of the fake's format, or the
+ * legacy MIG-GPU-<full gpu uuid>/<gi>/<ci>.  0 when it is one. */
+static int visible_mig(const char *e, size_t len, int *dev, unsigned *gen, unsigned *gi,
+                       unsigned *ci) {
+    if (fc_mig_uuid_parse(e, len, dev, gen, gi, ci) == 0) return *dev < knobs.ndev ? 0 : -1;
+    /* MIG-GPU-fa4ecda0-0000-4000-8000-000000000000/7/0 */
+    if (len < 4 + 40 + 4 || len > 64 || strncasecmp(e, "MIG-GPU-", 8) != 0 || e[44] != '/')
+        return -1;
+    char buf[72];
+    memcpy(buf, e + 45, len - 45);
+    buf[len - 45] = 0;
+    char *end;
+    unsigned long g = strtoul(buf, &end, 10), c;
+    if (end == buf || *end != '/') return -1;
+    char *cs = end + 1;
+    c = strtoul(cs, &end, 10);
+    if (end == cs || *end || g >= FC_MIG_GI || c >= FC_MIG_CI) return -1;
+    if (fc_gpu_uuid_parse(e + 4, 40, dev, gen) != 0 || *dev >= knobs.ndev) return -1;
+    *gi = (unsigned)g;
+    *ci = (unsigned)c;
+    return 0;
+}
+
 /* CUDA_VISIBLE_DEVICES as the real driver reads it: parsing stops at the first invalid or
- * duplicate entry; unset = every device; set but empty = none. */
+ * duplicate entry; unset = every device; set but empty = none.  A MIG device (its full
+ * MIG-... UUID) is enumerated only if it is the first MIG device listed (later ones are
+ * skipped, as the real driver enumerates one MIG device per process); its parent listed
+ * as a GPU, or a GPU listed before it as its parent, is a duplicate. */
 static void visible_read(void) {
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
     knobs.nvis = 0;
+    knobs.mig_ordinal = -1;
+    knobs.mig_phys = -1;
     if (!v) {
         for (int d = 0; d < knobs.ndev; d++) knobs.vis[knobs.nvis++] = d;
         return;
@@ -66,14 +94,68 @@ static void visible_read(void) {
     while (*p && knobs.nvis < knobs.ndev) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        int d = visible_entry(p, len);
+        const char *e = p;
+        size_t elen = len;
+        while (elen && isspace((unsigned char)*e)) e++, elen--;
+        while (elen && isspace((unsigned char)e[elen - 1])) elen--;
+        int d, mig = 0;
+        unsigned gen = 0, gi = 0, ci = 0;
+        if (elen >= 4 && strncasecmp(e, "MIG-", 4) == 0) {
+            if (visible_mig(e, elen, &d, &gen, &gi, &ci) != 0) break;
+            mig = 1;
+        } else {
+            d = visible_entry(p, len);
+        }
         if (d < 0) break;
-        for (int i = 0; i < knobs.nvis; i++)
-            if (knobs.vis[i] == d) d = -1;
-        if (d < 0) break;
-        knobs.vis[knobs.nvis++] = d;
+        if (!(mig && knobs.mig_ordinal >= 0)) {
+            for (int i = 0; i < knobs.nvis; i++)
+                if (knobs.vis[i] == d) d = -1;
+            if (d < 0) break;
+            if (mig) {
+                knobs.mig_ordinal = knobs.nvis;
+                knobs.mig_phys = d;
+                knobs.mig_gen = gen;
+                knobs.mig_gi = gi;
+                knobs.mig_ci = ci;
+            }
+            knobs.vis[knobs.nvis++] = d;
+        }
         if (!comma) break;
         p = comma + 1;
+    }
+}
+
+void fc_visible_resolve(const struct fc_shared *s) {
+    static int done;
+    if (done || knobs.mig_ordinal < 0) return;
+    done = 1;
+    const struct fc_mig *m = &s->dev[knobs.mig_phys].mig;
+    const struct fc_gi *g = &m->gi[knobs.mig_gi];
+    const struct fc_gi_profile *p = g->live ? fc_gi_profile_by_id(g->profile) : NULL;
+    if (m->gen != knobs.mig_gen || m->mode != FC_MIG_ENABLE || !p || !g->ci[knobs.mig_ci].live) {
+        /* no such MIG device: the list stops there */
+        knobs.nvis = knobs.mig_ordinal;
+        knobs.mig_ordinal = -1;
+        knobs.mig_phys = -1;
+        return;
+    }
+    knobs.mig_gslices = p->compute;
+    knobs.mig_mem_slices = p->mem;
+    knobs.mig_cslices = g->ci[knobs.mig_ci].size;
+}
+
+/* "1,3" -> flags[1] = flags[3] = 1 */
+static void device_list(const char *name, int flags[FC_MAX_DEV]) {
+    const char *v = getenv(name);
+    for (const char *p = v; p && *p;) {
+        char *end;
+        long d = strtol(p, &end, 10);
+        if (end == p) {
+            fprintf(stderr, "fakecuda: ignoring the rest of %s=%s (want devices like 1,3)\n", name, v);
+            break;
+        }
+        if (d >= 0 && d < FC_MAX_DEV) flags[d] = 1;
+        p = *end == ',' ? end + 1 : end;
     }
 }
 
@@ -127,14 +209,11 @@ static void knobs_read(void) {
         p += used;
         if (*p == ',') p++;
     }
-    const char *rp = getenv("FAKECUDA_RETIRE_PENDING");
-    for (const char *p = rp; p && *p;) {
-        char *end;
-        long d = strtol(p, &end, 10);
-        if (end == p) break;
-        if (d >= 0 && d < FC_MAX_DEV) knobs.retire_pending[d] = 1;
-        p = *end == ',' ? end + 1 : end;
-    }
+    device_list("FAKECUDA_RETIRE_PENDING", knobs.retire_pending);
+    device_list("FAKECUDA_ABSENT", knobs.absent);
+    device_list("FAKECUDA_MIG", knobs.mig);
+    const char *ml = getenv("FAKECUDA_MIG_LAYOUT");
+    knobs.mig_layout = (ml && *ml) ? strdup(ml) : NULL;
     const char *ep = getenv("FAKECUDA_EVENTS");
     knobs.events_path = (ep && *ep) ? strdup(ep) : NULL;
     visible_read();
@@ -145,22 +224,32 @@ const struct fc_knobs *fc_knobs(void) {
     return &knobs;
 }
 
-void fc_uuid_bytes(int dev, unsigned char out[16]) {
-    /* GPU-fa4ecda0-0000-4000-8000-00000000000N */
+void fc_uuid_bytes_gen(int dev, unsigned gen, unsigned char out[16]) {
+    /* GPU-fa4ecda0-GGGG-4000-8000-00000000000N */
     static const unsigned char base[16] = {0xfa, 0x4e, 0xcd, 0xa0, 0x00, 0x00, 0x40, 0x00,
                                            0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
     memcpy(out, base, 16);
+    out[4] = (unsigned char)(gen >> 8);
+    out[5] = (unsigned char)gen;
     out[15] = (unsigned char)dev;
 }
 
-void fc_uuid_string(int dev, char *buf, size_t len) {
-    unsigned char b[16];
-    fc_uuid_bytes(dev, b);
+void fc_uuid_bytes(int dev, unsigned char out[16]) { fc_uuid_bytes_gen(dev, 0, out); }
+
+void fc_uuid_format(const unsigned char b[16], const char *prefix, char *buf, size_t len) {
     snprintf(buf, len,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
+             "%s%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", prefix,
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+             b[13], b[14], b[15]);
 }
+
+void fc_uuid_string_gen(int dev, unsigned gen, char *buf, size_t len) {
+    unsigned char b[16];
+    fc_uuid_bytes_gen(dev, gen, b);
+    fc_uuid_format(b, "GPU-", buf, len);
+}
+
+void fc_uuid_string(int dev, char *buf, size_t len) { fc_uuid_string_gen(dev, 0, buf, len); }
 
 void fc_device_name(int dev, char *buf, size_t len) {
     const struct fc_knobs *k = fc_knobs();

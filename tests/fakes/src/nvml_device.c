@@ -6,8 +6,25 @@
 #include "nvml_int.h"
 
 static struct nvmlDevice_st devices[FC_MAX_DEV];
+static struct nvmlDevice_st mig_devices[FC_MAX_DEV][FC_MIG_GI][FC_MIG_CI];
+static struct nvmlGpuInstance_st gpu_instances[FC_MAX_DEV][FC_MIG_GI];
+static struct nvmlComputeInstance_st compute_instances[FC_MAX_DEV][FC_MIG_GI][FC_MIG_CI];
 static int init_count;
 static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t handles_once = PTHREAD_ONCE_INIT;
+
+static void handles_init(void) {
+    for (int i = 0; i < FC_MAX_DEV; i++) {
+        devices[i].index = i;
+        for (int g = 0; g < FC_MIG_GI; g++) {
+            gpu_instances[i][g] = (struct nvmlGpuInstance_st){.dev = i, .id = g};
+            for (int c = 0; c < FC_MIG_CI; c++) {
+                mig_devices[i][g][c] = (struct nvmlDevice_st){.index = i, .mig = 1, .gi = g, .ci = c};
+                compute_instances[i][g][c] = (struct nvmlComputeInstance_st){.dev = i, .gi = g, .ci = c};
+            }
+        }
+    }
+}
 
 nvmlReturn_t fn_check_init(void) {
     return __atomic_load_n(&init_count, __ATOMIC_ACQUIRE) > 0 ? NVML_SUCCESS
@@ -22,12 +39,110 @@ int fn_index(nvmlDevice_t d) {
 }
 
 nvmlDevice_t fn_handle(int index) { return &devices[index]; }
+nvmlDevice_t fn_mig_handle(int dev, int gi, int ci) { return &mig_devices[dev][gi][ci]; }
+nvmlGpuInstance_t fn_gi_handle(int dev, int gi) { return &gpu_instances[dev][gi]; }
+nvmlComputeInstance_t fn_ci_handle(int dev, int gi, int ci) { return &compute_instances[dev][gi][ci]; }
+
+int fn_gi_of(nvmlGpuInstance_t h, int *dev, int *gi) {
+    const struct nvmlGpuInstance_st *first = &gpu_instances[0][0];
+    if (!h || h < first || h >= first + (size_t)fc_knobs()->ndev * FC_MIG_GI) return 0;
+    *dev = h->dev;
+    *gi = h->id;
+    return 1;
+}
+
+int fn_ci_of(nvmlComputeInstance_t h, int *dev, int *gi, int *ci) {
+    const struct nvmlComputeInstance_st *first = &compute_instances[0][0][0];
+    if (!h || h < first || h >= first + (size_t)fc_knobs()->ndev * FC_MIG_GI * FC_MIG_CI) return 0;
+    *dev = h->dev;
+    *gi = h->gi;
+    *ci = h->ci;
+    return 1;
+}
+
+int fn_is_mig(nvmlDevice_t d, int *dev, int *gi, int *ci) {
+    const struct nvmlDevice_st *first = &mig_devices[0][0][0];
+    if (!d || d < first || d >= first + (size_t)fc_knobs()->ndev * FC_MIG_GI * FC_MIG_CI) return 0;
+    *dev = d->index;
+    *gi = d->gi;
+    *ci = d->ci;
+    return 1;
+}
+
+struct fc_mig *fn_mig_locked(int dev, const struct fn_bus *bus) {
+    struct fc_mig *m = &fc_state()->dev[dev].mig;
+    if (m->gen != bus->gen[dev])
+        fc_mig_reset_locked(m, dev, bus->gen[dev], bus->epoch[dev], 0); /* a new board */
+    else if (m->epoch != bus->epoch[dev])
+        fc_mig_reset_locked(m, dev, bus->gen[dev], bus->epoch[dev], 1); /* re-attached */
+    return m;
+}
+
+int fn_mig_index_locked(const struct fc_mig *m, int gi, int ci) {
+    int n = 0;
+    for (int g = 0; g < FC_MIG_GI; g++)
+        for (int c = 0; c < FC_MIG_CI; c++) {
+            if (!m->gi[g].live || !m->gi[g].ci[c].live) continue;
+            if (g == gi && c == ci) return n;
+            n++;
+        }
+    return -1;
+}
+
+void fn_mig_name(int dev, const struct fc_gi *g, const struct fc_ci *ci, char *buf, size_t len) {
+    char parent[96], prof[64];
+    fc_device_name(dev, parent, sizeof parent);
+    fc_mig_profile_name(dev, fc_gi_compute(g), ci->size, g->size, prof, sizeof prof);
+    snprintf(buf, len, "%s MIG %s", parent, prof);
+}
+
+nvmlReturn_t fn_mig(nvmlDevice_t d, int *dev, int *gi, int *ci) {
+    nvmlReturn_t r = fn_check_init();
+    if (r) return r;
+    if (!fn_is_mig(d, dev, gi, ci)) return NVML_ERROR_INVALID_ARGUMENT;
+    struct fn_bus bus;
+    fn_bus_get(&bus);
+    if (!bus.present[*dev] || bus.lost[*dev]) return NVML_ERROR_GPU_IS_LOST;
+    fc_lock();
+    const struct fc_mig *m = fn_mig_locked(*dev, &bus);
+    int live = m->mode == FC_MIG_ENABLE && m->gi[*gi].live && m->gi[*gi].ci[*ci].live;
+    fc_unlock();
+    return live ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t fn_gpu(nvmlDevice_t d, int *phys, struct fn_bus *bus) {
+    nvmlReturn_t r = fn_check_init();
+    if (r) return r;
+    int i = fn_index(d);
+    if (i < 0) {
+        int dev, gi, ci;
+        if (!fn_is_mig(d, &dev, &gi, &ci)) return NVML_ERROR_INVALID_ARGUMENT;
+        r = fn_mig(d, &dev, &gi, &ci);
+        return r ? r : NVML_ERROR_NOT_SUPPORTED;
+    }
+    fn_bus_get(bus);
+    if (!bus->present[i] || bus->lost[i]) return NVML_ERROR_GPU_IS_LOST;
+    *phys = i;
+    return NVML_SUCCESS;
+}
+
+/* A GPU or a MIG device handle: *mig tells which (gi, ci for a MIG one). */
+static nvmlReturn_t any_arg(nvmlDevice_t d, int *dev, int *mig, int *gi, int *ci) {
+    int x, y, z;
+    if (fn_is_mig(d, &x, &y, &z)) {
+        *mig = 1;
+        return fn_mig(d, dev, gi, ci);
+    }
+    *mig = 0;
+    struct fn_bus bus;
+    return fn_gpu(d, dev, &bus);
+}
 
 FC_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (!fc_state()) return NVML_ERROR_DRIVER_NOT_LOADED;
+    pthread_once(&handles_once, handles_init);
     pthread_mutex_lock(&init_mutex);
-    for (int i = 0; i < FC_MAX_DEV; i++) devices[i].index = i;
     __atomic_add_fetch(&init_count, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&init_mutex);
     return NVML_SUCCESS;
@@ -60,6 +175,8 @@ FC_API const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
     case NVML_ERROR_NO_DATA: return "No data";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
     default: return "Unknown Error";
     }
 }
@@ -91,36 +208,70 @@ FC_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
     return nvmlSystemGetCudaDriverVersion(v);
 }
 
+/* Devices on the bus (a lost one still counts), in physical order. */
 FC_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     nvmlReturn_t r = fn_check_init();
     if (r) return r;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = (unsigned)fc_knobs()->ndev;
+    struct fn_bus bus;
+    fn_bus_get(&bus);
+    unsigned n = 0;
+    for (int d = 0; d < fc_knobs()->ndev; d++) n += bus.present[d] ? 1 : 0;
+    *count = n;
     return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
 
+/* The index-th device on the bus in physical order (a lost one too, as a real lost GPU is
+ * until it is removed). */
 FC_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     nvmlReturn_t r = fn_check_init();
     if (r) return r;
-    if (!device || index >= (unsigned)fc_knobs()->ndev) return NVML_ERROR_INVALID_ARGUMENT;
-    *device = &devices[index];
-    return NVML_SUCCESS;
+    if (!device) return NVML_ERROR_INVALID_ARGUMENT;
+    struct fn_bus bus;
+    fn_bus_get(&bus);
+    unsigned n = 0;
+    for (int d = 0; d < fc_knobs()->ndev; d++) {
+        if (!bus.present[d]) continue;
+        if (n++ == index) {
+            *device = &devices[d];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
+/* A GPU's UUID (of its current board) or a MIG device's. */
 FC_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     nvmlReturn_t r = fn_check_init();
     if (r) return r;
     if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    struct fn_bus bus;
+    fn_bus_get(&bus);
+    int dev;
+    unsigned gen, gi, ci;
+    if (fc_mig_uuid_parse(uuid, strlen(uuid), &dev, &gen, &gi, &ci) == 0) {
+        if (dev >= fc_knobs()->ndev || !bus.present[dev] || bus.gen[dev] != gen)
+            return NVML_ERROR_NOT_FOUND;
+        if (bus.lost[dev]) return NVML_ERROR_GPU_IS_LOST;
+        fc_lock();
+        const struct fc_mig *m = fn_mig_locked(dev, &bus);
+        int live = m->mode == FC_MIG_ENABLE && m->gi[gi].live && m->gi[gi].ci[ci].live;
+        fc_unlock();
+        if (!live) return NVML_ERROR_NOT_FOUND;
+        *device = &mig_devices[dev][gi][ci];
+        return NVML_SUCCESS;
+    }
     for (int i = 0; i < fc_knobs()->ndev; i++) {
         char u[96];
-        fc_uuid_string(i, u, sizeof u);
-        if (strcmp(u, uuid) == 0) {
+        fc_uuid_string_gen(i, bus.gen[i], u, sizeof u);
+        if (bus.present[i] && strcmp(u, uuid) == 0) {
+            if (bus.lost[i]) return NVML_ERROR_GPU_IS_LOST;
             *device = &devices[i];
             return NVML_SUCCESS;
         }
@@ -134,10 +285,13 @@ FC_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlD
     nvmlReturn_t r = fn_check_init();
     if (r) return r;
     if (!pciBusId || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    struct fn_bus bus;
+    fn_bus_get(&bus);
     for (int i = 0; i < fc_knobs()->ndev; i++) {
         char b[32];
         bus_id(i, b, sizeof b);
-        if (strcasecmp(b, pciBusId) == 0 || strcasecmp(b + 4, pciBusId) == 0) {
+        if (bus.present[i] && (strcasecmp(b, pciBusId) == 0 || strcasecmp(b + 4, pciBusId) == 0)) {
+            if (bus.lost[i]) return NVML_ERROR_GPU_IS_LOST;
             *device = &devices[i];
             return NVML_SUCCESS;
         }
@@ -149,11 +303,12 @@ FC_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevi
     return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
 }
 
+/* A GPU handle on the bus, not lost (see fn_gpu for the errors). */
 #define DEVICE_ARG(d, i)                                 \
-    nvmlReturn_t r_ = fn_check_init();                   \
-    if (r_) return r_;                                   \
-    int i = fn_index(d);                                 \
-    if (i < 0) return NVML_ERROR_INVALID_ARGUMENT
+    int i;                                               \
+    struct fn_bus bus_;                                  \
+    nvmlReturn_t r_ = fn_gpu(d, &i, &bus_);              \
+    if (r_) return r_
 
 static nvmlReturn_t copy_string(const char *s, char *buf, unsigned int len) {
     if (!buf) return NVML_ERROR_INVALID_ARGUMENT;
@@ -163,26 +318,65 @@ static nvmlReturn_t copy_string(const char *s, char *buf, unsigned int len) {
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
-    DEVICE_ARG(device, i);
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
     char u[96];
-    fc_uuid_string(i, u, sizeof u);
+    if (mig) {
+        struct fn_bus bus;
+        fn_bus_get(&bus);
+        fc_mig_uuid_string(i, bus.gen[i], (unsigned)gi, (unsigned)ci, u, sizeof u);
+    } else {
+        struct fn_bus bus;
+        fn_bus_get(&bus);
+        fc_uuid_string_gen(i, bus.gen[i], u, sizeof u);
+    }
     return copy_string(u, uuid, length);
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
-    DEVICE_ARG(device, i);
-    char n[96];
-    fc_device_name(i, n, sizeof n);
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
+    char n[192];
+    if (mig) {
+        struct fn_bus bus;
+        fn_bus_get(&bus);
+        fc_lock();
+        const struct fc_gi *g = &fn_mig_locked(i, &bus)->gi[gi];
+        fn_mig_name(i, g, &g->ci[ci], n, sizeof n);
+        fc_unlock();
+    } else {
+        fc_device_name(i, n, sizeof n);
+    }
     return copy_string(n, name, length);
 }
 
+/* A GPU: its position on the bus.  A MIG device: its index under its GPU, the one
+ * nvmlDeviceGetMigDeviceHandleByIndex takes (as nvml.h documents). */
 FC_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
-    DEVICE_ARG(device, i);
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
     if (!index) return NVML_ERROR_INVALID_ARGUMENT;
-    *index = (unsigned)i;
+    struct fn_bus bus;
+    fn_bus_get(&bus);
+    if (mig) {
+        fc_lock();
+        int n = fn_mig_index_locked(fn_mig_locked(i, &bus), gi, ci);
+        fc_unlock();
+        if (n < 0) return NVML_ERROR_INVALID_ARGUMENT;
+        *index = (unsigned)n;
+        return NVML_SUCCESS;
+    }
+    unsigned n = 0;
+    for (int d = 0; d < i; d++) n += bus.present[d] ? 1 : 0;
+    *index = n;
     return NVML_SUCCESS;
 }
 
+/* /dev/nvidiaN: the physical number, which does not change as devices come and go; a MIG
+ * device has none (NOT_SUPPORTED). */
 FC_API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
     DEVICE_ARG(device, i);
     if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
@@ -262,18 +456,10 @@ FC_API nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 
-FC_API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
-                                        unsigned int *pending) {
-    DEVICE_ARG(device, i);
-    (void)i;
-    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
-    *current = *pending = 0; /* NVML_DEVICE_MIG_DISABLE */
-    return NVML_SUCCESS;
-}
-
 FC_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor) {
-    DEVICE_ARG(device, i);
-    (void)i;
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
     if (!major || !minor) return NVML_ERROR_INVALID_ARGUMENT;
     *major = 8;
     *minor = 0;
@@ -281,28 +467,50 @@ FC_API nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int 
 }
 
 /* ---- memory ---- */
-static void memory_of(int i, unsigned long long *total, unsigned long long *used) {
+/* A GPU: physical, every process's memory.  A MIG device: its GPU instance's memory and
+ * what CUDA processes hold in it. */
+static nvmlReturn_t memory_of(nvmlDevice_t device, unsigned long long *total,
+                              unsigned long long *used) {
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
     struct fc_shared *s = fc_state();
+    struct fn_bus bus;
+    if (mig) fn_bus_get(&bus);
     fc_lock();
     fc_reap_locked();
-    *total = s->dev[i].total;
-    *used = s->dev[i].used;
+    if (mig) {
+        const struct fc_gi *g = &fn_mig_locked(i, &bus)->gi[gi];
+        *total = fc_mig_mem_mib(i, g->size) * FC_MIB;
+        *used = g->used;
+    } else {
+        *total = s->dev[i].total;
+        *used = s->dev[i].used;
+    }
     fc_unlock();
+    return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
-    DEVICE_ARG(device, i);
-    if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
-    memory_of(i, &memory->total, &memory->used);
+    if (!memory) {
+        int i, mig, gi, ci;
+        nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+        return r ? r : NVML_ERROR_INVALID_ARGUMENT;
+    }
+    nvmlReturn_t r = memory_of(device, &memory->total, &memory->used);
+    if (r) return r;
     memory->free = memory->used < memory->total ? memory->total - memory->used : 0;
     return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
-    DEVICE_ARG(device, i);
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
     if (!memory) return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    memory_of(i, &memory->total, &memory->used);
+    r = memory_of(device, &memory->total, &memory->used);
+    if (r) return r;
     memory->reserved = 0;
     memory->free = memory->used < memory->total ? memory->total - memory->used : 0;
     return NVML_SUCCESS;
@@ -312,6 +520,7 @@ FC_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 struct proc_row {
     unsigned int pid;
     unsigned long long used;
+    unsigned int gi, ci; /* NVML_VALUE_NOT_AVAILABLE_UINT: not on a MIG device */
 };
 
 /* The pid under which the caller sees process p.  Drivers before 560 report host pids
@@ -335,7 +544,9 @@ static int pid_seen(const struct fc_proc *p, const struct fc_ident *me, unsigned
     return 0;
 }
 
-static int processes_on(int i, struct proc_row *rows, int max) {
+/* Processes with a context or memory on device i (mig: only those on its MIG device
+ * (gi, ci)). */
+static int processes_on(int i, int mig, int gi, int ci, struct proc_row *rows, int max) {
     struct fc_shared *s = fc_state();
     const struct fc_ident *me = fc_ident();
     int n = 0;
@@ -343,8 +554,12 @@ static int processes_on(int i, struct proc_row *rows, int max) {
     fc_reap_locked();
     for (int k = 0; k < FC_MAX_PROCS && n < max; k++) {
         struct fc_proc *p = &s->procs[k];
+        int on_mig = (p->flags & FC_PROC_MIG) && p->mig_dev == i;
+        if (mig && !(on_mig && p->mig_gi == (uint32_t)gi && p->mig_ci == (uint32_t)ci)) continue;
         if (p->pid && (p->nctx[i] || p->used[i]) && pid_seen(p, me, &rows[n].pid)) {
             rows[n].used = p->used[i];
+            rows[n].gi = on_mig ? p->mig_gi : NVML_VALUE_NOT_AVAILABLE_UINT;
+            rows[n].ci = on_mig ? p->mig_ci : NVML_VALUE_NOT_AVAILABLE_UINT;
             n++;
         }
     }
@@ -355,10 +570,12 @@ static int processes_on(int i, struct proc_row *rows, int max) {
 /* INSUFFICIENT_SIZE semantics: *count in = room, out = entries (or entries needed). */
 static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos,
                                    int version) {
-    DEVICE_ARG(device, i);
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
     if (!count || (!infos && *count)) return NVML_ERROR_INVALID_ARGUMENT;
     static __thread struct proc_row rows[FC_MAX_PROCS];
-    int n = processes_on(i, rows, FC_MAX_PROCS);
+    int n = processes_on(i, mig, gi, ci, rows, FC_MAX_PROCS);
     if ((unsigned)n > *count) {
         *count = (unsigned)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -372,8 +589,8 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
             nvmlProcessInfo_t *o = (nvmlProcessInfo_t *)infos + k;
             o->pid = rows[k].pid;
             o->usedGpuMemory = rows[k].used;
-            o->gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
-            o->computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+            o->gpuInstanceId = rows[k].gi;
+            o->computeInstanceId = rows[k].ci;
         }
     }
     *count = (unsigned)n;

@@ -2,6 +2,8 @@
  *   xid DEV CODE   -> nvmlEventTypeXidCriticalError, eventData = CODE
  *   ecc DEV        -> nvmlEventTypeDoubleBitEccError
  *   healthy DEV    -> nvmlEventTypeGpuRecoveryAction, eventData = NVML_GPU_RECOVERY_ACTION_NONE
+ *   lost DEV       -> nvmlEventTypeXidCriticalError, eventData = 79 (fallen off the bus; the
+ *                     bus state itself is nvml_bus.c's, as are remove/add/replace)
  * Each event set reads the file from its beginning, in order; a line is delivered to a set
  * when that set registered its device for its type.  Other lines are skipped. */
 #include <fcntl.h>
@@ -63,19 +65,23 @@ FC_API nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
 
 FC_API nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
                                                     unsigned long long *eventTypes) {
-    nvmlReturn_t r = fn_check_init();
-    if (r) return r;
-    if (fn_index(device) < 0 || !eventTypes) return NVML_ERROR_INVALID_ARGUMENT;
+    int i;
+    struct fn_bus bus;
+    nvmlReturn_t r = fn_gpu(device, &i, &bus);
+    if (r) return r == NVML_ERROR_NOT_SUPPORTED ? NVML_ERROR_INVALID_ARGUMENT : r;
+    if (!eventTypes) return NVML_ERROR_INVALID_ARGUMENT;
     *eventTypes = SUPPORTED;
     return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
                                             nvmlEventSet_t set) {
-    nvmlReturn_t r = fn_check_init();
-    if (r) return r;
-    int i = fn_index(device);
-    if (i < 0 || (eventTypes & ~(unsigned long long)nvmlEventTypeAll)) return NVML_ERROR_INVALID_ARGUMENT;
+    int i;
+    struct fn_bus bus;
+    /* per-instance events through MIG handles are not supported (nvml.h): INVALID_ARGUMENT */
+    nvmlReturn_t r = fn_gpu(device, &i, &bus);
+    if (r) return r == NVML_ERROR_NOT_SUPPORTED ? NVML_ERROR_INVALID_ARGUMENT : r;
+    if (eventTypes & ~(unsigned long long)nvmlEventTypeAll) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&sets_mutex);
     if (valid_set(set)) {
         set->mask[i] |= eventTypes;
@@ -101,6 +107,9 @@ static int parse(const char *line, int *dev, unsigned long long *type, unsigned 
     } else if (sscanf(line, "%15s %d", word, &d) == 2 && strcmp(word, "healthy") == 0) {
         *type = nvmlEventTypeGpuRecoveryAction;
         *data = NVML_GPU_RECOVERY_ACTION_NONE;
+    } else if (sscanf(line, "%15s %d", word, &d) == 2 && strcmp(word, "lost") == 0) {
+        *type = nvmlEventTypeXidCriticalError;
+        *data = 79; /* GPU has fallen off the bus */
     } else {
         return 0;
     }

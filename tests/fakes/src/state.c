@@ -167,6 +167,7 @@ static void init_region(struct fc_shared *s, const struct fc_knobs *k) {
         s->dev[d].total = k->total[d];
         s->dev[d].win_next = now / k->sample_ns; /* sampling starts with the state */
     }
+    fc_mig_init_region(s); /* FAKECUDA_MIG, FAKECUDA_MIG_LAYOUT: once, with the state */
     __atomic_store_n(&s->magic, FC_MAGIC, __ATOMIC_RELEASE);
 }
 
@@ -287,8 +288,15 @@ static int proc_stat(pid_t pid, uint64_t *st) {
     return 1;
 }
 
+static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
 static void clear_slot(int i) {
     struct fc_proc *pr = &shm->procs[i];
+    if ((pr->flags & FC_PROC_MIG) && pr->mig_dev >= 0 && (uint32_t)pr->mig_dev < shm->ndev &&
+        pr->mig_gi < FC_MIG_GI) {
+        struct fc_gi *g = &shm->dev[pr->mig_dev].mig.gi[pr->mig_gi];
+        if (g->live) g->used -= min64(g->used, pr->used[pr->mig_dev]);
+    }
     for (uint32_t d = 0; d < shm->ndev; d++) {
         struct fc_dev *dv = &shm->dev[d];
         dv->used = dv->used > pr->used[d] ? dv->used - pr->used[d] : 0;
@@ -353,6 +361,13 @@ int fc_self_slot_locked(void) {
             pr->ns_ino = me->ns_ino;
             pr->ns_offset = me->offset;
             pr->flags = me->host_real ? FC_PROC_HOSTPID_REAL : 0;
+            const struct fc_knobs *k = fc_knobs();
+            if (k->mig_ordinal >= 0) { /* CUDA_VISIBLE_DEVICES names a MIG device */
+                pr->flags |= FC_PROC_MIG;
+                pr->mig_dev = k->mig_phys;
+                pr->mig_gi = k->mig_gi;
+                pr->mig_ci = k->mig_ci;
+            }
             self_slot = i;
             self_slot_pid = me->pid;
             return i;
@@ -371,18 +386,52 @@ void fc_release_self(void) {
     fc_unlock();
 }
 
+/* Whether dev is this process's MIG device (CUDA_VISIBLE_DEVICES): 0 no; 1 yes, *g its GPU
+ * instance and *gtot that instance's memory; -1 yes but the instance is gone. */
+static int mig_of_locked(int dev, struct fc_gi **g, uint64_t *gtot) {
+    const struct fc_knobs *k = fc_knobs();
+    if (k->mig_ordinal < 0 || k->mig_phys != dev) return 0;
+    struct fc_mig *m = &shm->dev[dev].mig;
+    struct fc_gi *gi = &m->gi[k->mig_gi];
+    if (m->gen != k->mig_gen || !gi->live || !gi->ci[k->mig_ci].live) return -1;
+    *g = gi;
+    *gtot = fc_mig_mem_mib(dev, gi->size) * FC_MIB;
+    return 1;
+}
+
+void fc_meminfo_locked(int dev, uint64_t *used, uint64_t *total) {
+    struct fc_gi *g = NULL;
+    uint64_t gtot = 0;
+    int mig = mig_of_locked(dev, &g, &gtot);
+    if (mig == 0) {
+        *used = shm->dev[dev].used;
+        *total = shm->dev[dev].total;
+    } else {
+        const struct fc_knobs *k = fc_knobs();
+        *total = mig > 0 ? gtot : fc_mig_mem_mib(dev, k->mig_mem_slices) * FC_MIB;
+        *used = mig > 0 ? g->used : *total; /* an instance destroyed under us: nothing free */
+    }
+}
+
+/* Charges bytes to dev (and to this process's MIG instance when dev is its MIG device, which
+ * must have room too). */
 int fc_charge(int dev, uint64_t bytes) {
     fc_lock();
     int slot = fc_self_slot_locked();
     struct fc_dev *dv = &shm->dev[dev];
-    if (slot >= 0 && dv->used + bytes > dv->total) {
+    struct fc_gi *g = NULL;
+    uint64_t gtot = 0;
+    int mig = mig_of_locked(dev, &g, &gtot);
+    if (slot >= 0 && (dv->used + bytes > dv->total || (g && g->used + bytes > gtot))) {
         fc_reap_locked();
     }
-    if (slot < 0 || dv->used + bytes > dv->total || dv->used + bytes < dv->used) {
+    if (slot < 0 || mig < 0 || dv->used + bytes > dv->total || dv->used + bytes < dv->used ||
+        (g && (g->used + bytes > gtot || g->used + bytes < g->used))) {
         fc_unlock();
         return -1;
     }
     dv->used += bytes;
+    if (g) g->used += bytes;
     shm->procs[slot].used[dev] += bytes;
     fc_unlock();
     return 0;
@@ -393,6 +442,9 @@ void fc_uncharge(int dev, uint64_t bytes) {
     int slot = fc_self_slot_locked();
     struct fc_dev *dv = &shm->dev[dev];
     dv->used = dv->used > bytes ? dv->used - bytes : 0;
+    struct fc_gi *g = NULL;
+    uint64_t gtot = 0;
+    if (mig_of_locked(dev, &g, &gtot) > 0) g->used -= min64(g->used, bytes);
     if (slot >= 0) {
         uint64_t *u = &shm->procs[slot].used[dev];
         *u = *u > bytes ? *u - bytes : 0;
