@@ -3,11 +3,15 @@
 file (:class:`FileBus`, ``tests/plugin/test_hotplug.py``) and over the fake NVML's
 device events (``tests/node/test_nvml_hotplug.py``, in a child process).
 
+The scheduler is ``vgpud scheduler``'s own code (:func:`run_scheduler`, in this
+process, over the same API stand-in), asked over HTTP as kube-scheduler asks it.
+
 Removing a GPU while three pods use it: ListAndWatch marks its IDs unhealthy, then
 drops them; each of the three pods gets a ``VgpuDeviceGone`` event; the node annotation
-loses the GPU, so the scheduler's next filter cannot place on it; the pod on another
+loses the GPU, so the scheduler's next filter does not offer it; the pod on another
 GPU is undisturbed (healthy throughout, its limits file unchanged). Adding a GPU: it
-is advertised and a pod is placed on it from the next inventory. Swapping a board (a
+is advertised, and the scheduler filters and binds a pod onto it from the next
+inventory update. Swapping a board (a
 new UUID at the old one's index): the old IDs go, the new ones come, and the new
 board starts empty — nothing held on the old UUID is charged to it, and a pod
 assigned to the old board that kubelet puts on the new one is re-assigned (room
@@ -18,17 +22,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+import anyio
 
+from tests.e2e.cluster import free_port
 from tests.fakekubelet import FakePod
 from tests.plugin.harness import NODE, Harness, wait_for
-from vgpud.core.allocate import Allocator
 from vgpud.core.codec import NODE_DEVICES, decode_assignment, decode_node_devices
-from vgpud.core.model import ContainerGrant, DeviceGrant, Node, NodeInventory, Placement
-from vgpud.core.requests import parse_pod
+from vgpud.core.model import ContainerGrant, DeviceGrant, NodeInventory, Placement
+from vgpud.extender.run import run_scheduler
 from vgpud.node.allocations import AllocationStore
 
 # fast enough for a test: rediscover every 0.2 s, keep a gone GPU unhealthy for 0.6 s
@@ -93,19 +99,6 @@ def _inventory(h: Harness) -> NodeInventory:
     return decode_node_devices(ann[NODE_DEVICES]) if NODE_DEVICES in ann else NodeInventory(())
 
 
-def _scheduler(h: Harness) -> Allocator:
-    """The scheduler's view as the extender builds it: the node's annotation and every
-    pod's assignment."""
-    a = Allocator(h.settings.defaults())
-    a.set_node(Node(NODE, _inventory(h)))
-    for p in h.api.objects("pods"):
-        text = (p["metadata"].get("annotations") or {}).get("vgpud.io/assignment")
-        if text:
-            placed = decode_assignment(text)
-            a.assume(parse_pod(p, h.settings.defaults()), placed)
-    return a
-
-
 def _config(h: Harness, ids: list[str]) -> str:
     return (AllocationStore(h.state_dir).path(ids) / "etc" / "config").read_text()
 
@@ -128,6 +121,55 @@ async def _changes(h: Harness) -> dict[str, float]:
     return out
 
 
+@dataclass
+class Scheduler:
+    url: str
+    session: aiohttp.ClientSession
+
+    async def get(self, path: str) -> list[dict[str, Any]]:
+        async with self.session.get(f"{self.url}{path}") as r:
+            assert r.status == 200, await r.text()
+            items: list[dict[str, Any]] = (await r.json())["items"]
+            return items
+
+    async def verb(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self.session.post(f"{self.url}/{verb}", json=body) as r:
+            assert r.status == 200, await r.text()
+            doc: dict[str, Any] = await r.json()
+            return doc
+
+
+async def _scheduler(h: Harness, session: aiohttp.ClientSession) -> Scheduler:
+    """``vgpud scheduler`` in this process, on the harness's API stand-in, ready."""
+    kubeconfig = h.api.write_kubeconfig(h.root / "scheduler.kubeconfig")
+    port = free_port()
+    h.tg.start_soon(partial(run_scheduler, h.settings, kubeconfig=str(kubeconfig),
+                            listen=f"127.0.0.1:{port}"))
+    url = f"http://127.0.0.1:{port}"
+    with anyio.fail_after(30):
+        while True:
+            try:
+                async with session.get(f"{url}/readyz") as r:
+                    if r.status == 200:
+                        return Scheduler(url, session)
+            except aiohttp.ClientError:
+                pass
+            await anyio.sleep(0.05)
+
+
+def _pending(h: Harness, name: str, limits: dict[str, Any],
+             annotations: dict[str, str]) -> dict[str, Any]:
+    """A GPU pod as the webhook leaves it: for vgpud's scheduler, not yet on a node."""
+    pod: dict[str, Any] = h.api.create("pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {"schedulerName": "vgpu-scheduler", "containers": [
+            {"name": "main", "image": "cuda",
+             "resources": {"limits": {k: str(v) for k, v in limits.items()}}}]},
+        "status": {"phase": "Pending"}}, "default")
+    return pod
+
+
 async def _run(h: Harness, name: str, uuid: str) -> list[str]:
     h.add_pod(name, {"main": 1}, _on(uuid))
     a = await h.kubelet_call(h.kubelet.run, FakePod("default", name, [("main", 1)]))
@@ -137,6 +179,11 @@ async def _run(h: Harness, name: str, uuid: str) -> list[str]:
 
 
 async def hotplug_scenario(h: Harness, bus: Bus) -> None:
+    async with aiohttp.ClientSession() as session:
+        await _scenario(h, bus, await _scheduler(h, session))
+
+
+async def _scenario(h: Harness, bus: Bus, sched: Scheduler) -> None:
     gpus = bus.present()
     assert len(gpus) >= 4
     await wait_for(lambda: {g.uuid for g in _inventory(h).devices} == set(gpus))
@@ -158,13 +205,10 @@ async def hotplug_scenario(h: Harness, bus: Bus) -> None:
     for name, msg in _gone_events(h).items():
         assert gpus[1] in msg and "container 'main'" in msg, (name, msg)
     await wait_for(lambda: gpus[1] not in {g.uuid for g in _inventory(h).devices})
-    pinned = parse_pod({"metadata": {"name": "pin", "namespace": "default", "uid": "pin",
-                                     "annotations": {"nvidia.com/include-gpu-uuid": gpus[1]}},
-                        "spec": {"containers": [{"name": "main", "resources": {"limits": {
-                            "nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 100}}}]}},
-                       h.settings.defaults())
-    refused = _scheduler(h).filter(pinned, [NODE])
-    assert refused.feasible == [] and not refused.failed[NODE].resolvable
+    small = {"nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 100}
+    pinned = _pending(h, "pin", small, {"nvidia.com/include-gpu-uuid": gpus[1]})
+    refused = await sched.verb("filter", {"Pod": pinned, "NodeNames": [NODE]})
+    assert refused["NodeNames"] == [] and NODE in refused["FailedAndUnresolvableNodes"]
     assert _config(h, bystander) == before
     assert (await _changes(h)).get("removed") == 1
     assert users  # their allocations stay until kubelet removes the pods
@@ -175,15 +219,21 @@ async def hotplug_scenario(h: Harness, bus: Bus) -> None:
     (new,) = set(bus.present()) - set(gpus)
     await wait_for(lambda: new in {g.uuid for g in _inventory(h).devices})
     assert {i.split("::")[0] for i, s in h.kubelet.devices().items() if s == "Healthy"} >= {new}
-    pin_new = parse_pod({"metadata": {"name": "e", "namespace": "default", "uid": "e",
-                                      "annotations": {"nvidia.com/include-gpu-uuid": new}},
-                         "spec": {"containers": [{"name": "main", "resources": {"limits": {
-                             "nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 1000}}}]}},
-                        h.settings.defaults())
-    placed = _scheduler(h).schedule(pin_new, [NODE]).placement
-    assert placed is not None and placed.containers[0].devices[0].uuid == new
-    ids = await _run(h, "e", new)
-    assert f"device.0.uuid={new}" in _config(h, ids)
+    e = _pending(h, "e", {"nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 1000},
+                 {"nvidia.com/include-gpu-uuid": new})
+    with anyio.fail_after(10):  # the scheduler's node informer sees the new inventory
+        while True:
+            if (await sched.verb("filter", {"Pod": e, "NodeNames": [NODE]}))["NodeNames"]:
+                break
+            await anyio.sleep(0.05)
+    bound = await sched.verb("bind", {"PodName": "e", "PodNamespace": "default",
+                                      "PodUID": e["metadata"]["uid"], "Node": NODE})
+    assert not bound.get("Error"), bound
+    assigned = decode_assignment(h.api.get("pods", "e", "default")["metadata"]["annotations"]
+                                 ["vgpud.io/assignment"])
+    assert [d.uuid for d in assigned.containers[0].devices] == [new]
+    a = await h.kubelet_call(h.kubelet.run, FakePod("default", "e", [("main", 1)]))
+    assert f"device.0.uuid={new}" in _config(h, a.ids["main"])
     assert (await _changes(h)).get("added") == 1
 
     # -- swap a board in place ----------------------------------------------------------
@@ -201,8 +251,13 @@ async def hotplug_scenario(h: Harness, bus: Bus) -> None:
     await wait_for(lambda: "f" in _gone_events(h))
     assert f"device.0.uuid={old}" in _config(h, running)  # f keeps what it had
     # the new board starts empty: what f holds on the old UUID is not charged to it
-    view = next(v for v in _scheduler(h).cluster.gpus(NODE) if v.gpu.uuid == swapped)
-    assert view.used_vgpus == 0 and view.free_memory == view.cap_memory
+    with anyio.fail_after(10):
+        while True:
+            rows = {g["uuid"]: g for g in await sched.get(f"/api/v1/gpus?node={NODE}")}
+            if swapped in rows and old not in rows:  # the old board: dropped after linger
+                break
+            await anyio.sleep(0.05)
+    assert (rows[swapped]["vgpusAllocated"], rows[swapped]["memoryAllocated"]) == (0, 0)
 
     def on_swapped(_c: str, free: list[str], _pref: list[str], n: int) -> list[str]:
         return [i for i in free if i.startswith(swapped)][:n]
