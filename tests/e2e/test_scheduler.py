@@ -23,6 +23,7 @@ from tests.e2e.cluster import (
     overcommitted,
     running,
 )
+from vgpud.core.codec import ASSIGNMENT, decode_assignment
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -99,6 +100,34 @@ async def test_a_40_pod_job_binds_onto_one_node(env: Env) -> None:
     print(f"40-pod job bound in {elapsed:.2f} s")
 
 
+WRITES = ("create", "update", "patch", "delete")
+
+
+async def test_a_binding_with_the_assignment_is_the_only_write_of_a_bind(env: Env) -> None:
+    """One API write per bind: the Binding, carrying the assignment annotation, which
+    the API puts on the pod in the update that sets its node."""
+    d = env.driver
+    nodes = [gpu_node(f"w{i}", 4, 16384, split=4) for i in range(4)]
+    await d.create(nodes)
+    pods = await d.create([gpu_pod(f"one-{i}", {"nvidia.com/vgpu-number": 1,
+                                                "nvidia.com/vgpu-memory": 3000})
+                           for i in range(30)])
+    await anyio.sleep(0.3)  # the scheduler's informers have seen them
+    async with env.session.delete(f"{d.api}/_standin/counts") as r:
+        assert r.status < 300
+    results = await schedule_all(d, pods, [n["metadata"]["name"] for n in nodes],
+                                 concurrency=8)
+    assert all(r.node for r in results.values()), results
+    async with env.session.get(f"{d.api}/_standin/counts") as r:
+        counts = (await r.json())["counts"]
+    writes = {k: v for k, v in counts.items() if k.split(" ", 1)[0] in WRITES}
+    assert writes == {"create pods/binding": 30}, writes
+    for p in await d.pods():
+        if p["metadata"]["name"].startswith("one-"):
+            placed = decode_assignment(p["metadata"]["annotations"][ASSIGNMENT])
+            assert placed.node == p["spec"]["nodeName"] == results[p["metadata"]["name"]].node
+
+
 async def test_concurrent_binds_with_api_faults_never_overcommit(env: Env) -> None:
     d = env.driver
     rng = random.Random(7)
@@ -112,8 +141,7 @@ async def test_concurrent_binds_with_api_faults_never_overcommit(env: Env) -> No
                   "nvidia.com/vgpu-cores": rng.choice([0, 10, 30, 50])}
         specs.append(gpu_pod(f"p{i:03d}", limits))
     pods = await d.create(specs)
-    for verb, resource, status, fraction in (("patch", "pods", 409, 0.1),
-                                             ("patch", "pods", 500, 0.05),
+    for verb, resource, status, fraction in (("create", "pods/binding", 409, 0.1),
                                              ("create", "pods/binding", 500, 0.1)):
         await d.fault(verb=verb, resource=resource, status=status, fraction=fraction)
     names = [n["metadata"]["name"] for n in nodes]
@@ -135,9 +163,12 @@ async def test_concurrent_binds_with_api_faults_never_overcommit(env: Env) -> No
     # the faults did fire: more writes reached the API than pods were bound
     async with env.session.get(f"{d.api}/_standin/counts") as r:
         counts = (await r.json())["counts"]
-    assert counts["patch pods"] > bound * 1.1 and counts["create pods/binding"] > bound * 1.05
-    print(f"{bound}/200 bound; API saw {counts['patch pods']} patches, "
-          f"{counts['create pods/binding']} bindings; "
+    assert counts["create pods/binding"] > bound * 1.1
+    assert "patch pods" not in counts  # the Binding carries the assignment
+    for p in pods:  # every bound pod has its assignment, every other has none
+        assert bool(p["spec"].get("nodeName")) == (ASSIGNMENT in (
+            p["metadata"].get("annotations") or {})), p["metadata"]["name"]
+    print(f"{bound}/200 bound; API saw {counts['create pods/binding']} bindings; "
           f"{sum(r.attempts > 1 for r in results.values())} pods needed a retry")
     # the scheduler's ledger agrees with the annotations
     await anyio.sleep(0.5)

@@ -120,6 +120,29 @@ async def test_bind_avoids_the_client_binding_bug(api: ApiServer, writer: PodBin
         await writer.bind("default", "absent", "n1")
 
 
+async def test_a_binding_puts_its_annotations_on_the_pod_in_the_same_update(
+    api: ApiServer, writer: PodBinder
+) -> None:
+    pod = _pod("p")
+    pod["metadata"]["annotations"] = {"keep": "me", "vgpud.io/assignment": "stale"}
+    uid = api.create("pods", pod)["metadata"]["uid"]
+    rv = int(api.get("pods", "p")["metadata"]["resourceVersion"])
+    await writer.bind("default", "p", "n1", uid=uid,
+                      annotations={"vgpud.io/assignment": '{"v":1}'})
+    got = api.get("pods", "p")
+    assert got["spec"]["nodeName"] == "n1"
+    assert got["metadata"]["annotations"] == {"keep": "me", "vgpud.io/assignment": '{"v":1}'}
+    assert int(got["metadata"]["resourceVersion"]) == rv + 1  # one update, not two
+    assert api.count("create", "pods/binding") == 1 and api.count("patch", "pods") == 0
+    # a pod being deleted is not bound (kube-apiserver: "is being deleted")
+    doomed = _pod("q")
+    doomed["metadata"]["deletionTimestamp"] = "2026-11-23T00:00:00Z"
+    api.create("pods", doomed)
+    with pytest.raises(errors.Conflict, match="being deleted"):
+        await writer.bind("default", "q", "n1", annotations={"a": "b"})
+    assert "a" not in (api.get("pods", "q")["metadata"].get("annotations") or {})
+
+
 async def test_bind_whose_answer_was_lost_is_confirmed_by_reading(
     api: ApiServer, writer: PodBinder
 ) -> None:

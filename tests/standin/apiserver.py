@@ -18,8 +18,10 @@ Serves core/v1 ``namespaces``, ``nodes``, ``pods`` (+ ``pods/binding``,
 - the four patch types (see ``patches.py`` for what strategic merge and apply do);
   ``metadata.resourceVersion`` in a replace or patch is a precondition → 409
   Conflict; status changes through the main resource of pods/nodes are ignored;
-- ``pods/binding`` sets ``spec.nodeName`` (409 if already bound) and answers 201
-  with a ``Status`` (which is what trips kubernetes_asyncio's Binding model).
+- ``pods/binding`` sets ``spec.nodeName`` and copies the Binding's annotations onto
+  the pod in one update (409 if already bound, being deleted, or the Binding's uid or
+  resourceVersion precondition fails) and answers 201 with a ``Status`` (which is what
+  trips kubernetes_asyncio's Binding model).
 
 Control API, in-process (methods of ``ApiServer``) and over HTTP for the
 out-of-process mode (``python -m tests.standin``)::

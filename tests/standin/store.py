@@ -491,7 +491,11 @@ class Store:
         return entry
 
     def bind(self, namespace: str, name: str, body: Any) -> None:
-        """``POST pods/{name}/binding``: set ``spec.nodeName`` once."""
+        """``POST pods/{name}/binding``: set ``spec.nodeName`` once, and copy the Binding's
+        ``metadata.annotations`` onto the pod in the same update, as kube-apiserver does
+        (``setPodNodeAndMetadata``, pkg/registry/core/pod/storage/storage.go: the
+        Binding's UID and resourceVersion are preconditions; a pod being deleted or
+        already assigned is refused; each annotation overwrites the pod's)."""
         col = self.collections[("", "v1", "pods")]
         if not isinstance(body, dict):
             raise StoreError(400, "BadRequest", "the Binding must be a JSON object")
@@ -508,6 +512,22 @@ class Store:
                 f"Precondition failed: UID in precondition: {uid}, "
                 f"UID in object meta: {old.obj['metadata'].get('uid')}",
             )
+        meta_in = body.get("metadata") or {}
+        rv = meta_in.get("resourceVersion") if isinstance(meta_in, dict) else None
+        if rv and rv != old.obj["metadata"].get("resourceVersion"):
+            raise self._conflict(
+                col, name, f"Precondition failed: ResourceVersion in precondition: {rv}, "
+                f"ResourceVersion in object meta: {old.obj['metadata'].get('resourceVersion')}")
+        annotations = meta_in.get("annotations") if isinstance(meta_in, dict) else None
+        if annotations is not None and not (
+                isinstance(annotations, dict)
+                and all(isinstance(k, str) and isinstance(v, str)
+                        for k, v in annotations.items())):
+            raise StoreError(400, "BadRequest", "Binding metadata.annotations must map strings "
+                             "to strings")
+        if old.obj["metadata"].get("deletionTimestamp"):
+            raise self._conflict(col, name, f"pod {name} is being deleted, cannot be assigned "
+                                 "to a host")
         current = (old.obj.get("spec") or {}).get("nodeName")
         if current:
             raise self._conflict(col, name, f'pod {name} is already assigned to node "{current}"')
@@ -523,6 +543,8 @@ class Store:
         status["conditions"] = conditions
         obj["status"] = status
         meta = dict(obj["metadata"])
+        if annotations:
+            meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
         meta["resourceVersion"] = str(self._next_rv())
         obj["metadata"] = meta
         entry = Entry(obj)

@@ -3,7 +3,9 @@
 There is no node lock: any number of binds may be in flight, on one node or many.
 Each bind *assumes* its placement in the ledger before its first await, so two
 binds can never both take the last room on a GPU; a failed write forgets it. (The
-``SerialBindNode`` gate adds a lock per node, for those who want it.)
+``SerialBindNode`` gate adds a lock per node, for those who want it.) A bind is one
+API write: the Binding carries the assignment annotation, which kube-apiserver puts
+on the pod in the update that sets its node.
 """
 
 from __future__ import annotations
@@ -215,13 +217,8 @@ class Extender:
 
     async def _bind(self, args: BindingArgs, writer: PodBinder) -> BindingResultJson:
         key = f"{args.namespace}/{args.name}"
-        ref = ObjectRef(kind="Pod", name=args.name, namespace=args.namespace, uid=args.uid,
-                        api_version="v1")
         req = self.state.request(args.uid) if args.uid else None
-        info = self.state.pod_by_name(args.namespace, args.name)
-        rv = info.resource_version if info is not None and (
-            not args.uid or info.uid == args.uid) else ""
-        if req is None or not rv:
+        if req is None:  # not seen by filter (a restart since): the pod itself
             try:
                 pod = await writer.read_pod(args.namespace, args.name)
             except NotFound:
@@ -232,7 +229,6 @@ class Extender:
             if args.uid and meta.get("uid") != args.uid:
                 return {"Error": f"pod {key} was replaced (uid {meta.get('uid')}, "
                                  f"expected {args.uid})"}
-            rv = str(meta.get("resourceVersion") or "")
             try:
                 req = self._parse(pod)
             except RequestError as e:
@@ -246,35 +242,18 @@ class Extender:
         why = self.alloc.assume(req, placement)  # atomic: no await since place()
         if why is not None:
             return {"Error": f"pod {key} cannot hold its GPUs on {args.node}: {why.message}"}
-        try:
-            await writer.patch_annotations(args.namespace, args.name,
-                                           {ASSIGNMENT: encode_assignment(placement)},
-                                           resource_version=rv, uid=req.uid or None)
+        try:  # one write: the Binding carries the assignment (PodBinder.bind)
+            await writer.bind(args.namespace, args.name, args.node, uid=req.uid or None,
+                              annotations={ASSIGNMENT: encode_assignment(placement)})
         except KubeError as e:
             self.alloc.forget(req.uid)
-            log.info("bind_failed", pod=key, node=args.node, step="annotate", error=str(e))
-            return {"Error": f"could not record the GPU assignment of {key}: {e}"}
-        try:
-            await writer.bind(args.namespace, args.name, args.node, uid=req.uid or None)
-        except KubeError as e:
-            self.alloc.forget(req.uid)
-            log.info("bind_failed", pod=key, node=args.node, step="binding", error=str(e))
-            await self._clear(writer, args, req)
+            log.info("bind_failed", pod=key, node=args.node, error=str(e))
             return {"Error": f"could not bind {key} to {args.node}: {e}"}
-        log.info("pod_bound", pod=key, node=args.node)
-        await self._event(ref, "GPUsAssigned", describe(placement))
+        # No event here: kube-scheduler records "Scheduled" itself, and the GPUs are in
+        # the pod's annotation (vgpud inspect shows them); a second write per bind would
+        # double the API load at scale.
+        log.info("pod_bound", pod=key, node=args.node, gpus=describe(placement))
         return {"Error": ""}
-
-    async def _clear(self, writer: PodBinder, args: BindingArgs, req: PodRequest) -> None:
-        """Best effort: take the assignment off a pod whose binding failed."""
-        try:
-            pod = await writer.read_pod(args.namespace, args.name)
-            rv = str((pod.get("metadata") or {}).get("resourceVersion") or "")
-            await writer.patch_annotations(args.namespace, args.name, {ASSIGNMENT: None},
-                                           resource_version=rv, uid=req.uid or None)
-        except KubeError as e:
-            log.debug("assignment_clear_failed", pod=f"{args.namespace}/{args.name}",
-                      error=str(e))
 
 
 def timed(metrics: Metrics, verb: str) -> Callable[[], float]:

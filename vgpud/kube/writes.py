@@ -168,11 +168,21 @@ class PodBinder(PodWriter):
     """:class:`PodWriter` plus the binding: the scheduler's writer. (A separate class so
     that roles that only patch pods, like the device plugin, are granted no binding.)"""
 
-    async def bind(self, namespace: str, name: str, node: str, *, uid: str | None = None) -> None:
-        """Bind the pod to ``node`` (see the module docstring for the client bug)."""
+    async def bind(self, namespace: str, name: str, node: str, *, uid: str | None = None,
+                   annotations: Mapping[str, str] | None = None) -> None:
+        """Bind the pod to ``node``, setting ``annotations`` on it in the same update (see
+        the module docstring for the client bug).
+
+        kube-apiserver copies a Binding's ``metadata.annotations`` onto the pod in the
+        update that sets ``spec.nodeName`` (``BindingREST.setPodNodeAndMetadata`` in
+        kubernetes ``pkg/registry/core/pod/storage/storage.go``, since 1.0): one write,
+        and no moment in which the pod has a node but no assignment, or the reverse.
+        The uid is a precondition (a pod replaced under the same name is not bound)."""
         metadata: Json = {"name": name, "namespace": namespace}
         if uid:
             metadata["uid"] = uid
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
