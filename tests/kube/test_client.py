@@ -117,3 +117,28 @@ async def test_requests_on_the_wire_respect_the_budget(api: ApiServer) -> None:
     assert api.count("get", "nodes") == total
     assert violations == []
     assert clock.elapsed == pytest.approx((total - burst) / qps)
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_the_proxy_is_resolved_once_from_the_environment(
+        api: ApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP(S)_PROXY / NO_PROXY apply to the API server as aiohttp reads them, looked up
+    when the client is made, not on every request (which cost two worker-thread hops
+    and a read of ~/.netrc per request)."""
+    dead = f"http://127.0.0.1:{_dead_port()}"
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", dead)
+    async with KubeClient.for_url(api.url) as kube:  # the proxy applies: nothing gets through
+        with pytest.raises(errors.ConnectionFailed):
+            await kube.request("GET", "/version")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    async with KubeClient.for_url(api.url) as kube:  # exempt: direct
+        assert (await kube.request("GET", "/version"))["gitVersion"].endswith("standin")
+        monkeypatch.delenv("NO_PROXY")  # a later change of the environment is not seen
+        assert (await kube.request("GET", "/version"))["gitVersion"].endswith("standin")

@@ -227,5 +227,5 @@ def decode_assignment(raw: str | bytes | object) -> Placement:
         containers=tuple(containers),
         compute_policy=policy,
         priority=_opt(doc, "priority", int, 0, ASSIGNMENT),
-        time=_opt(doc, "time", str, "", ASSIGNMENT),
+        time=sys.intern(_opt(doc, "time", str, "", ASSIGNMENT)),  # pods bound together share it
     )

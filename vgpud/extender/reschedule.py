@@ -67,6 +67,7 @@ from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
+from vgpud.kube.resources import PODS
 from vgpud.kube.writes import EventRecorder, ObjectRef, RetryPolicy
 
 log = structlog.get_logger()
@@ -569,8 +570,8 @@ class Rescheduler:
                 "preconditions": {"uid": pod.uid}}
         try:
             await self.retry.run(
-                lambda: self.kube.call(self.kube.core.delete_namespaced_pod, pod.name,
-                                       pod.namespace, body=body),
+                lambda: self.kube.request("DELETE", PODS.object_path(pod.name, pod.namespace),
+                                          body=body),
                 clock=self.clock, what="delete_pod")
         except (NotFound, Conflict):  # gone, or replaced by a pod of the same name
             return False
@@ -593,7 +594,7 @@ class Rescheduler:
 
     async def _read(self, namespace: str, name: str) -> Json:
         return await self.retry.run(
-            lambda: self.kube.call(self.kube.core.read_namespaced_pod, name, namespace),
+            lambda: self.kube.request("GET", PODS.object_path(name, namespace)),
             clock=self.clock, what="read_pod")
 
     async def _recreate(self, action: Recreate) -> None:
@@ -610,8 +611,8 @@ class Rescheduler:
             return
         try:
             await self.retry.run(
-                lambda: self.kube.call(self.kube.core.create_namespaced_pod, pod.namespace,
-                                       plan.body),
+                lambda: self.kube.request("POST", PODS.collection_path(pod.namespace),
+                                          body=plan.body),
                 clock=self.clock, what="create_pod")
         except AlreadyExists:
             existing = await self._read(pod.namespace, plan.name)

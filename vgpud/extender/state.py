@@ -328,7 +328,9 @@ class SchedulerState:
             log.warning("pod_assignment_other_node", pod=info.key, bound=info.node,
                         assigned=placement.node)
             return
-        self.alloc.confirm(info.uid, info.key, placement)
+        # event.key is the informer's own "namespace/name" string: the ledger shares it
+        # rather than holding a copy per pod
+        self.alloc.confirm(info.uid, event.key, placement)
 
     def pending_since(self) -> Collection[float]:
         """Creation times of the GPU pods waiting to be placed (for the metrics)."""

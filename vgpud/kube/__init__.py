@@ -13,4 +13,12 @@ core stays pure; callers convert between the two). Everything takes an injected
 - ``cache``: ``Informer`` — list+watch cache with projections and change events.
 - ``writes``: ``PodWriter`` (annotation patch), ``PodBinder`` (+ binding), ``EventRecorder``.
 - ``lease``: ``LeaderElector``.
+- ``lazyclient``: kubernetes_asyncio's client package, loaded on first use.
 """
+
+from vgpud.kube.lazyclient import install as _lazy_client
+
+# Before any module of this package imports kubernetes_asyncio: its client package
+# then loads the API classes it is asked for, not all ~750 generated models (about
+# 30 MiB per process; see lazyclient).
+_lazy_client()

@@ -21,6 +21,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -30,10 +31,12 @@ from typing import Any, cast
 
 import aiohttp
 import anyio
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
+from yarl import URL
 
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
@@ -101,9 +104,20 @@ class KubeClient:
         self.api = api
         self.budget = budget if budget is not None else RequestBudget()
         self.request_timeout = request_timeout
-        self.core = k8s.CoreV1Api(api)
-        self.coordination = k8s.CoordinationV1Api(api)
-        self.admission = k8s.AdmissionregistrationV1Api(api)
+
+    # The generated API classes, made on first use: the core one alone is 12 MiB of
+    # code, and the daemons' hot paths use raw paths (``request``) instead.
+    @functools.cached_property
+    def core(self) -> Any:
+        return k8s.CoreV1Api(self.api)
+
+    @functools.cached_property
+    def coordination(self) -> Any:
+        return k8s.CoordinationV1Api(self.api)
+
+    @functools.cached_property
+    def admission(self) -> Any:
+        return k8s.AdmissionregistrationV1Api(self.api)
 
     @classmethod
     @asynccontextmanager
@@ -137,6 +151,7 @@ class KubeClient:
     ) -> AsyncIterator[KubeClient]:
         budget = RequestBudget(qps, burst, clock=clock)
         async with k8s.ApiClient(configuration=configuration) as api:
+            _resolve_proxy_once(api, configuration)
             yield cls(api, budget=budget, request_timeout=request_timeout)
 
     @classmethod
@@ -265,6 +280,29 @@ class KubeClient:
             yield _lines(response)
         finally:
             response.release()
+
+
+def _resolve_proxy_once(api: Any, configuration: Any) -> None:
+    """kubernetes_asyncio's session trusts the environment, so aiohttp looks up the
+    proxy variables and reads ``~/.netrc`` in a worker thread on *every* request (two
+    thread hops per bind). The API server's URL does not change: resolve its proxy
+    once here (``HTTPS_PROXY``/``NO_PROXY`` as aiohttp reads them; an API server
+    authenticates by token or certificate, never netrc) and stop the per-request
+    lookups."""
+    rest: Any = getattr(api, "rest_client", None)
+    session: Any = getattr(rest, "pool_manager", None)
+    if rest is None or session is None or not hasattr(session, "_trust_env"):
+        return  # another client layout: leave it as it is
+    if not getattr(rest, "proxy", None):
+        try:
+            proxy, auth = get_env_proxy_for_url(URL(configuration.host))
+        except LookupError:
+            pass  # no proxy for the API server
+        else:
+            rest.proxy = str(proxy)
+            if auth is not None:
+                rest.proxy_headers = {"Proxy-Authorization": auth.encode()}
+    session._trust_env = False
 
 
 async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -33,6 +33,7 @@ from anyio.abc import TaskStatus
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound
+from vgpud.kube.resources import LEASES
 from vgpud.kube.writes import utc_now
 
 log = structlog.get_logger(__name__)
@@ -125,12 +126,10 @@ class LeaderElector:
 
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this elector holds the Lease afterwards."""
-        coordination = self.kube.coordination
+        path = LEASES.object_path(self.name, self.namespace)
         now_wall = _micro_time(self.wall())
         try:
-            lease = await self.kube.call(
-                coordination.read_namespaced_lease, self.name, self.namespace
-            )
+            lease = await self.kube.request("GET", path)
         except NotFound:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -145,8 +144,8 @@ class LeaderElector:
                 },
             }
             try:
-                created = await self.kube.call(
-                    coordination.create_namespaced_lease, self.namespace, body
+                created = await self.kube.request(
+                    "POST", LEASES.collection_path(self.namespace), body=body
                 )
             except KubeError as exc:
                 log.debug("lease_create_failed", lease=self.name, error=str(exc))
@@ -181,9 +180,7 @@ class LeaderElector:
             "spec": spec,
         }
         try:
-            updated = await self.kube.call(
-                coordination.replace_namespaced_lease, self.name, self.namespace, body
-            )
+            updated = await self.kube.request("PUT", path, body=body)
         except KubeError as exc:
             log.debug("lease_update_failed", lease=self.name, error=str(exc))
             return False
@@ -193,9 +190,8 @@ class LeaderElector:
     async def release(self) -> None:
         """Give the Lease up if we hold it (empty holder, 1 s duration)."""
         try:
-            lease = await self.kube.call(
-                self.kube.coordination.read_namespaced_lease, self.name, self.namespace
-            )
+            path = LEASES.object_path(self.name, self.namespace)
+            lease = await self.kube.request("GET", path)
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") != self.identity:
                 return
@@ -211,9 +207,7 @@ class LeaderElector:
                 },
                 "spec": spec,
             }
-            await self.kube.call(
-                self.kube.coordination.replace_namespaced_lease, self.name, self.namespace, body
-            )
+            await self.kube.request("PUT", path, body=body)
             log.info("leader_released", lease=self.name, identity=self.identity)
         except KubeError as exc:
             log.warning("lease_release_failed", lease=self.name, error=str(exc))

@@ -44,6 +44,7 @@ from vgpud.kube.budget import RequestBudget
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Conflict, KubeError, NotFound, Unavailable
+from vgpud.kube.resources import EVENTS, PODS
 
 R = TypeVar("R")
 log = structlog.get_logger(__name__)
@@ -109,7 +110,7 @@ class PodWriter:
 
     async def read_pod(self, namespace: str, name: str) -> Json:
         return await self.retry.run(
-            lambda: self.kube.call(self.kube.core.read_namespaced_pod, name, namespace),
+            lambda: self.kube.request("GET", PODS.object_path(name, namespace)),
             clock=self.clock,
             what="read_pod",
         )
@@ -137,12 +138,11 @@ class PodWriter:
             try:
                 return await self.retry.run(
                     functools.partial(
-                        self.kube.call,
-                        self.kube.core.patch_namespaced_pod,
-                        name,
-                        namespace,
-                        body,
-                        _content_type=MERGE_PATCH,
+                        self.kube.request,
+                        "PATCH",
+                        PODS.object_path(name, namespace),
+                        body=body,
+                        content_type=MERGE_PATCH,
                     ),
                     clock=self.clock,
                     what="patch_pod",
@@ -194,8 +194,8 @@ class PodBinder(PodWriter):
         async def post() -> Json:
             nonlocal attempts
             attempts += 1
-            return await self.kube.call(
-                self.kube.core.create_namespaced_pod_binding, name, namespace, body
+            return await self.kube.request(
+                "POST", PODS.object_path(name, namespace) + "/binding", body=body
             )
 
         try:
@@ -323,7 +323,7 @@ class EventRecorder:
         }
         try:
             await self.retry.run(
-                lambda: self.kube.call(self.kube.core.create_namespaced_event, namespace, body),
+                lambda: self.kube.request("POST", EVENTS.collection_path(namespace), body=body),
                 clock=self.clock,
                 what="create_event",
             )
@@ -342,12 +342,11 @@ class EventRecorder:
         patch = {"count": agg.count, "lastTimestamp": _timestamp(agg.last_wall)}
         try:
             await self.retry.run(
-                lambda: self.kube.call(
-                    self.kube.core.patch_namespaced_event,
-                    agg.event_name,
-                    agg.namespace,
-                    patch,
-                    _content_type=MERGE_PATCH,
+                lambda: self.kube.request(
+                    "PATCH",
+                    EVENTS.object_path(agg.event_name, agg.namespace),
+                    body=patch,
+                    content_type=MERGE_PATCH,
                 ),
                 clock=self.clock,
                 what="update_event",
