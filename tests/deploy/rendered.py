@@ -241,6 +241,51 @@ def _api_methods(node: ast.AST) -> set[str]:
     return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr in _API}
 
 
+_RAW_VERBS = {("GET", "object"): "get", ("GET", "collection"): "list",
+              ("POST", "collection"): "create", ("POST", "binding"): "create",
+              ("PUT", "object"): "update", ("PATCH", "object"): "patch",
+              ("DELETE", "object"): "delete"}
+
+
+def _raw_need(call: ast.Call) -> tuple[str, str]:
+    """``kube.request("POST", PODS.object_path(n, ns) + "/binding", ...)`` and the like:
+    the (resource, verb) a raw request on a ``vgpud.kube.resources`` path needs."""
+    where = ast.unparse(call)
+    if not call.args or not isinstance(call.args[0], ast.Constant) or len(call.args) < 2:
+        raise UnmappedCall(f"raw API request {where}: give the method and a resource path")
+    method, path, sub = str(call.args[0].value), call.args[1], ""
+    if isinstance(path, ast.BinOp) and isinstance(path.op, ast.Add) and isinstance(
+            path.right, ast.Constant):
+        path, sub = path.left, str(path.right.value).strip("/")
+    if not (isinstance(path, ast.Call) and isinstance(path.func, ast.Attribute)
+            and isinstance(path.func.value, ast.Name)
+            and path.func.attr in ("object_path", "collection_path")):
+        raise UnmappedCall(f"raw API request {where}: build its path with a Resource of "
+                           "vgpud/kube/resources.py so that RBAC can be checked")
+    plural = getattr(resources, path.func.value.id).plural
+    kind = "binding" if sub == "binding" else path.func.attr.removesuffix("_path")
+    verb = _RAW_VERBS.get((method, kind))
+    if verb is None or sub not in ("", "binding"):
+        raise UnmappedCall(f"raw API request {where}: map it to RBAC")
+    return (f"{plural}/{sub}" if sub else plural), verb
+
+
+def _raw_needs(node: ast.AST) -> set[tuple[str, str]]:
+    """Raw requests: ``kube.request(...)``, and ``functools.partial(kube.request, ...)``
+    read as the call it makes."""
+    out = set()
+    for c in ast.walk(node):
+        if not isinstance(c, ast.Call):
+            continue
+        if _called_name(c) == "request" and _on_kube(c):
+            out.add(_raw_need(c))
+        elif (_called_name(c) == "partial" and c.args and isinstance(c.args[0], ast.Attribute)
+              and c.args[0].attr == "request"
+              and _on_kube(ast.Call(func=c.args[0], args=[], keywords=[]))):
+            out.add(_raw_need(ast.Call(func=c.args[0], args=c.args[1:], keywords=c.keywords)))
+    return out
+
+
 def _kube_classes() -> dict[str, set[str]]:
     """API methods used inside each class of vgpud/kube (PodWriter, LeaderElector, ...)."""
     out: dict[str, set[str]] = {}
@@ -248,7 +293,8 @@ def _kube_classes() -> dict[str, set[str]]:
     for tree in _trees(sorted((VGPUD / "kube").glob("*.py"))):
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                out[node.name] = _api_methods(node)
+                out[node.name] = _api_methods(node) | {
+                    f"raw:{r}:{v}" for r, v in _raw_needs(node)}
                 bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
     for name in out:  # a subclass can issue what its bases issue
         todo = list(bases[name])
@@ -304,6 +350,10 @@ def api_needs(*packages: str) -> set[tuple[str, str]]:
                 needs |= {(plural, "list"), (plural, "watch")}
             elif name in classes:
                 methods |= classes[name]
-            elif name in ("request", "watch_lines") and _on_kube(call):
-                raise UnmappedCall(f"raw API request in vgpud/{package}: map it to RBAC")
-    return needs | {_as_rbac(m) for m in methods}
+            elif name in ("request", "partial"):
+                needs |= _raw_needs(call)
+            elif name == "watch_lines" and _on_kube(call):
+                raise UnmappedCall(f"raw watch in vgpud/{package}: map it to RBAC")
+    raw = {m for m in methods if m.startswith("raw:")}
+    return needs | {_as_rbac(m) for m in methods - raw} | {
+        (m.split(":")[1], m.split(":")[2]) for m in raw}

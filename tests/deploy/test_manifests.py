@@ -59,7 +59,7 @@ EXPECTED_RULES: dict[tuple[str, str], dict[Rule, set[str]]] = {
     ("ClusterRole", "vgpud-scheduler"): {
         ("", "nodes", ()): {"list", "watch"},
         # delete: the Reschedule gate (on by default); create only with rescheduleBarePods
-        ("", "pods", ()): {"get", "list", "watch", "patch", "delete"},
+        ("", "pods", ()): {"get", "list", "watch", "delete"},
         ("", "pods/binding", ()): {"create"},
         ("", "events", ()): {"create", "patch"},
         ("policy", "poddisruptionbudgets", ()): {"list", "watch"},  # preemption

@@ -10,7 +10,7 @@ from tests.kube.clocks import JumpClock
 from tests.standin import ApiServer
 from vgpud.kube import errors
 from vgpud.kube.client import KubeClient
-from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder, RetryPolicy
+from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder, PodWriter, RetryPolicy
 
 pytestmark = pytest.mark.anyio
 
@@ -34,9 +34,14 @@ def writer(kube: KubeClient, clock: JumpClock) -> PodBinder:
     return PodBinder(kube, retry=RetryPolicy(attempts=4, jitter=0), clock=clock)
 
 
-async def test_patch_with_fresh_resource_version(api: ApiServer, writer: PodBinder) -> None:
+@pytest.fixture
+def patcher(kube: KubeClient, clock: JumpClock) -> PodWriter:
+    return PodWriter(kube, retry=RetryPolicy(attempts=4, jitter=0), clock=clock)
+
+
+async def test_patch_with_fresh_resource_version(api: ApiServer, patcher: PodWriter) -> None:
     pod = api.create("pods", _pod("p"))
-    patched = await writer.patch_annotations(
+    patched = await patcher.patch_annotations(
         "default", "p", {ASSIGNMENT: '{"v":1}'}, resource_version=pod["metadata"]["resourceVersion"]
     )
     assert patched["metadata"]["annotations"] == {ASSIGNMENT: '{"v":1}'}
@@ -44,12 +49,12 @@ async def test_patch_with_fresh_resource_version(api: ApiServer, writer: PodBind
 
 
 async def test_stale_resource_version_conflicts_then_retries(
-    api: ApiServer, writer: PodBinder
+    api: ApiServer, patcher: PodWriter
 ) -> None:
     pod = api.create("pods", _pod("p"))
     stale = pod["metadata"]["resourceVersion"]
     api.patch("pods", "p", {"metadata": {"labels": {"touched": "yes"}}})
-    patched = await writer.patch_annotations(
+    patched = await patcher.patch_annotations(
         "default", "p", {ASSIGNMENT: "x"}, resource_version=stale, uid=pod["metadata"]["uid"]
     )
     assert patched["metadata"]["annotations"] == {ASSIGNMENT: "x"}
@@ -59,40 +64,41 @@ async def test_stale_resource_version_conflicts_then_retries(
 
 
 async def test_conflict_on_a_replaced_or_bound_pod_is_not_retried(
-    api: ApiServer, writer: PodBinder
+    api: ApiServer, patcher: PodWriter
 ) -> None:
     pod = api.create("pods", _pod("p"))
     rv, uid = pod["metadata"]["resourceVersion"], pod["metadata"]["uid"]
     api.delete("pods", "p")
     api.create("pods", _pod("p"))
     with pytest.raises(errors.Conflict, match="replaced"):
-        await writer.patch_annotations(
+        await patcher.patch_annotations(
             "default", "p", {ASSIGNMENT: "x"}, resource_version=rv, uid=uid
         )
     fresh = api.get("pods", "p")
     api.patch("pods", "p", {"spec": {"nodeName": "elsewhere"}})
     with pytest.raises(errors.Conflict, match="no longer applies"):
-        await writer.patch_annotations(
+        await patcher.patch_annotations(
             "default", "p", {ASSIGNMENT: "x"}, resource_version=fresh["metadata"]["resourceVersion"]
         )
     assert ASSIGNMENT not in (api.get("pods", "p")["metadata"].get("annotations") or {})
     with pytest.raises(errors.NotFound):
-        await writer.patch_annotations("default", "absent", {ASSIGNMENT: "x"}, resource_version="1")
+        await patcher.patch_annotations("default", "absent", {ASSIGNMENT: "x"},
+                                        resource_version="1")
 
 
 async def test_server_errors_are_retried_with_backoff(
-    api: ApiServer, writer: PodBinder, clock: JumpClock
+    api: ApiServer, patcher: PodWriter, clock: JumpClock
 ) -> None:
     pod = api.create("pods", _pod("p"))
     api.fail("patch", "pods", 500, times=2)
-    await writer.patch_annotations(
+    await patcher.patch_annotations(
         "default", "p", {ASSIGNMENT: "x"}, resource_version=pod["metadata"]["resourceVersion"]
     )
     assert api.count("patch", "pods") == 3
     assert clock.sleeps == [pytest.approx(0.05), pytest.approx(0.1)]
     api.fail("patch", "pods", 500)  # forever: gives up after the policy's attempts
     with pytest.raises(errors.ServerError):
-        await writer.patch_annotations("default", "p", {ASSIGNMENT: "y"}, resource_version="")
+        await patcher.patch_annotations("default", "p", {ASSIGNMENT: "y"}, resource_version="")
     assert api.count("patch", "pods") == 3 + 4
 
 

@@ -11,6 +11,17 @@ and answers the scheduler's questions as values:
 * :meth:`Allocator.schedule` — filter → score → best node → place → assume, the
   whole cycle as the simulator runs it.
 
+Between prioritize and bind a pod is *intended* for its best-scored node
+(:meth:`Allocator.intend`): kube-scheduler will most likely bind it there, but the
+extender only learns at bind, and pods scored meanwhile would chase the same room (a
+bind race: the later bind no longer fits and is retried). An intent is not a hold —
+filter stays exact and ignores it — but scoring does not: a node on which the pod no
+longer fits once the other pods' intents there are counted scores 0. An intent ends at
+the pod's bind (assume) or after :data:`INTENT_TTL`.
+
+Prioritize reuses the filter's work for the same pod while nothing changed (same
+candidates, inventory and usage).
+
 Time comes from an injected clock (seconds, monotonic).
 """
 
@@ -22,13 +33,25 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from vgpud.core.choose import never_fits, place
+from vgpud.core.choose import never_fits, place, place_released
 from vgpud.core.cluster import Cluster
 from vgpud.core.fit import FilterResult, filter_nodes, topology_fit
 from vgpud.core.ledger import Entry, Ledger
-from vgpud.core.model import Defaults, Node, Placement, PodRequest, Policy, Reason, phases
+from vgpud.core.model import (
+    ZERO,
+    Defaults,
+    GpuUsage,
+    Node,
+    Placement,
+    PodRequest,
+    Policy,
+    Reason,
+    phases,
+)
 
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
+INTENT_TTL = 2.0  # seconds an intent outlives its prioritize without a bind
+MAX_INTENTS = 256  # past this many, expired intents are swept when a new one comes
 
 NO_INVENTORY = Reason("no-inventory", "node has no vgpud GPU inventory (is the vgpud plugin "
                       "running there?)", False)
@@ -59,6 +82,12 @@ class Allocator:
         self.ledger = Ledger(self.cluster, ttl=self.defaults.assume_ttl)
         self._index_cache: dict[tuple[tuple[str, ...], int],
                                 tuple[npt.NDArray[np.int64], dict[str, Reason]]] = {}
+        # the last filter: (pod uid, generations), its candidates (None: all) and result
+        self._last: tuple[tuple[str, int, int], npt.NDArray[np.int64] | None,
+                          FilterResult] | None = None
+        # intents: pod uid -> (node, what it would hold per GPU uuid, deadline)
+        self._intents: dict[str, tuple[str, dict[str, GpuUsage], float]] = {}
+        self._intended: dict[str, dict[str, None]] = {}  # node -> uids intended there
 
     # -- inventory -------------------------------------------------------------------------------
 
@@ -94,9 +123,24 @@ class Allocator:
             hit = self._index_cache[key] = (arr, unknown)
         return hit[0], dict(hit[1])
 
+    def _key(self, pod: PodRequest) -> tuple[str, int, int]:
+        return (pod.uid, self.cluster.generation, self.cluster.usage_generation)
+
+    def _reuse(self, pod: PodRequest, nodes: npt.NDArray[np.int64]) -> FilterResult | None:
+        """The last filter's result, if it was this pod's, nothing changed since, and it
+        covered ``nodes``."""
+        last = self._last
+        if last is None or not pod.uid or last[0] != self._key(pod):
+            return None
+        if last[1] is not None and not bool(np.isin(nodes, last[1]).all()):
+            return None
+        return last[2]
+
     def _filter(self, pod: PodRequest, idx: npt.NDArray[np.int64] | None, *, reasons: bool,
                 ) -> tuple[FilterResult, npt.NDArray[np.int64], dict[int, Reason]]:
         res = filter_nodes(self.cluster, pod, idx, reasons=reasons)
+        if pod.uid:
+            self._last = (self._key(pod), idx, res)
         feasible = res.feasible
         failed = dict(res.failed)
         if not res.exact:
@@ -171,7 +215,56 @@ class Allocator:
             if res is None:
                 res = filter_nodes(c, pod, nodes, reasons=False)
             scores = 0.7 * scores + 0.3 * topology_fit(c, res, nodes) * MAX_SCORE
+        if self._intended:
+            self._discount_intents(pod, nodes, scores)
         return scores
+
+    # -- intents: pods scored, not yet bound --------------------------------------------------
+
+    def intend(self, pod: PodRequest, node: str) -> None:
+        """``pod`` was scored best on ``node``: until its bind (or :data:`INTENT_TTL`),
+        other pods' scores count what it would take there."""
+        self._drop_intent(pod.uid)
+        now = self.clock()
+        if len(self._intents) > MAX_INTENTS:  # pods scored and never bound: let them go
+            for uid in [u for u, (_, _, t) in self._intents.items() if t < now]:
+                self._drop_intent(uid)
+        got = place(self.cluster, pod, node) if self.cluster.has_node(node) else None
+        if not isinstance(got, Placement):
+            return
+        self._intents[pod.uid] = (node, got.charge(), now + INTENT_TTL)
+        self._intended.setdefault(node, {})[pod.uid] = None
+
+    def _drop_intent(self, uid: str) -> None:
+        old = self._intents.pop(uid, None)
+        if old is not None:
+            uids = self._intended[old[0]]
+            uids.pop(uid, None)
+            if not uids:
+                del self._intended[old[0]]
+
+    def intents(self) -> int:
+        """Intents outstanding (expired ones are dropped as they are met)."""
+        return len(self._intents)
+
+    def _discount_intents(self, pod: PodRequest, nodes: npt.NDArray[np.int64],
+                          scores: npt.NDArray[np.float64]) -> None:
+        """Score 0 where ``pod`` no longer fits once other pods' intents are counted."""
+        now = self.clock()
+        names = self.cluster.node_names
+        where = {names[i]: k for k, i in enumerate(nodes.tolist())}
+        for node in [n for n in self._intended if n in where]:
+            extra: dict[str, GpuUsage] = {}
+            for uid in list(self._intended.get(node, ())):
+                _, charge, deadline = self._intents[uid]
+                if deadline < now:
+                    self._drop_intent(uid)
+                elif uid != pod.uid:
+                    for uuid, u in charge.items():
+                        extra[uuid] = extra.get(uuid, ZERO) + u
+            if extra and isinstance(place_released(
+                    self.cluster, pod, node, {u: ZERO - x for u, x in extra.items()}), str):
+                scores[where[node]] = 0.0
 
     def prioritize(self, pod: PodRequest, nodes: Sequence[str]) -> dict[str, float]:
         """Scores in [0, 10] (floats; the extender rounds them) for the given nodes."""
@@ -186,7 +279,7 @@ class Allocator:
         idx, unknown = self._indices(nodes)
         assert idx is not None
         known = list(nodes) if not unknown else [n for n in nodes if n not in unknown]
-        return known, self._scores(pod, None, idx)
+        return known, self._scores(pod, self._reuse(pod, idx), idx)
 
     def place(self, pod: PodRequest, node: str) -> Placement | Reason:
         return place(self.cluster, pod, node)
@@ -194,12 +287,14 @@ class Allocator:
     # -- the ledger ------------------------------------------------------------------------------
 
     def assume(self, pod: PodRequest, placement: Placement) -> Reason | None:
+        self._drop_intent(pod.uid)
         return self.ledger.assume(pod.uid, pod.key, placement, self.clock())
 
     def confirm(self, uid: str, key: str, placement: Placement) -> None:
         self.ledger.confirm(uid, key, placement)
 
     def forget(self, uid: str) -> bool:
+        self._drop_intent(uid)
         return self.ledger.forget(uid)
 
     def expire(self) -> list[Entry]:

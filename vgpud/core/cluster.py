@@ -60,7 +60,8 @@ class Cluster:
         self._type_ids: dict[str, int] = {}
         self.profile_names: list[str] = [""]
         self._profile_ids: dict[str, int] = {"": 0}
-        self.generation = 0
+        self.generation = 0  # bumped when a node is added, replaced or removed
+        self.usage_generation = 0  # bumped when what GPUs hold changes
         self._n = 0  # slots in use (including dead ones)
         self._alloc(capacity)
         # Per-node totals, kept incrementally for scoring: capacity and use of
@@ -284,6 +285,7 @@ class Cluster:
 
         Usage is kept by node name, so it survives the node leaving and coming back.
         """
+        self.usage_generation += 1
         usage = self._usage.setdefault(node, {})
         idx = self.node_index.get(node)
         slots = self._uuid_slot[idx] if idx is not None else {}

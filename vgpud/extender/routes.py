@@ -142,6 +142,8 @@ class Extender:
             return host_priorities(list(args.node_names), [0] * len(args.node_names))
         known, scores = self.alloc.score_array(req, args.node_names)
         ints = np.clip(np.rint(scores), 0, MAX_SCORE).astype(np.int64).tolist()
+        if known:  # kube-scheduler will most likely bind it where we score it best
+            self.alloc.intend(req, known[int(np.argmax(scores))])
         if len(known) != len(args.node_names):  # nodes without inventory score 0
             by_name = dict(zip(known, ints, strict=True))
             known = list(args.node_names)

@@ -126,10 +126,9 @@ class LeaderElector:
 
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this elector holds the Lease afterwards."""
-        path = LEASES.object_path(self.name, self.namespace)
         now_wall = _micro_time(self.wall())
         try:
-            lease = await self.kube.request("GET", path)
+            lease = await self.kube.request("GET", LEASES.object_path(self.name, self.namespace))
         except NotFound:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
@@ -180,7 +179,8 @@ class LeaderElector:
             "spec": spec,
         }
         try:
-            updated = await self.kube.request("PUT", path, body=body)
+            updated = await self.kube.request(
+                "PUT", LEASES.object_path(self.name, self.namespace), body=body)
         except KubeError as exc:
             log.debug("lease_update_failed", lease=self.name, error=str(exc))
             return False
@@ -190,8 +190,8 @@ class LeaderElector:
     async def release(self) -> None:
         """Give the Lease up if we hold it (empty holder, 1 s duration)."""
         try:
-            path = LEASES.object_path(self.name, self.namespace)
-            lease = await self.kube.request("GET", path)
+            lease = await self.kube.request(
+                "GET", LEASES.object_path(self.name, self.namespace))
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") != self.identity:
                 return
@@ -207,7 +207,8 @@ class LeaderElector:
                 },
                 "spec": spec,
             }
-            await self.kube.request("PUT", path, body=body)
+            await self.kube.request(
+                "PUT", LEASES.object_path(self.name, self.namespace), body=body)
             log.info("leader_released", lease=self.name, identity=self.identity)
         except KubeError as exc:
             log.warning("lease_release_failed", lease=self.name, error=str(exc))

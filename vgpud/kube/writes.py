@@ -92,8 +92,8 @@ def _unbound_and_alive(pod: Json) -> bool:
     return not spec.get("nodeName") and not meta.get("deletionTimestamp")
 
 
-class PodWriter:
-    """Pod writes of the scheduler: the assignment patch and the binding."""
+class PodReader:
+    """Reads a pod, with the retry policy the writers share."""
 
     def __init__(
         self,
@@ -114,6 +114,10 @@ class PodWriter:
             clock=self.clock,
             what="read_pod",
         )
+
+
+class PodWriter(PodReader):
+    """The device plugin's pod write: an annotation patch (a reassignment)."""
 
     async def patch_annotations(
         self,
@@ -137,13 +141,9 @@ class PodWriter:
             body = {"metadata": {"resourceVersion": rv, "annotations": dict(annotations)}}
             try:
                 return await self.retry.run(
-                    functools.partial(
-                        self.kube.request,
-                        "PATCH",
-                        PODS.object_path(name, namespace),
-                        body=body,
-                        content_type=MERGE_PATCH,
-                    ),
+                    functools.partial(self.kube.request, "PATCH",
+                                      PODS.object_path(name, namespace), body=body,
+                                      content_type=MERGE_PATCH),
                     clock=self.clock,
                     what="patch_pod",
                 )
@@ -164,9 +164,10 @@ class PodWriter:
 
 
 
-class PodBinder(PodWriter):
-    """:class:`PodWriter` plus the binding: the scheduler's writer. (A separate class so
-    that roles that only patch pods, like the device plugin, are granted no binding.)"""
+class PodBinder(PodReader):
+    """The scheduler's pod write: the Binding, which carries the assignment. (Apart from
+    :class:`PodWriter` so that each role is granted only its own write: the scheduler
+    no pod patch, the device plugin no binding.)"""
 
     async def bind(self, namespace: str, name: str, node: str, *, uid: str | None = None,
                    annotations: Mapping[str, str] | None = None) -> None:
