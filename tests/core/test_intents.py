@@ -28,7 +28,7 @@ def test_a_node_the_pod_no_longer_fits_once_intents_count_scores_zero() -> None:
     second = parse_pod(pod("second", memory=6000), a.defaults)
     _, scores = a.score_array(first, ["full", "roomy"])
     assert scores[0] > scores[1] > 0  # binpack: the fuller node
-    a.intend(first, "full")
+    a.intend(first, ["full"])
     _, scores = a.score_array(second, ["full", "roomy"])
     assert scores[0] == 0 and scores[1] > 0  # "full" is spoken for
     # filter stays exact: an intent is not a hold
@@ -48,7 +48,7 @@ def test_an_intent_ends_at_the_bind_and_spread_pods_are_not_pushed_off() -> None
     a.set_node(node("n2", 2, 10000))
     p = parse_pod(pod("p", memory=1000), a.defaults)
     q = parse_pod(pod("q", memory=1000), a.defaults)
-    a.intend(p, "n1")
+    a.intend(p, ["n1"])
     _, scores = a.score_array(q, ["n1", "n2"])
     assert (scores > 0).all()  # room for both: nothing is zeroed
     placed = a.place(p, "n1")

@@ -225,6 +225,13 @@ class Driver:
             assert r.status == 200, f"{url}: {r.status} {text}"
             return json.loads(text)
 
+    async def _post_status(self, url: str, body: Any) -> int:
+        """POST and return the status, whatever it is (the API's 201s included)."""
+        async with self.s.post(url, json=body) as r:
+            await r.read()
+            assert r.status < 300, f"{url}: {r.status}"
+            return r.status
+
     async def _verb(self, verb: str, body: Any) -> Any:
         t0 = time.perf_counter()
         doc = await self._post(f"{self.ext}/{verb}", body)

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from tests.core.builders import node, pod
 from vgpud.core.allocate import Allocator
+from vgpud.core.model import Placement
 from vgpud.core.requests import parse_pod
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
@@ -223,3 +224,27 @@ def test_per_gpu_exposition_parses_and_escapes() -> None:
     states = {s.labels["state"]: s.value
               for s in families["vgpud_scheduler_ledger_entries"].samples}
     assert states == {"assumed": 1, "confirmed": 0}
+
+
+async def test_prioritize_zeroes_a_node_filled_since_the_filter(
+        server: tuple[str, Allocator]) -> None:
+    """Between a pod's filter and its prioritize another bind may take a node's last
+    room; binpack would still score that node best, and the bind would fail. The
+    extender scores it 0, and the pod's intent (what its bind will take) goes to the
+    node it still fits."""
+    url, alloc = server
+    late = pod("late", memory=7000, cores=50)
+    late["metadata"]["uid"] = "uid-late"
+    _, doc = await post(f"{url}/filter", {"Pod": late, "NodeNames": ["big", "small"]})
+    assert doc["NodeNames"] == ["big", "small"]
+    # "small" (8000 MiB, one GPU) is the binpack favourite, until another pod takes it
+    _, before = await post(f"{url}/prioritize", {"Pod": late, "NodeNames": ["big", "small"]})
+    assert {d["Host"]: d["Score"] for d in before}["small"] > 0
+    first = alloc.schedule(parse_pod(pod("first", memory=7000), alloc.defaults), ["small"])
+    assert first.placement is not None
+    _, after = await post(f"{url}/prioritize", {"Pod": late, "NodeNames": ["big", "small"]})
+    scores = {d["Host"]: d["Score"] for d in after}
+    assert scores["small"] == 0 and scores["big"] > 0
+    assert alloc.intents() == 1  # on "big", where its bind will find room
+    placed = alloc.place(parse_pod(late, alloc.defaults), "big")
+    assert isinstance(placed, Placement) and placed.node == "big"

@@ -11,8 +11,9 @@ and answers the scheduler's questions as values:
 * :meth:`Allocator.schedule` — filter → score → best node → place → assume, the
   whole cycle as the simulator runs it.
 
-Between prioritize and bind a pod is *intended* for its best-scored node
-(:meth:`Allocator.intend`): kube-scheduler will most likely bind it there, but the
+Between prioritize and bind a pod is *intended* for its best-scored nodes, with the
+GPUs it would get on each (:meth:`Allocator.intend`; its bind takes those GPUs while
+they have room): kube-scheduler will most likely bind it to one, but the
 extender only learns at bind, and pods scored meanwhile would chase the same room (a
 bind race: the later bind no longer fits and is retried). An intent is not a hold —
 filter stays exact and ignores it — but scoring does not: a node on which the pod no
@@ -52,6 +53,7 @@ from vgpud.core.model import (
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 INTENT_TTL = 2.0  # seconds an intent outlives its prioritize without a bind
 MAX_INTENTS = 256  # past this many, expired intents are swept when a new one comes
+MAX_TIED = 8  # top-scored nodes an intent covers (kube-scheduler picks one at random)
 
 NO_INVENTORY = Reason("no-inventory", "node has no vgpud GPU inventory (is the vgpud plugin "
                       "running there?)", False)
@@ -85,8 +87,8 @@ class Allocator:
         # the last filter: (pod uid, generations), its candidates (None: all) and result
         self._last: tuple[tuple[str, int, int], npt.NDArray[np.int64] | None,
                           FilterResult] | None = None
-        # intents: pod uid -> (node, what it would hold per GPU uuid, deadline)
-        self._intents: dict[str, tuple[str, dict[str, GpuUsage], float]] = {}
+        # intents: pod uid -> (per node, the placement it would get there; deadline)
+        self._intents: dict[str, tuple[dict[str, Placement], float]] = {}
         self._intended: dict[str, dict[str, None]] = {}  # node -> uids intended there
 
     # -- inventory -------------------------------------------------------------------------------
@@ -221,31 +223,57 @@ class Allocator:
 
     # -- intents: pods scored, not yet bound --------------------------------------------------
 
-    def intend(self, pod: PodRequest, node: str) -> None:
-        """``pod`` was scored best on ``node``: until its bind (or :data:`INTENT_TTL`),
-        other pods' scores count what it would take there."""
+    def intend(self, pod: PodRequest, nodes: Sequence[str]) -> list[str]:
+        """``pod`` was scored best on ``nodes`` (kube-scheduler breaks a tie among them at
+        random): until its bind (or :data:`INTENT_TTL`), other pods' scores count what it
+        would take on each of them. Returns the nodes (of the first :data:`MAX_TIED`) it
+        still fits, beside the other intents there; the intent covers those."""
         self._drop_intent(pod.uid)
         now = self.clock()
         if len(self._intents) > MAX_INTENTS:  # pods scored and never bound: let them go
-            for uid in [u for u, (_, _, t) in self._intents.items() if t < now]:
+            for uid in [u for u, (_, t) in self._intents.items() if t < now]:
                 self._drop_intent(uid)
-        got = place(self.cluster, pod, node) if self.cluster.has_node(node) else None
-        if not isinstance(got, Placement):
-            return
-        self._intents[pod.uid] = (node, got.charge(), now + INTENT_TTL)
-        self._intended.setdefault(node, {})[pod.uid] = None
+        where: dict[str, Placement] = {}
+        for node in nodes[:MAX_TIED]:
+            if not self.cluster.has_node(node):
+                continue
+            # its GPUs as they would be chosen beside the other pods' intents there, so
+            # that two intents never count on the same room
+            extra = self._intent_extra(node, pod.uid, now)
+            got = (place_released(self.cluster, pod, node, {u: ZERO - x for u, x in
+                                                             extra.items()})
+                   if extra else place(self.cluster, pod, node))
+            if isinstance(got, Placement):
+                where[node] = got
+                self._intended.setdefault(node, {})[pod.uid] = None
+        if where:
+            self._intents[pod.uid] = (where, now + INTENT_TTL)
+        return list(where)
 
     def _drop_intent(self, uid: str) -> None:
         old = self._intents.pop(uid, None)
         if old is not None:
-            uids = self._intended[old[0]]
-            uids.pop(uid, None)
-            if not uids:
-                del self._intended[old[0]]
+            for node in old[0]:
+                uids = self._intended[node]
+                uids.pop(uid, None)
+                if not uids:
+                    del self._intended[node]
 
     def intents(self) -> int:
         """Intents outstanding (expired ones are dropped as they are met)."""
         return len(self._intents)
+
+    def _intent_extra(self, node: str, uid: str, now: float) -> dict[str, GpuUsage]:
+        """Per GPU uuid of ``node``, what the other pods' live intents there would hold."""
+        extra: dict[str, GpuUsage] = {}
+        for other in list(self._intended.get(node, ())):
+            placements, deadline = self._intents[other]
+            if deadline < now:
+                self._drop_intent(other)
+            elif other != uid:
+                for uuid, u in placements[node].charge().items():
+                    extra[uuid] = extra.get(uuid, ZERO) + u
+        return extra
 
     def _discount_intents(self, pod: PodRequest, nodes: npt.NDArray[np.int64],
                           scores: npt.NDArray[np.float64]) -> None:
@@ -254,14 +282,7 @@ class Allocator:
         names = self.cluster.node_names
         where = {names[i]: k for k, i in enumerate(nodes.tolist())}
         for node in [n for n in self._intended if n in where]:
-            extra: dict[str, GpuUsage] = {}
-            for uid in list(self._intended.get(node, ())):
-                _, charge, deadline = self._intents[uid]
-                if deadline < now:
-                    self._drop_intent(uid)
-                elif uid != pod.uid:
-                    for uuid, u in charge.items():
-                        extra[uuid] = extra.get(uuid, ZERO) + u
+            extra = self._intent_extra(node, pod.uid, now)
             if extra and isinstance(place_released(
                     self.cluster, pod, node, {u: ZERO - x for u, x in extra.items()}), str):
                 scores[where[node]] = 0.0
@@ -282,6 +303,14 @@ class Allocator:
         return known, self._scores(pod, self._reuse(pod, idx), idx)
 
     def place(self, pod: PodRequest, node: str) -> Placement | Reason:
+        """The GPUs of ``node`` for ``pod``: the ones its intent there named, while they
+        still have room (the other pods' scores counted exactly those), else a fresh
+        choice."""
+        intent = self._intents.get(pod.uid)
+        if intent is not None and node in intent[0] and intent[1] >= self.clock():
+            p = intent[0][node]
+            if self.ledger.room(p) is None:
+                return p
         return place(self.cluster, pod, node)
 
     # -- the ledger ------------------------------------------------------------------------------

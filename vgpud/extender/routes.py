@@ -20,7 +20,7 @@ import anyio
 import numpy as np
 import structlog
 
-from vgpud.core.allocate import MAX_SCORE, Allocator, summarize
+from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, summarize
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.ledger import Entry
 from vgpud.core.model import Placement, PodRequest, Reason
@@ -43,6 +43,7 @@ from vgpud.kube.errors import KubeError, NotFound
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder
 
 log = structlog.get_logger()
+MAX_ROUNDS = 4  # rounds of MAX_TIED top-scored nodes prioritize checks the pod still fits
 
 
 def _now_rfc3339() -> str:
@@ -142,13 +143,32 @@ class Extender:
             return host_priorities(list(args.node_names), [0] * len(args.node_names))
         known, scores = self.alloc.score_array(req, args.node_names)
         ints = np.clip(np.rint(scores), 0, MAX_SCORE).astype(np.int64).tolist()
-        if known:  # kube-scheduler will most likely bind it where we score it best
-            self.alloc.intend(req, known[int(np.argmax(scores))])
+        self._settle_top(req, known, ints)
         if len(known) != len(args.node_names):  # nodes without inventory score 0
             by_name = dict(zip(known, ints, strict=True))
             known = list(args.node_names)
             ints = [by_name.get(n, 0) for n in known]
         return host_priorities(known, ints)
+
+    def _settle_top(self, req: PodRequest, known: list[str], ints: list[int]) -> None:
+        """Make the best scores ones the pod can still take, and record its intent there.
+
+        kube-scheduler binds to one of the top-scored nodes (a tie at random). Since
+        this pod's filter, other binds may have filled a node (filter was exact then),
+        and other pods' intents may spoken for its room: such a node scores 0 here, and
+        the next best are tried, a few ties at a time, so that the bind that follows
+        finds its GPUs free."""
+        for _ in range(MAX_ROUNDS):
+            top = max(ints, default=0)
+            if top == 0:
+                return
+            tied = [i for i, v in enumerate(ints) if v == top][:MAX_TIED]
+            placed = set(self.alloc.intend(req, [known[i] for i in tied]))
+            for i in tied:
+                if known[i] not in placed:
+                    ints[i] = 0
+            if placed:
+                return
 
     # -- preempt --------------------------------------------------------------------------
 
