@@ -227,7 +227,8 @@ async def main(args: argparse.Namespace) -> None:
         f"(peak during list {lists['pods_list_peak_mib']:.1f} MiB)"
     )
     print(
-        f"patch+bind {int(writes['pods_written'])} pods with {args.writers} writers "
+        f"bind (one Binding each, carrying the assignment) {int(writes['pods_written'])} pods "
+        f"with {args.writers} writers "
         f"(budget {args.qps:g} QPS, burst {args.burst}): "
         f"{writes['write_s']:.2f} s = {writes['pods_per_s']:.0f} pods/s "
         f"({writes['requests_per_s']:.0f} requests/s); informer saw all bindings after "

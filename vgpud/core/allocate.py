@@ -110,16 +110,13 @@ class Allocator:
         key = (tuple(names), self.cluster.generation)
         hit = self._index_cache.get(key)
         if hit is None:
-            index = self.cluster.node_index
-            idx = []
+            found = list(map(self.cluster.node_index.get, names))  # C speed: 3,250 names
             unknown: dict[str, Reason] = {}
-            for n in names:
-                i = index.get(n)
-                if i is None:
-                    unknown[n] = NO_INVENTORY
-                else:
-                    idx.append(i)
-            arr = np.fromiter(idx, dtype=np.int64, count=len(idx))
+            if None in found:
+                unknown = {n: NO_INVENTORY for n, i in zip(names, found, strict=True)
+                           if i is None}
+                found = [i for i in found if i is not None]
+            arr = np.array(found, dtype=np.int64)
             if len(self._index_cache) >= 4:
                 self._index_cache.pop(next(iter(self._index_cache)))
             hit = self._index_cache[key] = (arr, unknown)
