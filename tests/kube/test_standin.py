@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,192 @@ async def test_runs_as_a_process_with_a_state_file(tmp_path: Path) -> None:
             proc.terminate()
             with anyio.fail_after(10):
                 assert await proc.wait() == 0
+
+
+# -- streaming lists (WatchList) ----------------------------------------------------------
+
+WATCH_LIST = {
+    "send_initial_events": True,
+    "resource_version_match": "NotOlderThan",
+    "allow_watch_bookmarks": True,
+}
+FEATURE_OFF = (
+    'ListOptions.meta.k8s.io "" is invalid: sendInitialEvents: Forbidden: sendInitialEvents '
+    "is forbidden for watch unless the WatchList feature gate is enabled"
+)
+
+
+async def _lines(
+    http: aiohttp.ClientSession,
+    url: str,
+    count: int | None = None,
+    then: Callable[[], object] | None = None,
+) -> tuple[int, list[Any]]:
+    """Status and the JSON lines of a (watch) response: ``count`` of them, or all until
+    the server ends it; ``then()`` runs once the server has answered (the watch is
+    registered by then)."""
+    async with http.get(url) as resp:
+        if resp.status != 200:
+            return resp.status, [await resp.json()]
+        if then is not None:
+            then()
+        lines: list[Any] = []
+        while count is None or len(lines) < count:
+            line = await resp.content.readline()
+            if not line:
+                break
+            lines.append(json.loads(line))
+        return 200, lines
+
+
+async def test_streaming_list_sends_initial_events_then_the_end_bookmark() -> None:
+    async with (
+        ApiServer(watch_list=True) as api,
+        client.ApiClient(client.Configuration(host=api.url)) as api_client,
+    ):
+        v1 = client.CoreV1Api(api_client)
+        for name in ("b", "a", "c"):
+            api.create("pods", _pod(name, tier="gpu"))
+        api.create("pods", _pod("other", tier="cpu"))
+        api.patch("pods", "b", {"metadata": {"annotations": {"x": "1"}}})
+        state = str(api.store.rv)
+        seen: list[tuple[str, str]] = []
+        async with watch.Watch() as w:
+            async for event in w.stream(
+                v1.list_namespaced_pod, "default", label_selector="tier=gpu", **WATCH_LIST
+            ):
+                meta = event["raw_object"]["metadata"]
+                if event["type"] == "BOOKMARK":
+                    seen.append(("BOOKMARK", meta["resourceVersion"]))
+                    assert meta["annotations"] == {"k8s.io/initial-events-end": "true"}
+                    api.create("pods", _pod("d", tier="gpu"))  # a live event follows
+                    continue
+                seen.append((event["type"], meta["name"]))
+                if meta["name"] == "d":
+                    w.stop()
+    # Key order (kube-apiserver's watch cache), the bookmark at the state's RV, then live.
+    assert seen == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+        ("ADDED", "c"),
+        ("BOOKMARK", state),
+        ("ADDED", "d"),
+    ]
+    assert api.count_watch_lists("pods") == 1 and api.count("list", "pods") == 0
+
+
+async def test_list_options_are_defaulted_and_validated_as_kube_apiserver_does() -> None:
+    async with (
+        ApiServer(watch_list=True, bookmark_interval=60) as api,
+        aiohttp.ClientSession(api.url) as http,
+    ):
+        api.create("pods", _pod("p"))
+        pods = "/api/v1/namespaces/default/pods?"
+        status, body = await _lines(http, pods + "watch=1&sendInitialEvents=true")
+        assert status == 422 and body[0]["reason"] == "Invalid"
+        assert body[0]["message"] == (
+            'ListOptions.meta.k8s.io "" is invalid: resourceVersionMatch: Forbidden: '
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+        )
+        assert body[0]["details"] == {
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [
+                {
+                    "reason": "FieldValueForbidden",
+                    "message": "Forbidden: sendInitialEvents requires setting "
+                    "resourceVersionMatch to NotOlderThan",
+                    "field": "resourceVersionMatch",
+                }
+            ],
+        }
+        status, body = await _lines(
+            http, pods + "watch=1&sendInitialEvents=true&resourceVersionMatch=Exact"
+        )
+        assert status == 422 and body[0]["message"] == (
+            'ListOptions.meta.k8s.io "" is invalid: [resourceVersionMatch: Forbidden: '
+            "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan, "
+            'resourceVersionMatch: Unsupported value: "Exact": supported values: "NotOlderThan"]'
+        )
+        status, body = await _lines(http, pods + "watch=1&resourceVersionMatch=NotOlderThan")
+        assert status == 422 and body[0]["message"].endswith(
+            "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"
+        )
+        status, body = await _lines(http, pods + "sendInitialEvents=true")
+        assert status == 422 and body[0]["message"].endswith(
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list"
+        )
+        # Without allowWatchBookmarks the real server accepts it: initial events, no
+        # end bookmark — the next line is the next change.
+        names = iter(f"live{i}" for i in range(3))
+        status, events = await _lines(
+            http,
+            pods + "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
+            count=2,
+            then=lambda: api.create("pods", _pod(next(names))),
+        )
+        assert status == 200
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+            ("ADDED", "p"),
+            ("ADDED", "live0"),
+        ]
+        # A plain watch from "" is defaulted to a streaming list (SetListOptionsDefaults):
+        # with bookmarks allowed it ends its initial events with the bookmark too.
+        status, events = await _lines(http, pods + "watch=1&allowWatchBookmarks=1", count=3)
+        assert [e["type"] for e in events] == ["ADDED", "ADDED", "BOOKMARK"]
+        assert events[2]["object"]["metadata"] == {
+            "resourceVersion": str(api.store.rv),
+            "annotations": {"k8s.io/initial-events-end": "true"},
+        }
+        # sendInitialEvents=false from "": no initial events, just what happens next.
+        status, events = await _lines(
+            http,
+            pods + "watch=1&sendInitialEvents=false&resourceVersionMatch=NotOlderThan",
+            count=1,
+            then=lambda: api.create("pods", _pod(next(names))),
+        )
+        assert status == 200 and events[0]["object"]["metadata"]["name"] == "live1"
+    assert api.count_watch_lists("pods") == 1
+
+
+async def test_watch_list_switch_refuses_as_a_server_without_the_feature(
+    api: ApiServer, v1: Any
+) -> None:
+    api.create("pods", _pod("p"))
+    assert not api.watch_list  # as kube-apiserver 1.33, which the stand-in reports
+    with pytest.raises(ApiException) as err:
+        await v1.list_namespaced_pod("default", watch=True, **WATCH_LIST)
+    assert err.value.status == 422
+    status = json.loads(err.value.body or b"")
+    assert status["reason"] == "Invalid" and status["message"] == FEATURE_OFF
+    assert status["details"]["causes"] == [
+        {
+            "reason": "FieldValueForbidden",
+            "message": "Forbidden: sendInitialEvents is forbidden for watch unless the "
+            "WatchList feature gate is enabled",
+            "field": "sendInitialEvents",
+        }
+    ]
+    # A legacy watch is what it always was: initial ADDEDs, no end bookmark.
+    async with aiohttp.ClientSession(api.url) as http:
+        url = "/api/v1/namespaces/default/pods?watch=1&allowWatchBookmarks=1"
+        _, events = await _lines(http, url, count=2)  # the first bookmark: a periodic one
+        assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+        assert "annotations" not in events[1]["object"]["metadata"]
+        # Switched on over HTTP (the out-of-process mode), then cut short once.
+        async with http.put("/_standin/watch-list", json={"enabled": True}) as resp:
+            assert (await resp.json()) == {"enabled": True}
+        async with http.post(
+            "/_standin/cut-watch-lists", json={"resource": "pods", "after": 0}
+        ) as resp:
+            assert resp.status == 200
+        streaming = (
+            "/api/v1/namespaces/default/pods?watch=1&sendInitialEvents=true"
+            "&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+        )
+        assert await _lines(http, streaming) == (200, [])  # ended before anything
+        async with http.get("/_standin/counts") as resp:
+            assert (await resp.json())["watchLists"] == {"pods": 1}
+        async with http.put("/_standin/watch-list", json={"enabled": "yes"}) as resp:
+            assert resp.status == 400
+    assert api.watch_list

@@ -1,9 +1,11 @@
 """A stand-in Kubernetes API server for vgpud's tests (there is no real one here).
 
 ``ApiServer`` serves nodes, pods (+binding, +status), events, configmaps and leases
-over real HTTP with list/watch/patch semantics close to the real server, plus fault
-injection. Run it in-process (``async with ApiServer() as api: api.url``) or as a
-process (``python -m tests.standin --port N [--state FILE]``). See ``apiserver.py``.
+over real HTTP with list/watch/patch semantics close to the real server (streaming
+lists too, with ``watch_list=True``), plus fault injection. Run it in-process
+(``async with ApiServer() as api: api.url``) or as a process
+(``python -m tests.standin --port N [--state FILE] [--watch-list]``). See
+``apiserver.py``.
 """
 
 from tests.standin.apiserver import ApiServer

@@ -1,4 +1,5 @@
-"""``python -m tests.standin --port N [--state FILE]``: the API stand-in as a process.
+"""``python -m tests.standin --port N [--state FILE] [--watch-list]``: the API stand-in
+as a process.
 
 Prints ``listening on http://HOST:PORT`` (flushed) once it serves, so a parent can
 read the port when started with ``--port 0``; ``--port-file`` also writes it. The
@@ -45,6 +46,7 @@ async def _main(args: argparse.Namespace) -> int:
         token=args.token,
         bookmark_interval=args.bookmark_interval,
         history_size=args.history_size,
+        watch_list=args.watch_list,
     )
     if args.state:
         try:
@@ -74,6 +76,13 @@ def main() -> None:
     parser.add_argument("--token", help="require this bearer token")
     parser.add_argument("--bookmark-interval", type=float, default=1.0)
     parser.add_argument("--history-size", type=int, default=10_000)
+    parser.add_argument(
+        "--watch-list",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="serve streaming lists (sendInitialEvents), as kube-apiserver 1.32 and 1.34+ "
+        "do by default; off (as in 1.33) refuses them with 422",
+    )
     sys.exit(asyncio.run(_main(parser.parse_args())))
 
 

@@ -13,6 +13,23 @@ Serves core/v1 ``namespaces``, ``nodes``, ``pods`` (+ ``pods/binding``,
   ``bookmark_interval`` s), ``timeoutSeconds``; a resourceVersion older than the
   bounded history answers 200 with one ERROR event carrying a 410 ``Status``;
   objects leaving a filtered watch arrive as DELETED, entering ones as ADDED;
+- streaming lists (KEP-3157 "WatchList"), when ``watch_list`` is on:
+  ``sendInitialEvents=true`` (with ``resourceVersionMatch=NotOlderThan``) sends an
+  ADDED for every matching object in key order, then — with
+  ``allowWatchBookmarks=true`` — a BOOKMARK annotated
+  ``k8s.io/initial-events-end: "true"`` at the current resourceVersion, then live
+  events. The list options are defaulted and validated as kube-apiserver does
+  (``SetListOptionsDefaults``/``ValidateListOptions``, k8s.io/apimachinery
+  pkg/apis/meta/internalversion): with the feature on, a watch from ``""``/``0``
+  without those parameters becomes a streaming list; invalid combinations answer
+  422 ``Invalid`` with the real message (``ListOptions.meta.k8s.io "" is invalid:
+  ...``). With ``watch_list`` off (the default: kube-apiserver 1.33, which the
+  stand-in reports, ships WatchList beta but *off*; 1.32 and 1.34+ have it on) any
+  ``sendInitialEvents`` on a watch answers 422 ``sendInitialEvents: Forbidden:
+  sendInitialEvents is forbidden for watch unless the WatchList feature gate is
+  enabled``, as such a server does. ``sendInitialEvents`` without
+  ``allowWatchBookmarks`` is not an error on the real server: the initial events
+  come, the end bookmark does not;
 - get / create (``generateName``, uid, creationTimestamp, 409 AlreadyExists) /
   replace / delete (DeleteOptions preconditions) — deletion is immediate;
 - the four patch types (see ``patches.py`` for what strategic merge and apply do);
@@ -31,8 +48,12 @@ out-of-process mode (``python -m tests.standin``)::
     DELETE /_standin/faults        remove all rules
     POST   /_standin/drop-watches  {"resource": optional}  -> {"dropped": n}
     POST   /_standin/compact       {"resource": optional}  -> {"resourceVersion": rv}
-    GET    /_standin/counts        -> {"counts": {"patch pods": n, ...}, "watches": k}
+    GET    /_standin/counts        -> {"counts": {"patch pods": n, ...}, "watches": k,
+                                       "watchLists": {"pods": n, ...}}
     DELETE /_standin/counts        reset the counters
+    GET    /_standin/watch-list    -> {"enabled": bool}
+    PUT    /_standin/watch-list    {"enabled": bool} -> {"enabled": bool}
+    POST   /_standin/cut-watch-lists {"resource", "after", "times"} -> {}
     POST   /_standin/objects       {"items": [...]} bulk create -> {"created": n}
     GET    /_standin/state         -> {"items": [...]} every stored object
 
@@ -48,7 +69,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -63,6 +86,9 @@ from tests.standin.store import KINDS, Collection, Entry, Store, StoreError, sta
 
 _JSON = "application/json"
 _TRUE = ("true", "1", "True")
+NOT_OLDER_THAN = "NotOlderThan"
+# metav1.InitialEventsAnnotationKey
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:
@@ -73,6 +99,111 @@ def _json_response(body: Any, status: int = 200) -> web.Response:
 
 def _raw_response(raw: bytes, status: int = 200) -> web.Response:
     return web.Response(body=raw, status=status, content_type=_JSON)
+
+
+def _flag(value: str | None) -> bool | None:
+    """A boolean query parameter as kube-apiserver decodes it into a ``*bool``
+    (``Convert_Slice_string_To_Pointer_bool``, k8s.io/apimachinery pkg/runtime/
+    conversion.go): absent is None; ``0`` or ``false`` (any case) is False; anything
+    else, the empty string included, is True."""
+    if value is None:
+        return None
+    return not (value == "0" or value.lower() == "false")
+
+
+@dataclass(frozen=True)
+class _FieldError:
+    """One ``field.Error``: its cause type, path and ``ErrorBody()``."""
+
+    type: str
+    field: str
+    body: str
+
+    @classmethod
+    def forbidden(cls, field: str, detail: str) -> _FieldError:
+        return cls("FieldValueForbidden", field, f"Forbidden: {detail}")
+
+    @classmethod
+    def not_supported(cls, field: str, value: str, supported: list[str]) -> _FieldError:
+        quoted = ", ".join(json.dumps(v) for v in supported)
+        return cls(
+            "FieldValueNotSupported",
+            field,
+            f"Unsupported value: {json.dumps(value)}: supported values: {quoted}",
+        )
+
+
+def _invalid_list_options(errors: list[_FieldError]) -> StoreError:
+    """``errors.NewInvalid(meta.k8s.io/ListOptions, "", errs)`` as kube-apiserver's
+    list/watch handler returns it (the aggregate message drops repeats; one error
+    stands alone, several are bracketed)."""
+    messages = list(dict.fromkeys(f"{e.field}: {e.body}" for e in errors))
+    text = messages[0] if len(messages) == 1 else "[" + ", ".join(messages) + "]"
+    return StoreError(
+        422,
+        "Invalid",
+        f'ListOptions.meta.k8s.io "" is invalid: {text}',
+        {
+            "group": "meta.k8s.io",
+            "kind": "ListOptions",
+            "causes": [{"reason": e.type, "message": e.body, "field": e.field} for e in errors],
+        },
+    )
+
+
+def list_options(query: Mapping[str, str], *, watch: bool, watch_list: bool) -> bool | None:
+    """Default and validate the list options of a list or watch request as
+    kube-apiserver does; returns ``sendInitialEvents`` after defaulting, raises the
+    422 ``StoreError`` otherwise.
+
+    ``SetListOptionsDefaults`` (pkg/apis/meta/internalversion/defaults.go): with
+    WatchList on, a watch with neither ``sendInitialEvents`` nor
+    ``resourceVersionMatch`` from ``""`` or ``"0"`` gets ``sendInitialEvents=true``
+    and ``resourceVersionMatch=NotOlderThan``. ``ValidateListOptions`` (validation/
+    validation.go): the rules below, in its order."""
+    send = _flag(query.get("sendInitialEvents"))
+    match = query.get("resourceVersionMatch") or ""
+    rv = query.get("resourceVersion") or ""
+    if watch_list and watch and send is None and not match and rv in ("", "0"):
+        send, match = True, NOT_OLDER_THAN
+    errors: list[_FieldError] = []
+    rvm = "resourceVersionMatch"
+
+    def forbid(field: str, detail: str) -> None:
+        errors.append(_FieldError.forbidden(field, detail))
+
+    if watch:  # validateWatchOptions
+        if send is not None:
+            if match != NOT_OLDER_THAN:
+                forbid(rvm, f"sendInitialEvents requires setting {rvm} to {NOT_OLDER_THAN}")
+            if not watch_list:
+                forbid(
+                    "sendInitialEvents",
+                    "sendInitialEvents is forbidden for watch unless the WatchList feature "
+                    "gate is enabled",
+                )
+        if match:
+            if send is None:
+                forbid(rvm, f"{rvm} is forbidden for watch unless sendInitialEvents is provided")
+            if match != NOT_OLDER_THAN:
+                errors.append(_FieldError.not_supported(rvm, match, [NOT_OLDER_THAN]))
+            if query.get("continue"):
+                forbid(rvm, f"{rvm} is forbidden when continue is provided")
+    else:
+        if match:
+            if not rv:
+                forbid(rvm, f"{rvm} is forbidden unless resourceVersion is provided")
+            if query.get("continue"):
+                forbid(rvm, f"{rvm} is forbidden when continue is provided")
+            if match not in ("Exact", NOT_OLDER_THAN):
+                errors.append(_FieldError.not_supported(rvm, match, ["Exact", NOT_OLDER_THAN, ""]))
+            if match == "Exact" and rv == "0":
+                forbid(rvm, f'{rvm} "exact" is forbidden for resourceVersion "0"')
+        if send is not None:
+            forbid("sendInitialEvents", "sendInitialEvents is forbidden for list")
+    if errors:
+        raise _invalid_list_options(errors)
+    return send
 
 
 def _error(
@@ -97,6 +228,7 @@ class ApiServer:
         history_size: int = 10_000,
         max_watch_seconds: float = 1800.0,
         seed: int = 0,
+        watch_list: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -106,6 +238,11 @@ class ApiServer:
         self.store = Store(history_size=history_size)
         self.faults = Faults(seed)
         self.counts = RequestCounter()
+        # The WatchList feature (streaming lists); see the module docstring. Flip it
+        # at any time: it applies to the next watch request.
+        self.watch_list = watch_list
+        self.watch_lists: Counter[str] = Counter()  # streaming lists served, by resource
+        self._cuts: dict[str, list[int]] = {}  # resource -> [after, times left]
         self._runner: web.AppRunner | None = None
 
     # -- lifecycle --------------------------------------------------------------------
@@ -126,6 +263,9 @@ class ApiServer:
         r.add_post("/_standin/compact", self._ctl_compact)
         r.add_get("/_standin/counts", self._ctl_counts)
         r.add_delete("/_standin/counts", self._ctl_reset_counts)
+        r.add_get("/_standin/watch-list", self._ctl_watch_list)
+        r.add_put("/_standin/watch-list", self._ctl_watch_list)
+        r.add_post("/_standin/cut-watch-lists", self._ctl_cut_watch_lists)
         r.add_post("/_standin/objects", self._ctl_objects)
         r.add_get("/_standin/state", self._ctl_state)
         for prefix in ("/api", "/apis"):
@@ -263,6 +403,29 @@ class ApiServer:
 
     def count(self, verb: str, resource: str) -> int:
         return self.counts[(verb, resource)]
+
+    def count_watch_lists(self, resource: str) -> int:
+        """Streaming lists served for ``resource`` (watches that sent initial events
+        and the initial-events-end bookmark; also counted as ``watch``)."""
+        return self.watch_lists[resource]
+
+    def cut_watch_lists(self, resource: str, *, after: int = 0, times: int = 1) -> None:
+        """End the next ``times`` streaming lists of ``resource`` after ``after``
+        initial events, before the initial-events-end bookmark (as a proxy's timeout
+        or a restarting server would)."""
+        self._col(resource)
+        if after < 0 or times < 1:
+            raise ValueError("cut_watch_lists needs after >= 0 and times >= 1")
+        self._cuts[resource] = [after, times]
+
+    def _take_cut(self, resource: str) -> int | None:
+        cut = self._cuts.get(resource)
+        if cut is None:
+            return None
+        cut[1] -= 1
+        if cut[1] <= 0:
+            del self._cuts[resource]
+        return cut[0]
 
     def open_watches(self, resource: str | None = None) -> int:
         return sum(
@@ -512,6 +675,7 @@ class ApiServer:
     def _list(
         self, col: Collection, namespace: str | None, query: Mapping[str, str]
     ) -> web.Response:
+        list_options(query, watch=False, watch_list=self.watch_list)
         limit_param = query.get("limit")
         try:
             limit = int(limit_param) if limit_param else None
@@ -549,10 +713,39 @@ class ApiServer:
             raise StoreError(
                 400, "BadRequest", "invalid resourceVersion or timeoutSeconds"
             ) from None
-        bookmarks = query.get("allowWatchBookmarks") in _TRUE
+        initial_events = list_options(query, watch=True, watch_list=self.watch_list)
+        bookmarks = bool(_flag(query.get("allowWatchBookmarks")))
         watcher, ok = self.store.open_watch(
-            col, namespace, query.get("labelSelector"), query.get("fieldSelector"), since
+            col,
+            namespace,
+            query.get("labelSelector"),
+            query.get("fieldSelector"),
+            since,
+            initial_events=initial_events,
         )
+        if ok and initial_events and bookmarks:
+            # A streaming list: the end of the initial events, at the resourceVersion
+            # of the state they showed, goes out before any live event (nothing ran
+            # since open_watch). Without allowWatchBookmarks kube-apiserver sends no
+            # such bookmark (isListWatchRequest, endpoints/handlers/get.go).
+            self.watch_lists[col.kind.name] += 1
+            cut = self._take_cut(col.kind.name)
+            if cut is not None:
+                del watcher.lines[cut:]
+                watcher.close()
+            else:
+                mark = {
+                    "type": "BOOKMARK",
+                    "object": {
+                        "kind": col.kind.kind,
+                        "apiVersion": col.kind.api_version,
+                        "metadata": {
+                            "resourceVersion": str(self.store.rv),
+                            "annotations": {INITIAL_EVENTS_END: "true"},
+                        },
+                    },
+                }
+                watcher.lines.append(json.dumps(mark, separators=(",", ":")).encode() + b"\n")
         response = web.StreamResponse(status=200, headers={"Content-Type": _JSON})
         await response.prepare(request)
         if not ok:
@@ -640,10 +833,40 @@ class ApiServer:
         return _json_response({"resourceVersion": self.compact(data.get("resource"))})
 
     async def _ctl_counts(self, _: web.Request) -> web.Response:
-        return _json_response({"counts": self.counts.as_json(), "watches": self.open_watches()})
+        return _json_response(
+            {
+                "counts": self.counts.as_json(),
+                "watches": self.open_watches(),
+                "watchLists": dict(sorted(self.watch_lists.items())),
+            }
+        )
 
     async def _ctl_reset_counts(self, _: web.Request) -> web.Response:
         self.counts.clear()
+        self.watch_lists.clear()
+        return _json_response({})
+
+    async def _ctl_watch_list(self, request: web.Request) -> web.Response:
+        if request.method == "PUT":
+            try:
+                enabled = (await self._ctl_json(request)).get("enabled")
+            except ValueError as exc:
+                return _error(400, "BadRequest", str(exc))
+            if not isinstance(enabled, bool):
+                return _error(400, "BadRequest", 'the body must be {"enabled": true|false}')
+            self.watch_list = enabled
+        return _json_response({"enabled": self.watch_list})
+
+    async def _ctl_cut_watch_lists(self, request: web.Request) -> web.Response:
+        try:
+            data = await self._ctl_json(request)
+            self.cut_watch_lists(
+                str(data["resource"]),
+                after=int(data.get("after", 0)),
+                times=int(data.get("times", 1)),
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            return _error(400, "BadRequest", f"invalid cut-watch-lists request: {exc!r}")
         return _json_response({})
 
     def load(self, items: list[Any]) -> int:

@@ -617,8 +617,18 @@ class Store:
         labels: str | None,
         fields: str | None,
         since: int | None,
+        *,
+        initial_events: bool | None = None,
     ) -> tuple[Watcher, bool]:
-        """Register a watcher; returns it and False when ``since`` is too old (410)."""
+        """Register a watcher; returns it and False when ``since`` is too old (410).
+
+        ``initial_events`` is the request's ``sendInitialEvents`` (after defaulting):
+        ``None`` is the legacy watch (``since`` None: an ADDED for every current
+        object first; else the changes after ``since``). ``True``: an ADDED for every
+        current object in key order (``namespace/name``, the order of kube-apiserver's
+        watch cache store), whatever ``since`` is — "not older than" it, so never
+        410. ``False``: no initial events; from now (``since`` None) or from ``since``.
+        """
         watcher = Watcher(
             col.kind,
             namespace if col.kind.namespaced else None,
@@ -627,10 +637,16 @@ class Store:
             filtered=bool(labels or fields),
             max_pending=self.max_pending,
         )
-        if since is None:
-            for entry in col.objects.values():
-                if watcher.matches(entry):
-                    watcher.push(b"ADDED", entry)
+        if initial_events:
+            matching = [e for e in col.objects.values() if watcher.matches(e)]
+            matching.sort(key=lambda e: f"{e.namespace}/{e.name}" if e.namespace else e.name)
+            for entry in matching:
+                watcher.push(b"ADDED", entry)
+        elif since is None:
+            if initial_events is None:
+                for entry in col.objects.values():
+                    if watcher.matches(entry):
+                        watcher.push(b"ADDED", entry)
         else:
             changes = col.changes_since(since)
             if changes is None:

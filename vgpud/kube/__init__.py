@@ -10,7 +10,9 @@ core stays pure; callers convert between the two). Everything takes an injected
 - ``clock``: ``Clock`` protocol and ``SYSTEM_CLOCK``; ``backoff``: ``Backoff``.
 - ``resources``: ``Resource`` descriptors (``PODS``, ``NODES``, ``EVENTS``, ``LEASES``).
 - ``watch``: raw paged list and watch streams (``list_pages``, ``open_watch``).
-- ``cache``: ``Informer`` — list+watch cache with projections and change events.
+- ``cache``: ``Informer`` — a cache with projections and change events, synced by a
+  streaming list (``sendInitialEvents``) where the server offers one, else a paged list,
+  then a watch.
 - ``writes``: ``PodWriter`` (annotation patch), ``PodBinder`` (+ binding), ``EventRecorder``.
 - ``lease``: ``LeaderElector``.
 - ``lazyclient``: kubernetes_asyncio's client package, loaded on first use.

@@ -1,22 +1,36 @@
 """A list+watch informer: a local cache of one resource and a stream of changes.
 
-``Informer`` lists the resource (paged), then watches from the list's
-resourceVersion with bookmarks. When the watch ends it reconnects from the last
-resourceVersion it saw; on ``410 Gone`` it re-lists and diffs the new list against
-its cache, so objects that vanished while it was not watching are reported as
-``Deleted(final_state_unknown=True)``. Connection and server errors back off
-(capped, exponential, on the injected clock) and retry forever.
+``Informer`` fills its cache with a streaming list (KEP-3157 "WatchList", see
+``watch.open_watch_list``): one watch request on which the server sends a synthetic
+``ADDED`` per object, then a bookmark annotated ``k8s.io/initial-events-end`` that
+carries the list's resourceVersion, then ordinary events on the same stream — the
+objects are projected as they arrive into a temporary map, which replaces the cache
+at that bookmark, so no whole list response is ever held. If the server refuses the
+streaming list (an error status: 422 from a server without the WatchList feature,
+403, 410, 5xx, ...) or the stream ends or breaks before that bookmark, the informer
+falls back to a paged list (``limit``/``continue``) and a watch from the list's
+resourceVersion, and sticks to that for ``streaming_retry_after`` seconds (later
+re-syncs try streaming again); a throttled (429) or unreachable server is retried
+after a backoff instead, as a list would be. ``streaming=False`` always lists.
+Objects from an unfinished stream are dropped: nothing is emitted and no ``Synced``
+is reported before the cache is complete.
+
+When a watch ends it reconnects from the last resourceVersion it saw (bookmarks
+included); on ``410 Gone`` it re-syncs (streaming or list, as above) and diffs the
+new state against its cache, so objects that vanished while it was not watching are
+reported as ``Deleted(final_state_unknown=True)``. Connection and server errors back
+off (capped, exponential, on the injected clock) and retry forever.
 
 The cache maps ``namespace/name`` (or ``name``) to ``project(raw_object)``: pass a
 ``project`` that keeps only what you need to hold 50,000 pods in a few tens of MiB;
 without one the raw dicts are kept.
 
 Subscribers get, in order: ``Added``/``Modified``/``Deleted`` per change, and
-``Synced`` after every (re)list. Synchronous callbacks (``subscribe``) run inline
-after the cache is updated — an exception from one stops the informer (it is a
-bug); memory streams (``open_stream``) apply backpressure.
+``Synced`` after every (re)sync, whichever way it was made. Synchronous callbacks
+(``subscribe``) run inline after the cache is updated — an exception from one stops
+the informer (it is a bug); memory streams (``open_stream``) apply backpressure.
 
-Run it in the caller's task group; readiness is the first completed list::
+Run it in the caller's task group; readiness is the first completed sync::
 
     informer = Informer(kube, PODS, project=pod_summary)
     async with anyio.create_task_group() as tg:
@@ -40,9 +54,16 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from vgpud.kube.backoff import Backoff
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
-from vgpud.kube.errors import Gone, KubeError
+from vgpud.kube.errors import ConnectionFailed, Gone, KubeError, TooManyRequests
 from vgpud.kube.resources import Resource, object_key
-from vgpud.kube.watch import EVERYTHING, Selector, list_pages, open_watch
+from vgpud.kube.watch import (
+    EVERYTHING,
+    Selector,
+    WatchEvent,
+    list_pages,
+    open_watch,
+    open_watch_list,
+)
 
 T = TypeVar("T")
 log = structlog.get_logger(__name__)
@@ -77,7 +98,7 @@ class Synced:
 
     resource_version: str
     size: int
-    lists: int  # 1 after the initial list, 2 after the first re-list, ...
+    lists: int  # 1 after the initial sync, 2 after the first re-sync, ...
 
 
 Event = Added[T] | Modified[T] | Deleted[T] | Synced
@@ -87,8 +108,23 @@ def _keep(obj: Json) -> Any:
     return obj
 
 
+STREAMING = "watch-list"
+LISTING = "list"
+
+
+class _SyncFailed(Exception):
+    """A (re)sync failed before the cache was replaced: back off and sync again."""
+
+    def __init__(self, error: KubeError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class Informer(Generic[T]):
     """Cache and change feed of one resource (see the module docstring)."""
+
+    # After a refused or broken streaming list, sync by listing for this long.
+    streaming_retry_after: float = 600.0
 
     def __init__(
         self,
@@ -102,6 +138,7 @@ class Informer(Generic[T]):
         backoff: Backoff | None = None,
         clock: Clock = SYSTEM_CLOCK,
         name: str | None = None,
+        streaming: bool = True,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -117,8 +154,11 @@ class Informer(Generic[T]):
         self._streams: list[MemoryObjectSendStream[Event[T]]] = []
         self._synced = anyio.Event()
         self.resource_version = ""
-        self.lists = 0
-        self.watches = 0
+        self.lists = 0  # completed syncs, either way
+        self.watches = 0  # watch requests, streaming lists included
+        self.streaming = streaming
+        self.sync_mode = ""  # how the last sync was made: STREAMING or LISTING
+        self._list_until: float | None = None  # no streaming list before this time
 
     # -- reading the cache --------------------------------------------------------------
 
@@ -180,37 +220,40 @@ class Informer(Generic[T]):
     # -- running -------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> NoReturn:
-        """List, then watch forever; ``task_status.started()`` after the first list."""
+        """Sync, then watch forever; ``task_status.started()`` after the first sync."""
         started = False
-        need_list = True
+        need_sync = True
+
+        def synced() -> None:
+            nonlocal started, need_sync
+            need_sync = False
+            self.backoff.reset()
+            if not started:
+                started = True
+                task_status.started()
+
         try:
             while True:
-                if need_list:
-                    try:
-                        await self._relist()
-                    except KubeError as exc:
-                        delay = await self._back_off(exc)
-                        log.warning(
-                            "informer_list_failed",
-                            informer=self.name,
-                            error=str(exc),
-                            retry_in=round(delay, 3),
-                        )
-                        continue
-                    need_list = False
-                    self.backoff.reset()
-                    if not started:
-                        started = True
-                        task_status.started()
                 try:
-                    await self._watch()
+                    if need_sync:
+                        await self._sync(synced)
+                    else:
+                        await self._watch()
+                except _SyncFailed as failure:
+                    delay = await self._back_off(failure.error)
+                    log.warning(
+                        "informer_list_failed",
+                        informer=self.name,
+                        error=str(failure.error),
+                        retry_in=round(delay, 3),
+                    )
                 except Gone:
                     log.info(
                         "informer_watch_expired",
                         informer=self.name,
                         resource_version=self.resource_version,
                     )
-                    need_list = True
+                    need_sync = True
                 except KubeError as exc:
                     delay = await self._back_off(exc)
                     log.warning(
@@ -227,6 +270,94 @@ class Informer(Generic[T]):
         retry_after = getattr(exc, "retry_after", None) or 0.0
         return await self.backoff.sleep(at_least=retry_after)
 
+    # -- syncing -------------------------------------------------------------------------
+
+    def _streaming_allowed(self) -> bool:
+        if not self.streaming:
+            return False
+        if self._list_until is not None and self.clock.now() < self._list_until:
+            return False
+        self._list_until = None
+        return True
+
+    async def _sync(self, synced: Callable[[], None]) -> None:
+        """Fill the cache, streaming if allowed (then follow that same stream until it
+        ends), else or on the server's refusal by a paged list; ``synced()`` once the
+        cache is replaced. Raises ``_SyncFailed`` when the cache was not replaced."""
+        if self._streaming_allowed() and await self._stream(synced):
+            return
+        try:
+            await self._relist()
+        except KubeError as exc:
+            raise _SyncFailed(exc) from exc
+        synced()
+
+    def _stop_streaming(self, why: str, *, refused: bool) -> None:
+        self._list_until = self.clock.now() + self.streaming_retry_after
+        # A refusal is what every server without the feature answers (kube-apiserver
+        # 1.27-1.31 and 1.33 by default): not worth a warning, as in client-go.
+        (log.info if refused else log.warning)(
+            "informer_watch_list_unavailable",
+            informer=self.name,
+            error=why,
+            fallback=LISTING,
+            list_for=self.streaming_retry_after,
+        )
+
+    async def _stream(self, synced: Callable[[], None]) -> bool:
+        """A streaming list, then the watch on the same stream until it ends.
+
+        Returns False, having replaced nothing, when the server refused the request or
+        the stream ended (or broke) before the initial-events-end bookmark: the caller
+        lists instead. Raises ``_SyncFailed`` for a throttled or unreachable server
+        (try again after a backoff); once synced, the watch's errors as ``_watch``.
+        """
+        fresh: dict[str, tuple[str, T]] = {}
+        opened = is_synced = False
+        received = 0
+        self.watches += 1
+        try:
+            async with open_watch_list(
+                self.kube, self.resource, self.selector, timeout_seconds=self.watch_timeout
+            ) as events:
+                opened = True
+                async for event in events:
+                    received += 1
+                    if received % 8 == 0:
+                        await anyio.lowlevel.checkpoint()  # as in _watch
+                    if is_synced:
+                        await self._follow(event)
+                    elif event.initial_events_end:
+                        rv = event.resource_version or self.resource_version
+                        await self._replace(fresh, rv, STREAMING)
+                        fresh = {}
+                        is_synced = True
+                        synced()
+                    elif event.type == "BOOKMARK":
+                        continue  # not the end of the initial events: nothing to record
+                    elif event.type == "DELETED":
+                        fresh.pop(object_key(event.object), None)
+                    else:  # ADDED (MODIFIED only from a server that interleaves changes)
+                        fresh[object_key(event.object)] = (
+                            event.resource_version,
+                            self.project(event.object),
+                        )
+        except KubeError as exc:
+            if is_synced:
+                raise
+            if not opened and isinstance(exc, TooManyRequests | ConnectionFailed):
+                raise _SyncFailed(exc) from exc
+            self._stop_streaming(str(exc), refused=not opened)
+            return False
+        if not is_synced:
+            self._stop_streaming(
+                f"the stream ended after {received} events, before the initial-events-end bookmark",
+                refused=False,
+            )
+            return False
+        self.backoff.reset()
+        return True
+
     async def _relist(self) -> None:
         fresh: dict[str, tuple[str, T]] = {}
         resource_version = ""
@@ -237,12 +368,20 @@ class Informer(Generic[T]):
             for obj in page.items:
                 meta = obj.get("metadata") or {}
                 fresh[object_key(obj)] = (str(meta.get("resourceVersion", "")), self.project(obj))
+        await self._replace(fresh, resource_version, LISTING)
+
+    async def _replace(
+        self, fresh: dict[str, tuple[str, T]], resource_version: str, mode: str
+    ) -> None:
+        """Make ``fresh`` the cache; emit the differences, then ``Synced``."""
         old, self._cache = self._cache, fresh
         self.resource_version = resource_version
         self.lists += 1
-        log.debug(
-            "informer_listed",
+        self.sync_mode = mode
+        log.info(
+            "informer_synced",
             informer=self.name,
+            mode=mode,
             size=len(fresh),
             resource_version=resource_version,
             lists=self.lists,
@@ -257,6 +396,8 @@ class Informer(Generic[T]):
             await self._emit(Deleted(key, old[key][1], final_state_unknown=True))
         self._synced.set()
         await self._emit(Synced(resource_version, len(fresh), self.lists))
+
+    # -- watching ------------------------------------------------------------------------
 
     async def _watch(self) -> None:
         """Watch until the server ends the stream; backs off if it ended at once."""
@@ -276,16 +417,17 @@ class Informer(Generic[T]):
                     # Buffered lines are read without a task switch; a burst of events
                     # must not hold the loop (the extender's latency) for its whole length.
                     await anyio.lowlevel.checkpoint()
-                rv = event.resource_version
-                if event.type == "BOOKMARK":
-                    self.resource_version = rv or self.resource_version
-                    continue
-                await self._apply(event.type, event.object, rv)
-                self.resource_version = rv or self.resource_version
+                await self._follow(event)
         if received == 0 and self.clock.now() - opened < 1.0:
             await self.backoff.sleep()  # a server that closes at once must not make us spin
         else:
             self.backoff.reset()
+
+    async def _follow(self, event: WatchEvent) -> None:
+        rv = event.resource_version
+        if event.type != "BOOKMARK":
+            await self._apply(event.type, event.object, rv)
+        self.resource_version = rv or self.resource_version
 
     async def _apply(self, type_: str, obj: Json, rv: str) -> None:
         key = object_key(obj)

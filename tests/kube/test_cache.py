@@ -1,0 +1,228 @@
+"""Informer with streaming lists (WatchList), and its fallback to list + watch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.kube.waiting import eventually
+from tests.standin import ApiServer
+from vgpud.kube.backoff import Backoff
+from vgpud.kube.cache import LISTING, STREAMING, Added, Deleted, Event, Informer, Modified, Synced
+from vgpud.kube.client import Json, KubeClient
+from vgpud.kube.resources import PODS
+
+pytestmark = pytest.mark.anyio
+
+
+def _pod(name: str, node: str = "", namespace: str = "default") -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def _node_of(pod: Json) -> str:
+    return str(pod["spec"].get("nodeName", ""))
+
+
+def _fast_backoff() -> Backoff:
+    return Backoff(initial=0.01, cap=0.05, jitter=0)
+
+
+class _ShiftedClock:
+    """The system clock, plus seconds a test adds: only what reads ``now()`` jumps."""
+
+    def __init__(self) -> None:
+        self.shift = 0.0
+
+    def now(self) -> float:
+        return time.monotonic() + self.shift
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[ApiServer]:
+    async with ApiServer(bookmark_interval=0.1, watch_list=True) as server:
+        yield server
+
+
+def _expire(api: ApiServer, resource: str) -> None:
+    """End the open watches and forget the history, so the next watch gets 410."""
+    api.drop_watches(resource)
+    api.compact(resource)
+
+
+async def test_streaming_list_syncs_without_listing_and_keeps_the_stream(
+    api: ApiServer, kube: KubeClient
+) -> None:
+    api.create("pods", _pod("b", node="n1"))
+    api.create("pods", _pod("a"))
+    api.create("pods", _pod("c", namespace="other"))
+    projected: list[str] = []
+
+    def project(pod: Json) -> str:
+        projected.append(pod["metadata"]["name"])
+        return _node_of(pod)
+
+    informer: Informer[str] = Informer(kube, PODS, project=project)
+    events: list[Event[str]] = []
+    projected_at_sync: list[int] = []
+
+    def record(event: Event[str]) -> None:
+        events.append(event)
+        if isinstance(event, Synced):
+            projected_at_sync.append(len(projected))
+
+    informer.subscribe(record)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        assert informer.snapshot() == {"default/a": "", "default/b": "n1", "other/c": ""}
+        assert informer.sync_mode == STREAMING and informer.lists == 1
+        assert api.count("list", "pods") == 0
+        assert api.count_watch_lists("pods") == 1 and api.count("watch", "pods") == 1
+        assert informer.resource_version == str(api.store.rv)
+        # Every object was projected as it arrived, before the cache was replaced.
+        assert sorted(events[:3], key=repr) == sorted(
+            [Added("default/a", ""), Added("default/b", "n1"), Added("other/c", "")], key=repr
+        )
+        assert events[3:] == [Synced(informer.resource_version, 3, 1)]
+        assert projected_at_sync == [3] and sorted(projected) == ["a", "b", "c"]
+        # After the bookmark the same stream carries the live events.
+        api.patch("pods", "a", {"spec": {"nodeName": "n2"}})
+        api.create("pods", _pod("d"))
+        api.delete("pods", "b")
+        await eventually(lambda: len(events) == 7, what="three live events")
+        assert api.count("watch", "pods") == 1 and informer.watches == 1
+        tg.cancel_scope.cancel()
+    assert events[4:] == [
+        Modified("default/a", "", "n2"),
+        Added("default/d", ""),
+        Deleted("default/b", "n1"),
+    ]
+    assert informer.snapshot() == {"default/a": "n2", "other/c": "", "default/d": ""}
+    assert api.count("list", "pods") == 0
+
+
+async def test_gone_resyncs_by_streaming_and_reports_what_vanished(
+    api: ApiServer, kube: KubeClient
+) -> None:
+    for name in ("a", "b", "c"):
+        api.create("pods", _pod(name))
+    informer: Informer[str] = Informer(kube, PODS, project=_node_of, backoff=_fast_backoff())
+    events: list[Event[str]] = []
+    informer.subscribe(events.append)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        del events[:]
+        await eventually(lambda: api.open_watches("pods") == 1, what="the stream")
+        # In one step (no await): end the stream, change things, forget the history.
+        api.drop_watches("pods")
+        api.delete("pods", "a")
+        api.patch("pods", "b", {"spec": {"nodeName": "n9"}})
+        api.create("pods", _pod("d"))
+        api.compact("pods")
+        await eventually(lambda: any(isinstance(e, Synced) for e in events), what="re-sync")
+        tg.cancel_scope.cancel()
+    assert sorted(events[:-1], key=repr) == sorted(
+        [
+            Added("default/d", ""),
+            Modified("default/b", "", "n9"),
+            Deleted("default/a", "", final_state_unknown=True),
+        ],
+        key=repr,
+    )
+    assert events[-1] == Synced(informer.resource_version, 3, 2)
+    assert informer.snapshot() == {"default/b": "n9", "default/c": "", "default/d": ""}
+    assert informer.sync_mode == STREAMING and api.count_watch_lists("pods") == 2
+    assert api.count("list", "pods") == 0
+
+
+@pytest.mark.parametrize("refusal", ["feature off (422)", "forbidden (403)"])
+async def test_a_refused_streaming_list_falls_back_to_list_and_watch(
+    api: ApiServer, kube: KubeClient, refusal: str
+) -> None:
+    if refusal.endswith("(422)"):
+        api.watch_list = False  # what a server without the WatchList feature answers
+    else:
+        api.fail("watch", "pods", 403, times=1, message="watch with sendInitialEvents denied")
+    api.create("pods", _pod("a"))
+    api.create("pods", _pod("b", node="n1"))
+    clock = _ShiftedClock()
+    informer: Informer[str] = Informer(
+        kube, PODS, project=_node_of, backoff=_fast_backoff(), clock=clock
+    )
+    events: list[Event[str]] = []
+    informer.subscribe(events.append)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        assert informer.snapshot() == {"default/a": "", "default/b": "n1"}
+        assert informer.sync_mode == LISTING and api.count("list", "pods") == 1
+        assert api.count_watch_lists("pods") == 0
+        assert [type(e).__name__ for e in events] == ["Added", "Added", "Synced"]
+        assert events[-1] == Synced(informer.resource_version, 2, 1)
+        api.create("pods", _pod("c"))  # arrives on the plain watch from the list's RV
+        await eventually(lambda: "default/c" in informer, what="a live event")
+        assert api.count("watch", "pods") == 2  # the refused request, then the watch
+
+        # A re-sync soon after still lists, even where streaming would now work...
+        api.watch_list = True
+        _expire(api, "pods")
+        await eventually(lambda: informer.lists == 2, what="the re-sync after 410")
+        assert informer.sync_mode == LISTING and api.count("list", "pods") == 2
+        assert api.count_watch_lists("pods") == 0
+        # ... and a later one tries streaming again.
+        clock.shift += informer.streaming_retry_after + 1.0
+        await eventually(lambda: api.open_watches("pods") == 1, what="the watch")
+        _expire(api, "pods")
+        await eventually(lambda: informer.lists == 3, what="the second re-sync")
+        assert informer.sync_mode == STREAMING and api.count_watch_lists("pods") == 1
+        assert api.count("list", "pods") == 2
+        tg.cancel_scope.cancel()
+    assert sum(isinstance(e, Synced) for e in events) == 3
+    assert informer.snapshot() == {"default/a": "", "default/b": "n1", "default/c": ""}
+
+
+async def test_a_stream_ending_before_the_bookmark_falls_back_without_a_partial_sync(
+    api: ApiServer, kube: KubeClient
+) -> None:
+    for name in ("a", "b", "c", "d"):
+        api.create("pods", _pod(name))
+    api.cut_watch_lists("pods", after=2)  # two ADDEDs, then the stream ends
+    informer: Informer[str] = Informer(kube, PODS, project=_node_of, backoff=_fast_backoff())
+    events: list[tuple[Event[str], int, bool]] = []
+    informer.subscribe(lambda e: events.append((e, api.count("list", "pods"), len(informer))))
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        assert informer.sync_mode == LISTING and informer.lists == 1
+        assert api.count_watch_lists("pods") == 1 and api.count("list", "pods") == 1
+        tg.cancel_scope.cancel()
+    # Nothing was emitted (nor cached) from the cut stream: every event comes after the
+    # list, with the whole cache behind it, and Synced once.
+    assert [lists for _, lists, _ in events] == [1] * 5
+    assert [size for _, _, size in events] == [4] * 5
+    assert {e.key for e, _, _ in events[:4] if isinstance(e, Added)} == {
+        "default/a",
+        "default/b",
+        "default/c",
+        "default/d",
+    }
+    assert [e for e, _, _ in events if isinstance(e, Synced)] == [
+        Synced(informer.resource_version, 4, 1)
+    ]
+
+
+async def test_streaming_false_always_lists(api: ApiServer, kube: KubeClient) -> None:
+    api.create("pods", _pod("a"))
+    informer: Informer[str] = Informer(kube, PODS, project=_node_of, streaming=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        assert informer.snapshot() == {"default/a": ""} and informer.sync_mode == LISTING
+        tg.cancel_scope.cancel()
+    assert api.count("list", "pods") == 1 and api.count_watch_lists("pods") == 0
