@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, TypedDict
 
 
@@ -81,7 +82,8 @@ def parse_extender_args(raw: bytes) -> ExtenderArgs:
     nodes_doc = doc.get("Nodes")
     full: dict[str, dict[str, Any]] | None = None
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # map() keeps the check at C speed: 12,500 names when every node is a candidate
+        if not isinstance(names, list) or not all(map(isinstance, names, repeat(str))):
             raise WireError("'NodeNames' must be a list of node names")
         node_names = tuple(names)
     elif nodes_doc is not None:
