@@ -155,7 +155,7 @@ class Extender:
 
         kube-scheduler binds to one of the top-scored nodes (a tie at random). Since
         this pod's filter, other binds may have filled a node (filter was exact then),
-        and other pods' intents may spoken for its room: such a node scores 0 here, and
+        and other pods' intents may have spoken for its room: such a node scores 0 here, and
         the next best are tried, a few ties at a time, so that the bind that follows
         finds its GPUs free."""
         for _ in range(MAX_ROUNDS):
