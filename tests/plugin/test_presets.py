@@ -182,7 +182,7 @@ async def test_kubelet_restart_reregisters_every_resource() -> None:
     async with node_harness(4, settings=EVERY, resources=ALL) as h:
         assert h.kubelet.registered() == set(ALL)
         await h.kubelet_call(h.kubelet.restart)
-        await h.kubelet_call(lambda: h.kubelet.wait_registered(2, resources=ALL))
+        await h.kubelet_call(lambda: h.kubelet.wait_registered(2, timeout=30, resources=ALL))
         again = Counter(r.resource_name for r in h.kubelet.registrations)
         assert set(again) == set(ALL) and min(again.values()) >= 2
         assert {r: len(h.kubelet.devices(r)) for r in ALL} == {
@@ -223,7 +223,7 @@ async def test_plugin_restart_finds_every_resources_allocations() -> None:
 
         await h.stop_plugin()
         running = await h.start_plugin()
-        await h.kubelet_call(lambda: h.kubelet.wait_registered(2, resources=ALL))
+        await h.kubelet_call(lambda: h.kubelet.wait_registered(2, timeout=30, resources=ALL))
         assert snapshot() == before
         assert set(running.services) == set(ALL)
         restored = {(a.owner.pod, a.resource, a.ids) for a in running.service.store.configured()
