@@ -104,3 +104,29 @@ async def test_the_last_round_and_the_watchdog_per_container(tmp_path: Path) -> 
     assert gpu == {GPU: 0.5, OTHER: 0.3}
     reports = {s.labels["action"]: s.value for s in fams["vgpud_watchdog_actions"].samples}
     assert reports == {"report": 1, "kill": 0}
+
+
+async def test_a_gpu_found_after_start_gets_its_priority_record(tmp_path: Path) -> None:
+    """The publisher was made with the GPUs found at start; a container on a GPU added
+    since (hot-plug) still gets that GPU's record, so its shim follows priorities."""
+    store = AllocationStore(tmp_path / "state")
+    a = store.configure(["GPU-1::0"], Owner("ns", "late", "main", "u3"), "version=1\n",
+                        (DeviceGrant(OTHER, 1000, 50),), priority=1)
+    members = [Member(a.key, a.priority, (OTHER,), a.state)]
+    publisher = Publisher(tmp_path / "arbiter", [GPU])  # OTHER came later
+    observed = Observed()
+
+    async def utilisation() -> Mapping[str, list[tuple[int, int]]]:
+        return {GPU: [], OTHER: []}
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: run_arbiter(
+                Arbiter(floor_permille=50, hold=1.0), publisher, utilisation,
+                lambda: members, {}.get, period=0.01, observed=observed))
+            while observed.rounds < 2:  # noqa: ASYNC110 - the arbiter task updates it
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    publisher.close()
+    assert sorted(p.name for p in (tmp_path / "arbiter").iterdir()) == sorted([GPU, OTHER])
+    assert (tmp_path / "arbiter" / OTHER).stat().st_size > 0

@@ -99,8 +99,9 @@ class Publisher:
     def publish(self, records: Mapping[str, Record], period_ms: int, now_ns: int) -> None:
         for uuid, r in records.items():
             f = self.files.get(uuid)
-            if f is not None:
-                f.publish(r, period_ms, now_ns)
+            if f is None:  # a GPU found after start (hot-plug): its record from now on
+                f = self.files[uuid] = RecordFile(self.directory / uuid)
+            f.publish(r, period_ms, now_ns)
 
     def close(self) -> None:
         for f in self.files.values():
@@ -178,7 +179,8 @@ async def run_arbiter(
                     if key is not None and key in prio:
                         totals[key] = totals.get(key, 0) + pct
                 samples += [Contender(k, uuid, prio[k], v) for k, v in totals.items()]
-            records = arbiter.decide(clock(), publisher.files, per_gpu, samples)
+            gpus = [*publisher.files, *(u for u in per_gpu if u not in publisher.files)]
+            records = arbiter.decide(clock(), gpus, per_gpu, samples)
             publisher.publish(records, period_ms, wall_ns())
             if observed is not None:
                 observed.update(ms, samples, records)
