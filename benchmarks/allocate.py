@@ -20,6 +20,8 @@ import random
 import statistics
 import time
 
+from kube_scheduler import feasible_to_find  # beside this script
+
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import (
     ContainerGrant,
@@ -130,13 +132,6 @@ def baseline(n_nodes: int, held: list[Placement], requests: list[PodRequest]) ->
                 feasible.append(i)
         times.append(time.perf_counter() - t0)
     return times
-
-
-def feasible_to_find(n: int) -> int:
-    """kube-scheduler's numFeasibleNodesToFind with its adaptive percentage."""
-    if n < 100:
-        return n
-    return max(100, n * max(5, 50 - n // 125) // 100)
 
 
 def main() -> None:

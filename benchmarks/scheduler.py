@@ -28,6 +28,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kube_scheduler import feasible_to_find
+
 from tests.e2e.cluster import (
     Driver,
     Scheduler,
@@ -40,19 +42,6 @@ from tests.e2e.cluster import (
 
 GPUS = 8
 MEMORY = 81920
-
-
-def feasible_to_find(n: int, percentage: int = 0) -> int:
-    """kube-scheduler's numFeasibleNodesToFind: how many names reach the extender.
-
-    Below 100 nodes, all; otherwise percentageOfNodesToScore, whose default (0) is
-    adaptive, 50 % minus 1 % per 125 nodes, at least 5 %; never fewer than 100 nodes.
-    """
-    if n < 100 or percentage >= 100:
-        return n
-    if percentage <= 0:
-        percentage = max(5, 50 - n // 125)
-    return max(100, n * percentage // 100)
 
 
 async def server_side(s: aiohttp.ClientSession, url: str) -> dict[str, tuple[float, float]]:

@@ -236,10 +236,7 @@ class Allocator:
                 continue
             # its GPUs as they would be chosen beside the other pods' intents there, so
             # that two intents never count on the same room
-            extra = self._intent_extra(node, pod.uid, now)
-            got = (place_released(self.cluster, pod, node, {u: ZERO - x for u, x in
-                                                             extra.items()})
-                   if extra else place(self.cluster, pod, node))
+            got = self._beside_intents(pod, node, now) or place(self.cluster, pod, node)
             if isinstance(got, Placement):
                 where[node] = got
                 self._intended.setdefault(node, {})[pod.uid] = None
@@ -260,17 +257,22 @@ class Allocator:
         """Intents outstanding (expired ones are dropped as they are met)."""
         return len(self._intents)
 
-    def _intent_extra(self, node: str, uid: str, now: float) -> dict[str, GpuUsage]:
-        """Per GPU uuid of ``node``, what the other pods' live intents there would hold."""
+    def _beside_intents(self, pod: PodRequest, node: str, now: float,
+                        ) -> Placement | str | None:
+        """Where ``pod`` would go on ``node`` with what the other pods' live intents there
+        would hold counted as held (a what-if), or why it would not fit; None when no
+        other pod intends ``node``."""
         extra: dict[str, GpuUsage] = {}
         for other in list(self._intended.get(node, ())):
             placements, deadline = self._intents[other]
             if deadline < now:
                 self._drop_intent(other)
-            elif other != uid:
+            elif other != pod.uid:
                 for uuid, u in placements[node].charge().items():
                     extra[uuid] = extra.get(uuid, ZERO) + u
-        return extra
+        if not extra:
+            return None
+        return place_released(self.cluster, pod, node, {u: ZERO - x for u, x in extra.items()})
 
     def _discount_intents(self, pod: PodRequest, nodes: npt.NDArray[np.int64],
                           scores: npt.NDArray[np.float64]) -> None:
@@ -279,9 +281,7 @@ class Allocator:
         names = self.cluster.node_names
         where = {names[i]: k for k, i in enumerate(nodes.tolist())}
         for node in [n for n in self._intended if n in where]:
-            extra = self._intent_extra(node, pod.uid, now)
-            if extra and isinstance(place_released(
-                    self.cluster, pod, node, {u: ZERO - x for u, x in extra.items()}), str):
+            if isinstance(self._beside_intents(pod, node, now), str):
                 scores[where[node]] = 0.0
 
     def prioritize(self, pod: PodRequest, nodes: Sequence[str]) -> dict[str, float]:

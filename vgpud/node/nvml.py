@@ -129,15 +129,22 @@ def _instances(h: Any, parent: Gpu, minor: int) -> list[DeviceInfo]:
     return out
 
 
-def _discover() -> tuple[DeviceInfo, ...]:
-    n = pynvml.nvmlDeviceGetCount()
-    handles = []
-    for i in range(n):
+def _handles(*, warn: bool = False) -> list[tuple[Any, str]]:
+    """(handle, uuid) of every GPU that answers: a lost one (Xid 79, not yet off the
+    bus) is skipped, not fatal, and with ``warn`` said so."""
+    out = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
         try:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            handles.append((h, _text(pynvml.nvmlDeviceGetUUID(h))))
-        except pynvml.NVMLError as e:  # lost (Xid 79) but not yet off the bus: not offered
-            log.warning("gpu_unreadable", index=i, error=str(e))
+            out.append((h, _text(pynvml.nvmlDeviceGetUUID(h))))
+        except pynvml.NVMLError as e:
+            if warn:
+                log.warning("gpu_unreadable", index=i, error=str(e))
+    return out
+
+
+def _discover() -> tuple[DeviceInfo, ...]:
+    handles = _handles(warn=True)  # a lost GPU is not offered
     bus = {}
     for h, uuid in handles:
         bus[_text(pynvml.nvmlDeviceGetPciInfo(h).busId).upper()] = uuid
@@ -173,18 +180,6 @@ def _discover() -> tuple[DeviceInfo, ...]:
             except pynvml.NVMLError as e:
                 log.warning("mig_devices_unreadable", uuid=uuid, error=str(e))
     return tuple(out)
-
-
-def _handles() -> list[tuple[Any, str]]:
-    """(handle, uuid) of every GPU that answers (a lost one is skipped, not fatal)."""
-    out = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            out.append((h, _text(pynvml.nvmlDeviceGetUUID(h))))
-        except pynvml.NVMLError:
-            continue
-    return out
 
 
 def _memory_used() -> dict[str, int]:

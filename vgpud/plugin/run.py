@@ -36,6 +36,7 @@ from vgpud.core.arbitration import Arbiter
 from vgpud.kube.client import KubeClient
 from vgpud.node import procfs
 from vgpud.node.allocations import AllocationStore
+from vgpud.node.allocations import Owner as AllocationOwner
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.cluster import ClusterApi, KubeCluster, PodView
 from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
@@ -250,8 +251,7 @@ async def run_plugin(
             log.warning("gpu_gone_under_container", uuid=uuid, pod=a.owner.pod,
                         namespace=a.owner.namespace, container=a.owner.container)
             await cluster.pod_event(
-                PodView(namespace=a.owner.namespace, name=a.owner.pod, uid=a.owner.uid,
-                        resource_version="", node_name="", phase=""), "VgpuDeviceGone",
+                _pod_of(a.owner), "VgpuDeviceGone",
                 f"{what} is gone from node {opts.node_name} (removed or fell off the bus); "
                 f"container {a.owner.container!r} was using it")
 
@@ -317,7 +317,8 @@ async def _serve(service: PluginService, opts: PluginOptions, options: pb.Device
                        poll=opts.kubelet_poll, task_status=task_status)
 
 
-def _pod_of(owner: Owner) -> PodView:
+def _pod_of(owner: Owner | AllocationOwner) -> PodView:
+    """The pod a container belongs to, as far as an event about it needs."""
     return PodView(namespace=owner.namespace, name=owner.pod, uid=owner.uid,
                    resource_version="", node_name="", phase="")
 
