@@ -218,7 +218,9 @@ async def _scenario(h: Harness, bus: Bus, sched: Scheduler) -> None:
     await wait_for(lambda: len(set(bus.present()) - set(gpus)) == 1)
     (new,) = set(bus.present()) - set(gpus)
     await wait_for(lambda: new in {g.uuid for g in _inventory(h).devices})
-    assert {i.split("::")[0] for i, s in h.kubelet.devices().items() if s == "Healthy"} >= {new}
+    # ListAndWatch and the annotation are two paths from the same change: wait for both
+    await wait_for(lambda: new in {i.split("::")[0] for i, s in h.kubelet.devices().items()
+                                   if s == "Healthy"})
     e = _pending(h, "e", {"nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 1000},
                  {"nvidia.com/include-gpu-uuid": new})
     with anyio.fail_after(10):  # the scheduler's node informer sees the new inventory
