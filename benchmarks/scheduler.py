@@ -209,7 +209,7 @@ async def main(args: argparse.Namespace) -> None:
     for e in sorted(set(errors))[:3]:
         print(f"  bind error ({errors.count(e)}x): {e[:160]}")
     print(f"  40-pod Job onto one node: {job_bound}/40 bound in {job_time:.2f} s "
-          f"| target <= 2 s: {job_time / 2:.2f} of it (HAMi: 15-30 min, HAMi#1367)")
+          f"| target <= 0.2 s: {job_time / 0.2:.2f} of it (HAMi: 15-30 min, HAMi#1367)")
     rss_target = 160 if n_nodes <= 5000 else 400
     print(f"  scheduler RSS {rss:.0f} MiB, peak {peak:.0f} MiB with {n_pods} pods "
           f"| target <= {rss_target} MiB: {peak / rss_target:.2f} of it")

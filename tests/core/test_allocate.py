@@ -203,6 +203,25 @@ def test_node_update_keeps_usage() -> None:
     assert a.ledger.violations() == []
 
 
+def test_usage_outlives_its_gpu_and_its_node_leaving_and_returns_with_them() -> None:
+    a = alloc(node("n", 2, 10000))
+    assert a.schedule(req(pod("a", memory=6000))).placement is not None
+    assert a.schedule(req(pod("b", memory=7000))).placement is not None
+    held = {u: a.cluster.usage("n", u).memory for u in ("GPU-n-0", "GPU-n-1")}
+    assert sorted(held.values()) == [6000, 7000]
+    a.set_node(node("n", 1, 10000))  # GPU-n-1 left the inventory
+    assert a.cluster.usage("n", "GPU-n-1").memory == held["GPU-n-1"]
+    a.remove_node("n")  # and then the whole node
+    assert {u: a.cluster.usage("n", u).memory for u in held} == held
+    a.set_node(node("n", 2, 10000))  # both come back, still held
+    assert {u: a.cluster.usage("n", u).memory for u in held} == held
+    assert a.filter(req(pod("c", memory=5000)), ["n"]).feasible == []
+    assert a.ledger.violations() == []
+    assert a.forget(req(pod("a")).uid) and a.forget(req(pod("b")).uid)
+    assert a.filter(req(pod("c", memory=10000)), ["n"]).feasible == ["n"]
+    assert a.ledger.violations() == []
+
+
 @pytest.mark.parametrize("n_nodes", [1, 50, 300])
 def test_many_nodes_and_removals_stay_consistent(n_nodes: int) -> None:
     a = alloc(*[node(f"n{i}", 1 + i % 3, 10000) for i in range(n_nodes)])

@@ -111,6 +111,39 @@ async def test_gone_relists_and_reports_what_vanished(api: ApiServer, kube: Kube
     assert informer.snapshot() == {"default/b": "n9", "default/c": "", "default/d": ""}
 
 
+async def test_a_change_the_projection_does_not_keep_is_not_an_event(
+    api: ApiServer, kube: KubeClient
+) -> None:
+    """A label change (a node's heartbeat, to a projection without status) moves the
+    resourceVersion but not the projection: no Modified, on the watch or at a re-sync."""
+    api.create("pods", _pod("a"))
+    api.create("pods", _pod("b"))
+    informer: Informer[str] = Informer(kube, PODS, project=_node_of, backoff=_fast_backoff())
+    events: list[Event[str]] = []
+    informer.subscribe(events.append)
+    async with anyio.create_task_group() as tg:
+        await tg.start(informer.run)
+        del events[:]
+        await eventually(lambda: api.open_watches("pods") == 1, what="the watch to open")
+        api.patch("pods", "a", {"metadata": {"labels": {"beat": "1"}}})
+        api.patch("pods", "b", {"spec": {"nodeName": "n1"}})
+        await eventually(lambda: len(events) == 1, what="b's change")
+        api.drop_watches("pods")
+        api.patch("pods", "a", {"metadata": {"labels": {"beat": "2"}}})
+        api.patch("pods", "b", {"spec": {"nodeName": "n2"}})
+        api.compact("pods")
+        await eventually(lambda: any(isinstance(e, Synced) for e in events), what="a re-sync")
+        api.patch("pods", "a", {"metadata": {"labels": {"beat": "3"}}})
+        api.patch("pods", "a", {"spec": {"nodeName": "n3"}})
+        await eventually(lambda: len(events) == 4, what="a's change after the re-sync")
+        tg.cancel_scope.cancel()
+    assert events[0] == Modified("default/b", "", "n1")
+    assert events[1] == Modified("default/b", "n1", "n2")
+    assert isinstance(events[2], Synced) and events[2].lists == 2
+    assert events[3] == Modified("default/a", "", "n3")
+    assert informer.snapshot() == {"default/a": "n3", "default/b": "n2"}
+
+
 async def test_dropped_watch_reconnects_without_relisting(api: ApiServer, kube: KubeClient) -> None:
     informer: Informer[Json] = Informer(kube, NODES, backoff=_fast_backoff())
     async with anyio.create_task_group() as tg:

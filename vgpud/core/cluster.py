@@ -49,7 +49,10 @@ class Cluster:
         self.node_index: dict[str, int] = {}
         self.nodes: list[Node | None] = []
         self.node_labels: list[Mapping[str, str]] = []
-        self._usage: dict[str, dict[str, GpuUsage]] = {}  # node -> uuid -> total held
+        # Usage held on GPUs that have no slot (their node left, or its inventory no
+        # longer lists them), by node and uuid: kept until the GPU comes back or its
+        # holders release it. Usage on slotted GPUs lives in the arrays only.
+        self._orphans: dict[str, dict[str, GpuUsage]] = {}
         # Nodes with the same hardware share a shape id (uuids aside): what a pod can
         # never fit is decided once per shape.
         self.node_shape: list[int] = []
@@ -202,6 +205,7 @@ class Cluster:
         idx = self.node_index.pop(name, None)
         if idx is None:
             return
+        self._evict_usage(idx)
         self._kill_slots(idx)
         self._sum_node(idx)
         self.nodes[idx] = None
@@ -215,7 +219,19 @@ class Cluster:
         self.node_of[r.start : r.stop] = -1
         self.node_count[idx] = 0
 
+    def _evict_usage(self, idx: int) -> None:
+        """Move what the node's slots hold into the orphans, before they change."""
+        for uuid, k in self._uuid_slot[idx].items():
+            u = self._slot_usage(k)
+            if u != ZERO:
+                self._orphans.setdefault(self.node_names[idx], {})[uuid] = u
+
+    def _slot_usage(self, k: int) -> GpuUsage:
+        return GpuUsage(int(self.used_split[k]), int(self.used_mem[k]),
+                        int(self.used_cores[k]), int(self.excl[k]))
+
     def _place_slots(self, idx: int, inv: NodeInventory) -> None:
+        self._evict_usage(idx)
         n = len(inv.devices)
         if n != self.node_count[idx]:
             self._kill_slots(idx)
@@ -226,7 +242,8 @@ class Cluster:
             self._n += n
         s = int(self.node_start[idx])
         slot_of: dict[str, int] = {}
-        usage = self._usage.get(self.node_names[idx], {})
+        name = self.node_names[idx]
+        usage = self._orphans.pop(name, {})
         for i, g in enumerate(inv.devices):
             k = s + i
             slot_of[g.uuid] = k
@@ -242,11 +259,13 @@ class Cluster:
             self.cap_cores[k] = cap.cores
             self.cap_split[k] = cap.vgpus
             self.link_degree[k] = len(g.links)
-            u = usage.get(g.uuid, ZERO)
+            u = usage.pop(g.uuid, ZERO)
             self.used_mem[k] = u.memory
             self.used_cores[k] = u.cores
             self.used_split[k] = u.vgpus
             self.excl[k] = u.exclusive
+        if usage:  # held on GPUs this inventory does not list
+            self._orphans[name] = usage
         self._uuid_slot[idx] = slot_of
         self._sum_node(idx)
 
@@ -286,30 +305,40 @@ class Cluster:
         Usage is kept by node name, so it survives the node leaving and coming back.
         """
         self.usage_generation += 1
-        usage = self._usage.setdefault(node, {})
         idx = self.node_index.get(node)
         slots = self._uuid_slot[idx] if idx is not None else {}
         for uuid, c in charges.items():
-            old = usage.get(uuid, ZERO)
-            new = old + c if sign > 0 else old - c
-            if new == ZERO:
-                usage.pop(uuid, None)
-            else:
-                usage[uuid] = new
             k = slots.get(uuid)
-            if k is not None:
-                assert idx is not None
-                self.node_used_mem[idx] += new.memory - self.used_mem[k]
-                self.node_used_cores[idx] += new.cores - self.used_cores[k]
-                self.used_split[k] = new.vgpus
-                self.used_mem[k] = new.memory
-                self.used_cores[k] = new.cores
-                self.excl[k] = new.exclusive
+            if k is None:
+                self._add_orphan(node, uuid, c, sign)
+                continue
+            assert idx is not None
+            old = self._slot_usage(k)
+            new = old + c if sign > 0 else old - c
+            self.node_used_mem[idx] += new.memory - old.memory
+            self.node_used_cores[idx] += new.cores - old.cores
+            self.used_split[k] = new.vgpus
+            self.used_mem[k] = new.memory
+            self.used_cores[k] = new.cores
+            self.excl[k] = new.exclusive
+
+    def _add_orphan(self, node: str, uuid: str, c: GpuUsage, sign: int) -> None:
+        usage = self._orphans.setdefault(node, {})
+        old = usage.get(uuid, ZERO)
+        new = old + c if sign > 0 else old - c
+        if new == ZERO:
+            usage.pop(uuid, None)
+        else:
+            usage[uuid] = new
         if not usage:
-            del self._usage[node]
+            del self._orphans[node]
 
     def usage(self, node: str, uuid: str) -> GpuUsage:
-        return self._usage.get(node, {}).get(uuid, ZERO)
+        idx = self.node_index.get(node)
+        k = self._uuid_slot[idx].get(uuid) if idx is not None else None
+        if k is None:
+            return self._orphans.get(node, {}).get(uuid, ZERO)
+        return self._slot_usage(k)
 
     def capacity(self, node: str, uuid: str) -> GpuUsage | None:
         """One GPU's capacity, or None if the node lacks it."""

@@ -61,6 +61,7 @@ class Ledger:
         self._entries: dict[str, Entry] = {}
         self._on_node: dict[str, dict[str, None]] = {}  # node -> uids (insertion order)
         self._deadlines: list[tuple[float, str]] = []
+        self._assumed = 0  # entries in State.ASSUMED, kept as they change
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -73,6 +74,11 @@ class Ledger:
 
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
+
+    def counts(self) -> dict[State, int]:
+        """Entries by state, without walking them (metrics ask at every scrape)."""
+        return {State.ASSUMED: self._assumed,
+                State.CONFIRMED: len(self._entries) - self._assumed}
 
     def on_node(self, node: str) -> list[Entry]:
         """The entries placed on ``node`` (preemption looks for victims there)."""
@@ -115,6 +121,7 @@ class Ledger:
                 if old.state is State.ASSUMED:
                     self._entries[uid] = replace(old, state=State.CONFIRMED, deadline=None,
                                                  placement=placement)
+                    self._assumed -= 1
                 return
             self._drop(old)
         self._add(Entry(uid, key, placement, State.CONFIRMED, None))
@@ -161,10 +168,14 @@ class Ledger:
             if t.exclusive and len(pods) > 1:
                 out.append(f"{node}/{uuid}: held exclusively but shared by "
                            f"{', '.join(sorted(e.key for e in pods))}")
+        assumed = sum(e.state is State.ASSUMED for e in self._entries.values())
+        if assumed != self._assumed:
+            out.append(f"{assumed} entries are assumed but the count says {self._assumed}")
         return out
 
     def _add(self, e: Entry, held: dict[str, GpuUsage] | None = None) -> None:
         self._entries[e.uid] = e
+        self._assumed += e.state is State.ASSUMED
         self._on_node.setdefault(e.placement.node, {})[e.uid] = None
         self.cluster.add_usage(e.placement.node, held or e.placement.charge(), +1)
 
@@ -172,6 +183,7 @@ class Ledger:
         # The charge is derived again rather than stored: 50,000 entries' dicts cost
         # more memory than recomputing one on release costs time.
         del self._entries[e.uid]
+        self._assumed -= e.state is State.ASSUMED
         uids = self._on_node[e.placement.node]
         del uids[e.uid]
         if not uids:

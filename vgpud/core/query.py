@@ -272,7 +272,7 @@ def summary(cluster: Cluster, ledger: Ledger, pending: int) -> dict[str, int]:
     """Cluster totals for the page's header (memory in bytes, cores in percent)."""
     n = cluster.slots
     live = cluster.alive[:n]
-    assumed = [e.state for e in ledger.entries()].count(State.ASSUMED)
+    assumed = ledger.counts()[State.ASSUMED]
     return {
         "nodes": cluster.n_nodes(),
         "gpus": int(live.sum()),

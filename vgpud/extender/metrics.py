@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -57,9 +56,7 @@ class AllocationSnapshot:
 def snapshot(alloc: Allocator) -> AllocationSnapshot:
     c = alloc.cluster
     n = c.slots
-    counts: dict[str, int] = {"assumed": 0, "confirmed": 0}
-    for e in alloc.ledger.entries():
-        counts[e.state.value] += 1
+    counts = {state.value: k for state, k in alloc.ledger.counts().items()}
     return AllocationSnapshot(list(c.nodes), c.node_start[: len(c.nodes)].copy(),
                               c.used_mem[:n].copy(), c.cap_mem[:n].copy(),
                               c.used_cores[:n].copy(), c.used_split[:n].copy(), counts)
@@ -75,26 +72,31 @@ def allocation_chunks(snap: AllocationSnapshot, nodes_per_chunk: int = 250) -> I
     40,000 GPUs make 160,000 samples (~20 MB of text): produced in small chunks the
     server streams out, rather than through prometheus-client's per-sample objects or
     one large buffer, either of which leaves tens of MiB behind after every scrape.
+    Each chunk turns only its own slots into Python numbers: converting whole columns
+    at once made 160,000 short-lived objects, and the allocator kept their pages
+    (about 6 MiB of resident memory left behind after the first scrape at 5,000 nodes).
     Pure formatting of a snapshot, so it can run off the event loop.
     """
-    columns: tuple[list[Any], ...] = (
-        (snap.used_mem * MIB).tolist(), (snap.cap_mem * MIB).tolist(),
-        (snap.used_cores / 100).tolist(), snap.used_split.tolist())
+    columns = (snap.used_mem * MIB, snap.cap_mem * MIB, snap.used_cores / 100,
+               snap.used_split)
     models: dict[str, str] = {}
     live = [(i, n) for i, n in enumerate(snap.nodes) if n is not None]
-    for (name, help_text), values in zip(_FAMILIES, columns, strict=True):
+    for (name, help_text), column in zip(_FAMILIES, columns, strict=True):
         yield f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
         for lo in range(0, len(live), nodes_per_chunk):
+            chunk = live[lo:lo + nodes_per_chunk]
+            slots = [int(snap.start[idx]) + i for idx, node in chunk
+                     for i in range(len(node.inventory.devices))]
+            values = iter(column[slots].tolist())
             lines = []
-            for idx, node in live[lo:lo + nodes_per_chunk]:
-                first = int(snap.start[idx])
+            for _, node in chunk:
                 node_label = _label(node.name)
-                for i, g in enumerate(node.inventory.devices):
+                for g in node.inventory.devices:
                     model = models.get(g.model)
                     if model is None:
                         model = models[g.model] = _label(g.model)
                     lines.append(f'{name}{{node="{node_label}",uuid="{_label(g.uuid)}",'
-                                 f'model="{model}"}} {values[first + i]}\n')
+                                 f'model="{model}"}} {next(values)}\n')
             yield "".join(lines)
     yield ("# HELP vgpud_scheduler_ledger_entries Pods holding GPUs, by state\n"
            "# TYPE vgpud_scheduler_ledger_entries gauge\n"

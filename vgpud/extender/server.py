@@ -101,13 +101,17 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
         return web.Response(text="caches not synced yet", status=503)
 
     async def metrics(request: web.Request) -> web.StreamResponse:
-        snap = snapshot(ext.alloc)  # on the loop: consistent, a few ms of copies
+        snap = snapshot(ext.alloc)  # consistent: array copies, well under a ms
         resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
         await resp.prepare(request)
         await resp.write(generate_latest(ext.metrics.registry))
-        chunks = allocation_chunks(snap)
-        while (chunk := await anyio.to_thread.run_sync(next, chunks, None)) is not None:
+        # Formatted on the loop in chunks of 50 nodes (about 0.2 ms each at 8 GPUs a
+        # node), yielding between them, so a filter waits at most one chunk. A worker
+        # thread would hold the GIL for up to its 5 ms switch interval at a time, and
+        # its malloc arena kept a few MiB resident after every scrape.
+        for chunk in allocation_chunks(snap, nodes_per_chunk=50):
             await resp.write(chunk.encode())
+            await anyio.lowlevel.checkpoint()
         await resp.write_eof()
         return resp
 

@@ -23,7 +23,11 @@ off (capped, exponential, on the injected clock) and retry forever.
 
 The cache maps ``namespace/name`` (or ``name``) to ``project(raw_object)``: pass a
 ``project`` that keeps only what you need to hold 50,000 pods in a few tens of MiB;
-without one the raw dicts are kept.
+without one the raw dicts are kept. A change is what changes the projection: an event
+whose projection equals the cached one (a node's status heartbeat, to a projection
+without status; a replayed event) updates nothing and emits nothing, and a re-sync
+reports ``Modified`` only for objects whose projection differs. So the cache holds
+the projections alone, not their resourceVersions beside them.
 
 Subscribers get, in order: ``Added``/``Modified``/``Deleted`` per change, and
 ``Synced`` after every (re)sync, whichever way it was made. Synchronous callbacks
@@ -149,7 +153,7 @@ class Informer(Generic[T]):
         self.clock = clock
         self.backoff = backoff or Backoff(clock=clock)
         self.name = name or resource.plural
-        self._cache: dict[str, tuple[str, T]] = {}
+        self._cache: dict[str, T] = {}
         self._callbacks: list[Callable[[Event[T]], None]] = []
         self._streams: list[MemoryObjectSendStream[Event[T]]] = []
         self._synced = anyio.Event()
@@ -163,8 +167,7 @@ class Informer(Generic[T]):
     # -- reading the cache --------------------------------------------------------------
 
     def get(self, key: str) -> T | None:
-        entry = self._cache.get(key)
-        return None if entry is None else entry[1]
+        return self._cache.get(key)
 
     def __contains__(self, key: object) -> bool:
         return key in self._cache
@@ -178,15 +181,12 @@ class Informer(Generic[T]):
     def keys(self) -> KeysView[str]:
         return self._cache.keys()
 
-    def items(self) -> Iterator[tuple[str, T]]:
-        return ((key, entry[1]) for key, entry in self._cache.items())
+    def items(self) -> ItemsView[str, T]:
+        return self._cache.items()
 
     def snapshot(self) -> dict[str, T]:
         """A shallow copy of the cache (the projected values are shared)."""
-        return {key: entry[1] for key, entry in self._cache.items()}
-
-    def _raw_items(self) -> ItemsView[str, tuple[str, T]]:
-        return self._cache.items()
+        return dict(self._cache)
 
     @property
     def has_synced(self) -> bool:
@@ -312,7 +312,7 @@ class Informer(Generic[T]):
         lists instead. Raises ``_SyncFailed`` for a throttled or unreachable server
         (try again after a backoff); once synced, the watch's errors as ``_watch``.
         """
-        fresh: dict[str, tuple[str, T]] = {}
+        fresh: dict[str, T] = {}
         opened = is_synced = False
         received = 0
         self.watches += 1
@@ -338,10 +338,7 @@ class Informer(Generic[T]):
                     elif event.type == "DELETED":
                         fresh.pop(object_key(event.object), None)
                     else:  # ADDED (MODIFIED only from a server that interleaves changes)
-                        fresh[object_key(event.object)] = (
-                            event.resource_version,
-                            self.project(event.object),
-                        )
+                        fresh[object_key(event.object)] = self.project(event.object)
         except KubeError as exc:
             if is_synced:
                 raise
@@ -359,19 +356,18 @@ class Informer(Generic[T]):
         return True
 
     async def _relist(self) -> None:
-        fresh: dict[str, tuple[str, T]] = {}
+        fresh: dict[str, T] = {}
         resource_version = ""
         async for page in list_pages(
             self.kube, self.resource, self.selector, page_size=self.page_size
         ):
             resource_version = page.resource_version
             for obj in page.items:
-                meta = obj.get("metadata") or {}
-                fresh[object_key(obj)] = (str(meta.get("resourceVersion", "")), self.project(obj))
+                fresh[object_key(obj)] = self.project(obj)
         await self._replace(fresh, resource_version, LISTING)
 
     async def _replace(
-        self, fresh: dict[str, tuple[str, T]], resource_version: str, mode: str
+        self, fresh: dict[str, T], resource_version: str, mode: str
     ) -> None:
         """Make ``fresh`` the cache; emit the differences, then ``Synced``."""
         old, self._cache = self._cache, fresh
@@ -386,14 +382,14 @@ class Informer(Generic[T]):
             resource_version=resource_version,
             lists=self.lists,
         )
-        for key, (rv, value) in fresh.items():
+        for key, value in fresh.items():
             previous = old.get(key)
             if previous is None:
                 await self._emit(Added(key, value))
-            elif previous[0] != rv:
-                await self._emit(Modified(key, previous[1], value))
+            elif previous != value:
+                await self._emit(Modified(key, previous, value))
         for key in old.keys() - fresh.keys():
-            await self._emit(Deleted(key, old[key][1], final_state_unknown=True))
+            await self._emit(Deleted(key, old[key], final_state_unknown=True))
         self._synced.set()
         await self._emit(Synced(resource_version, len(fresh), self.lists))
 
@@ -426,21 +422,21 @@ class Informer(Generic[T]):
     async def _follow(self, event: WatchEvent) -> None:
         rv = event.resource_version
         if event.type != "BOOKMARK":
-            await self._apply(event.type, event.object, rv)
+            await self._apply(event.type, event.object)
         self.resource_version = rv or self.resource_version
 
-    async def _apply(self, type_: str, obj: Json, rv: str) -> None:
+    async def _apply(self, type_: str, obj: Json) -> None:
         key = object_key(obj)
         previous = self._cache.get(key)
         if type_ in ("ADDED", "MODIFIED"):
-            if previous is not None and previous[0] == rv:
-                return  # a replay of what we already have
             value = self.project(obj)
-            self._cache[key] = (rv, value)
+            if previous is not None and previous == value:
+                return  # nothing we keep changed (or a replay of what we have)
+            self._cache[key] = value
             if previous is None:
                 await self._emit(Added(key, value))
             else:
-                await self._emit(Modified(key, previous[1], value))
+                await self._emit(Modified(key, previous, value))
         elif type_ == "DELETED":
             if previous is None:
                 return
