@@ -16,6 +16,7 @@ here passes or fails.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
@@ -92,13 +93,17 @@ def pods(n: int, defaults: Defaults, seed: int = 2) -> list[PodRequest]:
 def ours(alloc: Allocator, requests: list[PodRequest], names: list[str] | None,
          rotate: int = 0) -> list[float]:
     """Per pod: one schedule() over ``names`` (None: every node); with ``rotate``, the
-    first ``rotate`` names from a start that moves on, as kube-scheduler sends them."""
+    first ``rotate`` names from a start that moves on, as kube-scheduler sends them, and
+    as new strings, as the extender decodes them from each request (their hashes are
+    not computed yet: that is part of a decision)."""
     times = []
     start = 0
     for r in requests:
         cands = names
         if rotate and names is not None:
-            cands = (names[start:] + names[:start])[:rotate]
+            window = names[start:start + rotate]
+            window += names[:rotate - len(window)]
+            cands = json.loads(json.dumps(window))
             start = (start + rotate) % len(names)
         t0 = time.perf_counter()
         d = alloc.schedule(r, cands)

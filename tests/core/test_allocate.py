@@ -165,6 +165,30 @@ def test_topology_scores_prefer_linked_gpus() -> None:
     assert all(0 <= s <= 10 for s in scores.values())
 
 
+def test_scores_follow_the_names_order_and_a_few_candidates_score_as_all_do() -> None:
+    # 3 plain nodes, 3 linked ones, 6 more: two names are a minority (the filter then
+    # gathers the candidates' GPUs and counts per candidate, not per node index)
+    nodes = [node(f"n{i}", 2, 10000, numa=(0, 1), links=i % 2 == 1) for i in range(12)]
+    a = alloc(*nodes)
+    two = req(pod("two", number=2, memory=100))
+    everything = a.prioritize(two, [f"n{i}" for i in range(12)])
+    assert everything["n1"] > everything["n0"]
+    for names in (["n1", "n0"], ["n0", "n1"], ["n5", "n2", "n9"]):
+        a.filter(two, names)  # prioritize reuses this filter's result
+        assert a.prioritize(two, names) == {n: everything[n] for n in names}
+        known, scores = a.score_array(two, names)
+        assert known == names and scores.tolist() == [everything[n] for n in names]
+
+
+def test_a_candidate_named_twice_is_one_node() -> None:
+    a = alloc(*[node(f"n{i}", 2, 10000) for i in range(8)])
+    assert a.schedule(req(pod("a", memory=6000)), ["n3"]).placement is not None
+    big = req(pod("big", number=2, memory=6000))
+    got = a.filter(big, ["n3", "n3"])  # one free GPU is not two
+    assert got.feasible == [] and "n3" in got.failed
+    assert a.filter(big, ["n3", "n4", "n4"]).feasible == ["n4"]
+
+
 def test_init_containers_reuse_capacity_and_sidecars_count_in_every_phase() -> None:
     a = alloc(node("n", 1, 10000))
     manifest = pod(containers=[container("app", memory=6000)],

@@ -28,6 +28,7 @@ Time comes from an injected clock (seconds, monotonic).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -82,8 +83,8 @@ class Allocator:
         self.clock = clock or _no_clock
         self.cluster = Cluster()
         self.ledger = Ledger(self.cluster, ttl=self.defaults.assume_ttl)
-        self._index_cache: dict[tuple[tuple[str, ...], int],
-                                tuple[npt.NDArray[np.int64], dict[str, Reason]]] = {}
+        self._index_cache: dict[tuple[tuple[str, ...], int], tuple[
+            npt.NDArray[np.int64], dict[str, Reason], npt.NDArray[np.int64]]] = {}
         # the last filter: (pod uid, generations), its candidates (None: all) and result
         self._last: tuple[tuple[str, int, int], npt.NDArray[np.int64] | None,
                           FilterResult] | None = None
@@ -101,26 +102,33 @@ class Allocator:
 
     # -- questions -------------------------------------------------------------------------------
 
-    def _indices(self, names: Sequence[str] | None,
+    def _indices(self, names: Sequence[str] | None, *, ascending: bool = False,
                  ) -> tuple[npt.NDArray[np.int64] | None, dict[str, Reason]]:
         """Candidate names to node indices (cached: kube-scheduler sends the same list
-        for pod after pod), and the names this allocator has no inventory for."""
+        for pod after pod), and the names this allocator has no inventory for. The
+        indices are in the names' order, or ``ascending`` and each once (a filter's
+        candidate set)."""
         if names is None:
             return None, {}
         key = (tuple(names), self.cluster.generation)
         hit = self._index_cache.get(key)
         if hit is None:
-            found = list(map(self.cluster.node_index.get, names))  # C speed: 3,250 names
+            # at C speed (3,250 names of 65,000 nodes: about 0.6 ms, most of it cache
+            # misses in the name table); -1: a name with no inventory
+            arr = np.fromiter(map(self.cluster.node_index.get, names, itertools.repeat(-1)),
+                              dtype=np.int64, count=len(names))
             unknown: dict[str, Reason] = {}
-            if None in found:
-                unknown = {n: NO_INVENTORY for n, i in zip(names, found, strict=True)
-                           if i is None}
-                found = [i for i in found if i is not None]
-            arr = np.array(found, dtype=np.int64)
+            if len(arr) and arr.min() < 0:
+                unknown = {n: NO_INVENTORY for n, i in zip(names, arr.tolist(), strict=True)
+                           if i < 0}
+                arr = arr[arr >= 0]
+            ordered = np.sort(arr)  # np.unique costs ten times a sort: only for repeats
+            if len(ordered) > 1 and bool((ordered[1:] == ordered[:-1]).any()):
+                ordered = np.unique(ordered)
             if len(self._index_cache) >= 4:
                 self._index_cache.pop(next(iter(self._index_cache)))
-            hit = self._index_cache[key] = (arr, unknown)
-        return hit[0], dict(hit[1])
+            hit = self._index_cache[key] = (arr, unknown, ordered)
+        return hit[2] if ascending else hit[0], dict(hit[1])
 
     def _key(self, pod: PodRequest) -> tuple[str, int, int]:
         return (pod.uid, self.cluster.generation, self.cluster.usage_generation)
@@ -180,7 +188,7 @@ class Allocator:
 
     def filter(self, pod: PodRequest, candidates: Sequence[str] | None = None) -> Filtered:
         """Every feasible candidate and why each other one is not (all nodes if None)."""
-        idx, failed = self._indices(candidates)
+        idx, failed = self._indices(candidates, ascending=True)
         _, feasible, failed_idx = self._filter(pod, idx, reasons=True)
         names = self.cluster.node_names
         for i, reason in failed_idx.items():
@@ -332,7 +340,7 @@ class Allocator:
         """Filter, score, pick the best node (ties: the first), place and assume."""
         if not pod.wants_gpu:
             return Decision(pod, None, Reason("no-gpu", "the pod asks for no vGPU", False))
-        idx, _ = self._indices(candidates)
+        idx, _ = self._indices(candidates, ascending=True)
         res, feasible, _ = self._filter(pod, idx, reasons=False)
         if len(feasible) == 0:
             return Decision(pod, None, summarize(self.filter(pod, candidates).failed))

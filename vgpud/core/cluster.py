@@ -25,6 +25,8 @@ I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 B = npt.NDArray[np.bool_]
 
+MIG_PARENT = -2  # the profile_id of a GPU in MIG mode (never -1: "no GPU offers it")
+
 
 @dataclass(frozen=True, slots=True)
 class GpuView:
@@ -64,6 +66,7 @@ class Cluster:
         self.profile_names: list[str] = [""]
         self._profile_ids: dict[str, int] = {"": 0}
         self.generation = 0  # bumped when a node is added, replaced or removed
+        self._smallest: tuple[int, GpuUsage] = (-1, ZERO)  # (generation, smallest())
         self.usage_generation = 0  # bumped when what GPUs hold changes
         self._n = 0  # slots in use (including dead ones)
         self._alloc(capacity)
@@ -90,7 +93,6 @@ class Cluster:
         grow("node_of", np.int32, -1)
         grow("alive", np.bool_, False)
         grow("healthy", np.bool_, False)
-        grow("mig", np.bool_, False)
         grow("profile_id", np.int32, 0)
         grow("type_id", np.int32, 0)
         grow("numa", np.int32, 0)
@@ -101,6 +103,9 @@ class Cluster:
         grow("used_cores", np.int64)
         grow("used_split", np.int64)
         grow("excl", np.int64)
+        grow("free_mem", np.int32)
+        grow("free_cores", np.int32)
+        grow("free_split", np.int32)
         grow("link_degree", np.int64)
         self._cap = cap
 
@@ -108,8 +113,9 @@ class Cluster:
     node_of: I32
     alive: B
     healthy: B
-    mig: B
-    profile_id: I32  # 0: takes vGPUs; else a MIG profile placed whole (profile_names)
+    # What a GPU offers: 0 vGPUs; k > 0 a MIG instance of profile_names[k], placed
+    # whole; MIG_PARENT a GPU in MIG mode, which offers nothing itself.
+    profile_id: I32
     type_id: I32
     numa: I32
     cap_mem: I64
@@ -119,6 +125,11 @@ class Cluster:
     used_cores: I64
     used_split: I64
     excl: I64
+    # cap - used, kept beside them: a filter over a few candidates reads one gather
+    # per rule instead of two and a subtraction (int32: a GPU's MiB, percent, slots)
+    free_mem: I32
+    free_cores: I32
+    free_split: I32
     link_degree: I64
 
     @property
@@ -250,8 +261,7 @@ class Cluster:
             self.node_of[k] = idx
             self.alive[k] = True
             self.healthy[k] = g.healthy
-            self.mig[k] = g.mig
-            self.profile_id[k] = self._profile(g.profile)
+            self.profile_id[k] = MIG_PARENT if g.mig else self._profile(g.profile)
             self.type_id[k] = self._type(g.model)
             self.numa[k] = g.numa
             cap = inv.capacity(g)
@@ -264,6 +274,9 @@ class Cluster:
             self.used_cores[k] = u.cores
             self.used_split[k] = u.vgpus
             self.excl[k] = u.exclusive
+            self.free_mem[k] = cap.memory - u.memory
+            self.free_cores[k] = cap.cores - u.cores
+            self.free_split[k] = cap.vgpus - u.vgpus
         if usage:  # held on GPUs this inventory does not list
             self._orphans[name] = usage
         self._uuid_slot[idx] = slot_of
@@ -279,9 +292,9 @@ class Cluster:
             [np.arange(self.node_start[i], self.node_start[i] + self.node_count[i])
              for i in live] or [np.zeros(0, dtype=np.int64)]
         ).astype(np.int64)
-        arrays = ("node_of", "alive", "healthy", "mig", "profile_id", "type_id", "numa", "cap_mem",
+        arrays = ("node_of", "alive", "healthy", "profile_id", "type_id", "numa", "cap_mem",
                   "cap_cores", "cap_split", "used_mem", "used_cores", "used_split", "excl",
-                  "link_degree")
+                  "free_mem", "free_cores", "free_split", "link_degree")
         kept = {name: getattr(self, name)[order] for name in arrays}
         for name in arrays:
             delattr(self, name)
@@ -321,6 +334,9 @@ class Cluster:
             self.used_mem[k] = new.memory
             self.used_cores[k] = new.cores
             self.excl[k] = new.exclusive
+            self.free_split[k] += old.vgpus - new.vgpus
+            self.free_mem[k] += old.memory - new.memory
+            self.free_cores[k] += old.cores - new.cores
 
     def _add_orphan(self, node: str, uuid: str, c: GpuUsage, sign: int) -> None:
         usage = self._orphans.setdefault(node, {})
@@ -381,6 +397,33 @@ class Cluster:
 
     def n_nodes(self) -> int:
         return len(self.node_index)
+
+    def drift(self) -> list[str]:
+        """Slots whose kept free amounts disagree with capacity minus use (for tests)."""
+        n = self._n
+        live = self.alive[:n]
+        out = []
+        for name, cap, used in (("free_mem", self.cap_mem, self.used_mem),
+                                ("free_cores", self.cap_cores, self.used_cores),
+                                ("free_split", self.cap_split, self.used_split)):
+            bad = np.flatnonzero(live & (getattr(self, name)[:n] != cap[:n] - used[:n]))
+            out += [f"slot {k}: {name} is {getattr(self, name)[k]}, capacity minus use "
+                    f"{cap[k] - used[k]}" for k in bad.tolist()]
+        return out
+
+    def smallest(self) -> GpuUsage:
+        """The least memory, cores and vGPUs any GPU of the cluster has (as capacity)."""
+        if self._smallest[0] != self.generation:
+            n = self._n
+            live = self.alive[:n]
+            if live.any():
+                least = GpuUsage(int(self.cap_split[:n][live].min()),
+                                 int(self.cap_mem[:n][live].min()),
+                                 int(self.cap_cores[:n][live].min()))
+            else:
+                least = ZERO
+            self._smallest = (self.generation, least)
+        return self._smallest[1]
 
     def slots_of(self, nodes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Every slot of the given nodes, node by node."""

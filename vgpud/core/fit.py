@@ -23,8 +23,9 @@ idle for a whole-GPU request, free memory, free cores) are resolvable.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -185,12 +186,24 @@ class FilterResult:
     failed: dict[int, Reason]  # filled only when reasons were asked for
     exact: bool  # True when ``feasible`` needs no per-node confirmation
     masks: tuple[tuple[ContainerRequest, npt.NDArray[np.bool_]], ...]  # per shape: GPUs that fit
-    slot_node: npt.NDArray[np.int64]  # node index of each slot looked at (dead: past the end)
+    # Per slot looked at, its node's position in ``nodes`` (left out: ``len(nodes)``).
+    # Counting per position keeps a filter over a few thousand candidates of 65,000
+    # nodes from touching arrays of 65,000.
+    slot_node: npt.NDArray[np.int64]
     slots: npt.NDArray[np.int64] | None  # the slots looked at (None: all of them)
+    nodes: npt.NDArray[np.int64] | None  # the candidates, ascending (None: every node index)
+    width: int  # positions counted in (``len(nodes)``, or every node index)
 
     def take(self, values: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """A per-slot cluster array, restricted to the slots this result looked at."""
         return values[: len(self.slot_node)] if self.slots is None else values[self.slots]
+
+    def positions(self, nodes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Node indices (among the candidates) to their positions in ``slot_node``."""
+        if self.nodes is None:
+            return nodes
+        out: npt.NDArray[np.int64] = np.searchsorted(self.nodes, nodes)
+        return out
 
 
 _Stage = tuple[str, str, bool]  # code, node message template, resolvable
@@ -219,21 +232,70 @@ def _stage_reason(stage: _Stage, have: int, need: int, c: ContainerRequest,
     return r
 
 
-@dataclass(frozen=True, slots=True)
-class _Columns:
-    """:class:`GpuState`'s names over many GPUs (``True``: no constraint)."""
+_TOO_SMALL = next(p for p in PREDICATES if p.code == "too-small")
 
-    healthy: npt.NDArray[np.bool_]
-    whole: npt.NDArray[np.bool_]
-    selected: npt.NDArray[np.bool_] | bool
-    cap_vgpus: npt.NDArray[np.int64]
-    cap_memory: npt.NDArray[np.int64]
-    cap_cores: npt.NDArray[np.int64]
-    held_vgpus: npt.NDArray[np.int64]
-    held_exclusive: npt.NDArray[np.int64]
-    free_vgpus: npt.NDArray[np.int64]
-    free_memory: npt.NDArray[np.int64]
-    free_cores: npt.NDArray[np.int64]
+
+def _no_gpu_too_small(smallest: GpuUsage, need: GpuUsage) -> bool:
+    """Every GPU of the cluster is large enough for ``need`` (a scalar demand)."""
+    return (isinstance(need.memory, int) and need.memory <= smallest.memory
+            and need.cores <= smallest.cores and need.vgpus <= smallest.vgpus)
+
+
+class _Columns:
+    """:class:`GpuState`'s names over many GPUs (``selected`` ``True``: no constraint),
+    each gathered from the cluster's arrays when a rule first reads it: over a few
+    thousand candidates of a large cluster a gather is most of a rule's cost, and some
+    rules need none (``_idle`` for a shared request, ``too-small`` when every GPU is
+    large enough)."""
+
+    def __init__(self, cluster: Cluster, take: Callable[[npt.NDArray[Any]], npt.NDArray[Any]],
+                 whole: npt.NDArray[np.bool_], selected: npt.NDArray[np.bool_] | bool) -> None:
+        self._cluster = cluster
+        self._take = take
+        self.whole = whole
+        self.selected = selected
+
+    def offering(self, whole: npt.NDArray[np.bool_]) -> _Columns:
+        """The same GPUs for a request of another kind (what they offer it: ``whole``)."""
+        other = _Columns(self._cluster, self._take, whole, self.selected)
+        other.__dict__.update({k: v for k, v in self.__dict__.items() if k != "whole"})
+        return other
+
+    @functools.cached_property
+    def healthy(self) -> npt.NDArray[np.bool_]:
+        return self._take(self._cluster.healthy)
+
+    @functools.cached_property
+    def cap_vgpus(self) -> npt.NDArray[np.int64]:
+        return self._take(self._cluster.cap_split)
+
+    @functools.cached_property
+    def cap_memory(self) -> npt.NDArray[np.int64]:
+        return self._take(self._cluster.cap_mem)
+
+    @functools.cached_property
+    def cap_cores(self) -> npt.NDArray[np.int64]:
+        return self._take(self._cluster.cap_cores)
+
+    @functools.cached_property
+    def held_vgpus(self) -> npt.NDArray[np.int64]:
+        return self._take(self._cluster.used_split)
+
+    @functools.cached_property
+    def held_exclusive(self) -> npt.NDArray[np.int64]:
+        return self._take(self._cluster.excl)
+
+    @functools.cached_property
+    def free_vgpus(self) -> npt.NDArray[np.int32]:
+        return self._take(self._cluster.free_split)
+
+    @functools.cached_property
+    def free_memory(self) -> npt.NDArray[np.int32]:
+        return self._take(self._cluster.free_mem)
+
+    @functools.cached_property
+    def free_cores(self) -> npt.NDArray[np.int32]:
+        return self._take(self._cluster.free_cores)
 
 
 def _lut(cluster: Cluster, pod: PodRequest) -> npt.NDArray[np.bool_] | None:
@@ -273,36 +335,42 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     the benchmark's path); the extender asks for the reasons.
     """
     n_nodes = len(cluster.node_names)
-    cand_mask = np.zeros(n_nodes + 1, dtype=np.bool_)
     slots: npt.NDArray[np.int64] | None
+    nodes: npt.NDArray[np.int64] | None
     if candidates is None or 2 * len(candidates) > cluster.n_nodes():
-        # All (or most) nodes: a slice of every array beats gathering their slots.
+        # All (or most) nodes: a slice of every array beats gathering their slots;
+        # positions are node indices.
+        cand_mask = np.zeros(n_nodes + 1, dtype=np.bool_)
         if candidates is None:
             cand_mask[:n_nodes] = True
             for i in cluster.free_node_indices():
                 cand_mask[i] = False
         else:
             cand_mask[candidates] = True
-        slots = None
+        slots = nodes = None
+        width = n_nodes
         n = cluster.slots
 
         def take(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
             return values[:n]
+        slot_node = np.where(take(cluster.alive), take(cluster.node_of), n_nodes).astype(np.int64)
+        slot_node = np.where(cand_mask[slot_node], slot_node, n_nodes)
+        ok_nodes = cand_mask[:n_nodes].copy()
     else:
-        # Only the candidates' GPUs: kube-scheduler sends a tenth of a large cluster.
-        cand_mask[candidates] = True
-        sel = slots = cluster.slots_of(candidates)
+        # Only the candidates' GPUs (kube-scheduler sends a twentieth of a large
+        # cluster), counted by the candidate's position: nothing here is as long as
+        # the cluster.
+        ascending = len(candidates) < 2 or bool((candidates[1:] > candidates[:-1]).all())
+        nodes = candidates if ascending else np.unique(candidates)
+        width = len(nodes)
+        sel = slots = cluster.slots_of(nodes)
         n = len(sel)
 
         def take(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
             return values[sel]
-    alive = take(cluster.alive)
-    slot_node = np.where(alive, take(cluster.node_of), n_nodes).astype(np.int64)
-    slot_node = np.where(cand_mask[slot_node], slot_node, n_nodes)
-    cap_mem = take(cluster.cap_mem)
-    cap_cores = take(cluster.cap_cores)
-    cap_split = take(cluster.cap_split)
-    used_split = take(cluster.used_split)
+        # (a live node's slots are all alive: nothing to leave out)
+        slot_node = np.repeat(np.arange(width, dtype=np.int64), cluster.node_count[nodes])
+        ok_nodes = np.ones(width, dtype=np.bool_)
     selected: npt.NDArray[np.bool_] | None = None
     lut = _lut(cluster, pod)
     if lut is not None:
@@ -311,19 +379,13 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     if um is not None:
         um = take(um)
         selected = um if selected is None else selected & um
-    not_mig = ~take(cluster.mig)
     profile_of = take(cluster.profile_id)
-    cols = _Columns(
-        healthy=take(cluster.healthy), whole=not_mig & (profile_of == 0),
-        selected=True if selected is None else selected,
-        cap_vgpus=cap_split, cap_memory=cap_mem, cap_cores=cap_cores,
-        held_vgpus=used_split, held_exclusive=take(cluster.excl),
-        free_vgpus=cap_split - used_split, free_memory=cap_mem - take(cluster.used_mem),
-        free_cores=cap_cores - take(cluster.used_cores))
-    numa_of = take(cluster.numa)
-    on_candidate = slot_node < n_nodes
+    cols = _Columns(cluster, take, whole=profile_of == 0,
+                    selected=True if selected is None else selected)
+    smallest = cluster.smallest()
+    numa_of = take(cluster.numa) if pod.topology is TopologyMode.NUMA else None
+    on_candidate = slot_node < width
 
-    ok_nodes = cand_mask[:n_nodes].copy()
     failed: dict[int, Reason] = {}
     cache: dict[tuple[str, int, int, str], Reason] = {}
     masks = []
@@ -331,24 +393,26 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
     shapes: dict[tuple[int, int | None, int | None, int, str], ContainerRequest] = {}
     for c in pod.containers:
         shapes.setdefault((c.number, c.memory, c.memory_percent, c.cores, c.profile), c)
-    numa = pod.topology is TopologyMode.NUMA
     vgpu_cols = cols
     for c in shapes.values():
-        cols = vgpu_cols if not c.profile else replace(
-            vgpu_cols, whole=not_mig & (profile_of == cluster.profile_code(c.profile)))
-        need = demand(c, cap_mem)
+        cols = vgpu_cols if not c.profile else vgpu_cols.offering(
+            profile_of == cluster.profile_code(c.profile))
+        need = demand(c, cols.cap_memory if c.memory is None else 0)
         running = on_candidate
         cumulative = [running]
         for p in PREDICATES:
-            m = p.test(cols, need)
+            if p is _TOO_SMALL and _no_gpu_too_small(smallest, need):
+                m = True
+            else:
+                m = p.test(cols, need)
             if m is not True:
                 running = running & m
             cumulative.append(running)
         masks.append((c, running))
-        if numa and c.number > 1:
-            counts = _numa_counts(numa_of, slot_node, running, n_nodes)
+        if numa_of is not None and c.number > 1:
+            counts = _numa_counts(numa_of, slot_node, running, width)
         else:
-            counts = np.bincount(slot_node[running], minlength=n_nodes + 1)[:n_nodes]
+            counts = np.bincount(slot_node[running], minlength=width + 1)[:width]
         short = ok_nodes & (counts < c.number)
         if not short.any():
             continue
@@ -357,48 +421,52 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
             continue
         short_idx = np.flatnonzero(short)
         # The first rule that left each short node with too few GPUs, vectorised.
-        rows = [np.bincount(slot_node[m], minlength=n_nodes + 1)[short_idx]
+        rows = [np.bincount(slot_node[m], minlength=width + 1)[short_idx]
                 for m in cumulative]
         stage_list: tuple[_Stage, ...] = _STAGES
-        if numa and c.number > 1:
+        if numa_of is not None and c.number > 1:
             # static before dynamic: no NUMA node ever has enough GPUs, then not now
             k = _CAPACITY_STAGE + 1
             rows = [*rows[:k], _numa_counts(numa_of, slot_node, cumulative[_CAPACITY_STAGE],
-                                            n_nodes)[short_idx], *rows[k:], counts[short_idx]]
+                                            width)[short_idx], *rows[k:], counts[short_idx]]
             stage_list = (*_STAGES[:k], _NUMA_STATIC, *_STAGES[k:], _NUMA)
         have = np.stack(rows)
         below = have < c.number
         first = below.argmax(axis=0)
-        for i, st, h in zip(short_idx.tolist(), first.tolist(),
+        short_nodes = short_idx if nodes is None else nodes[short_idx]
+        for i, st, h in zip(short_nodes.tolist(), first.tolist(),
                             have[first, np.arange(len(short_idx))].tolist(), strict=True):
             if i not in failed:
                 failed[i] = _stage_reason(stage_list[st], h, c.number, c, cache)
     feasible = np.flatnonzero(ok_nodes).astype(np.int64)
+    if nodes is not None:
+        feasible = nodes[feasible]
     exact = (len(pod.containers) == 1 and pod.topology is not TopologyMode.LINK)
     return FilterResult(feasible=feasible, failed=failed, exact=exact, masks=tuple(masks),
-                        slot_node=slot_node, slots=slots)
+                        slot_node=slot_node, slots=slots, nodes=nodes, width=width)
 
 
 def topology_fit(cluster: Cluster, res: FilterResult, nodes: npt.NDArray[np.int64],
                  ) -> npt.NDArray[np.float64]:
     """Per node in [0, 1]: half for fitting each multi-GPU container on one NUMA node,
     half for having enough fitting GPUs with NVLink peers to link them all."""
-    n_nodes = len(cluster.node_names)
     score = np.ones(len(nodes), dtype=np.float64)
     numa_of = res.take(cluster.numa)
     degree = res.take(cluster.link_degree)
+    at = res.positions(nodes)
     for c, mask in res.masks:
         if c.number < 2:
             continue
-        numa_ok = _numa_counts(numa_of, res.slot_node, mask, n_nodes)[nodes] >= c.number
+        numa_ok = _numa_counts(numa_of, res.slot_node, mask, res.width)[at] >= c.number
         linked = mask & (degree >= c.number - 1)
-        link_ok = np.bincount(res.slot_node[linked], minlength=n_nodes + 1)[nodes] >= c.number
+        link_ok = np.bincount(res.slot_node[linked], minlength=res.width + 1)[at] >= c.number
         score = np.minimum(score, 0.5 * numa_ok + 0.5 * link_ok)
     return score
 
 
 def _numa_counts(numa: npt.NDArray[np.int32], slot_node: npt.NDArray[np.int64],
                  mask: npt.NDArray[np.bool_], n_nodes: int) -> npt.NDArray[np.int64]:
+    """Per position, the most fitting GPUs on one NUMA node (``n_nodes`` positions)."""
     bucket = np.clip(numa + 1, 0, NUMA_BUCKETS - 1)
     key = slot_node * NUMA_BUCKETS + bucket
     per = np.bincount(key[mask], minlength=(n_nodes + 1) * NUMA_BUCKETS)

@@ -168,6 +168,7 @@ class Ledger:
             if t.exclusive and len(pods) > 1:
                 out.append(f"{node}/{uuid}: held exclusively but shared by "
                            f"{', '.join(sorted(e.key for e in pods))}")
+        out += self.cluster.drift()
         assumed = sum(e.state is State.ASSUMED for e in self._entries.values())
         if assumed != self._assumed:
             out.append(f"{assumed} entries are assumed but the count says {self._assumed}")

@@ -75,7 +75,7 @@ def allocation_chunks(snap: AllocationSnapshot, nodes_per_chunk: int = 250) -> I
     Each chunk turns only its own slots into Python numbers: converting whole columns
     at once made 160,000 short-lived objects, and the allocator kept their pages
     (about 6 MiB of resident memory left behind after the first scrape at 5,000 nodes).
-    Pure formatting of a snapshot, so it can run off the event loop.
+    Pure formatting of a snapshot: the server yields to other requests between chunks.
     """
     columns = (snap.used_mem * MIB, snap.cap_mem * MIB, snap.used_cores / 100,
                snap.used_split)
