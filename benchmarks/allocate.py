@@ -148,7 +148,8 @@ def main() -> None:
     sizes = [1000] if args.quick else args.nodes
     n_pods = 60 if args.quick else args.pods
     print(
-        "vgpud allocate benchmark: decision cost per pod (filter all nodes, score, choose, assume)"
+        "vgpud allocate benchmark: decision cost per pod (map the candidates' names, filter, "
+        "score, choose, assume)"
     )
     for n in sizes:
         t0 = time.perf_counter()
@@ -164,12 +165,18 @@ def main() -> None:
         assert alloc.ledger.violations() == []
         med = statistics.median(t)
         p99 = sorted(t)[int(len(t) * 0.99) - 1]
-        target = 1000 if n <= 5000 else 2000
+        # 5,000 nodes: <= 1 ms with every node a candidate; beyond, <= 2 ms with the
+        # candidates kube-scheduler sends by default (issue 14: 65,000 nodes)
+        amed = statistics.median(ta)
+        every = (f"every node a candidate: median {med * 1e6:7.0f} us/pod, p99 "
+                 f"{p99 * 1e6:7.0f} us, {1 / med:6.0f} pods/s")
+        adaptive = f"{k} candidates (adaptive): median {amed * 1e6:6.0f} us/pod"
+        if n <= 5000:
+            every += f" | target 1000 us: {med * 1e6 / 1000:.2f} of it"
+        else:
+            adaptive += f" | target 2000 us: {amed * 1e6 / 2000:.2f} of it"
         line = (f"  {n:>5} nodes x {GPUS} GPUs, {len(held):>7} slices held "
-                f"(setup {setup:.1f} s): every node a candidate: median {med * 1e6:7.0f} us/pod, "
-                f"p99 {p99 * 1e6:7.0f} us, {1 / med:6.0f} pods/s | target {target} us: "
-                f"{med * 1e6 / target:.2f} of it; {k} candidates (adaptive): median "
-                f"{statistics.median(ta) * 1e6:6.0f} us/pod")
+                f"(setup {setup:.1f} s): {every}; {adaptive}")
         if n < 20000:
             bmed = statistics.median(baseline(n, held, reqs[:3]))
             line += (f" | baseline (recompute usage from all pods) {bmed * 1e6:9.0f} us/pod "

@@ -8,6 +8,7 @@ kube-scheduler (filter with every node name, prioritize the feasible ones, bind 
 best). Prints filter / prioritize / bind latency p50 and p99, end-to-end pods per
 second, the 40-pod Job's time, the time to become ready (ledger rebuilt from every
 pod's annotation) and the scheduler's peak RSS, each with its target. Figures only.
+A Prometheus stand-in scrapes ``/metrics`` every second meanwhile (``--scrape-every``).
 """
 
 from __future__ import annotations
@@ -143,19 +144,35 @@ async def main(args: argparse.Namespace) -> None:
                 # gets the first numFeasibleNodesToFind nodes from a rotating start.
                 k = feasible_to_find(n_nodes, args.percentage)
                 start = 0
+                scrapes: list[float] = []
+
+                async def scrape() -> None:
+                    # Prometheus reading the per-GPU metrics (5,000 nodes: ~20 MB of
+                    # text) while pods are scheduled: it shares the loop with filter
+                    while args.scrape_every > 0:
+                        await anyio.sleep(args.scrape_every)
+                        t = time.perf_counter()
+                        async with s.get(f"{sched.ops_url}/metrics") as r:
+                            await r.read()
+                        scrapes.append(time.perf_counter() - t)
+
                 t0 = time.perf_counter()
-                async with anyio.create_task_group() as tg, cycles:
-                    async for p in cycles:
-                        cands = (names[start:] + names[:start])[:k]
-                        start = (start + k) % n_nodes
-                        f = await d._verb("filter", {"Pod": p, "NodeNames": cands})
-                        if not f["NodeNames"]:
-                            settled()
-                            continue
-                        scores = await d._verb("prioritize", {"Pod": p,
-                                                              "NodeNames": f["NodeNames"]})
-                        best = max(scores, key=lambda h: h["Score"])["Host"]
-                        tg.start_soon(bind, p, best)
+                async with anyio.create_task_group() as scraping:
+                    scraping.start_soon(scrape)
+                    async with anyio.create_task_group() as tg, cycles:
+                        async for p in cycles:
+                            cands = names[start:start + k]
+                            cands += names[:k - len(cands)]
+                            start = (start + k) % n_nodes
+                            f = await d._verb("filter", {"Pod": p, "NodeNames": cands})
+                            if not f["NodeNames"]:
+                                settled()
+                                continue
+                            scores = await d._verb("prioritize", {"Pod": p,
+                                                                  "NodeNames": f["NodeNames"]})
+                            best = max(scores, key=lambda h: h["Score"])["Host"]
+                            tg.start_soon(bind, p, best)
+                    scraping.cancel_scope.cancel()
                 e2e = time.perf_counter() - t0
                 # the scheduling cycles' figures only: the Job below sends 40 cycles at
                 # once, which queue behind each other (kube-scheduler runs one at a time)
@@ -208,6 +225,10 @@ async def main(args: argparse.Namespace) -> None:
                   "(the extender's own histogram, bucket bounds)")
     for e in sorted(set(errors))[:3]:
         print(f"  bind error ({errors.count(e)}x): {e[:160]}")
+    if scrapes:
+        print(f"  /metrics scraped {len(scrapes)}x during the run (every {args.scrape_every:g} s, "
+              f"beside the filters above): {statistics.median(scrapes) * 1e3:.0f} ms each "
+              f"(max {max(scrapes) * 1e3:.0f} ms)")
     print(f"  40-pod Job onto one node: {job_bound}/40 bound in {job_time:.2f} s "
           f"| target <= 0.2 s: {job_time / 0.2:.2f} of it (HAMi: 15-30 min, HAMi#1367)")
     rss_target = 160 if n_nodes <= 5000 else 400
@@ -258,6 +279,8 @@ if __name__ == "__main__":
     ap.add_argument("--pods", type=int, default=50000)
     ap.add_argument("--new", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--scrape-every", type=float, default=1.0,
+                    help="seconds between /metrics scrapes during the run (0: none)")
     ap.add_argument("--percentage", type=int, default=0,
                     help="kube-scheduler's percentageOfNodesToScore (0: its adaptive default; "
                          "100: every node, the worst case)")
