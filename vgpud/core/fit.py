@@ -420,9 +420,17 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
         if not reasons:
             continue
         short_idx = np.flatnonzero(short)
-        # The first rule that left each short node with too few GPUs, vectorised.
-        rows = [np.bincount(slot_node[m], minlength=width + 1)[short_idx]
-                for m in cumulative]
+        # The first rule that left each short node with too few GPUs, vectorised: the
+        # masks are nested (each rule narrows the last), so a slot's depth (how many
+        # hold it) says which it passed, and one count per (node, depth) gives, per rule,
+        # how many of a node's GPUs passed it (one bincount, not one per rule).
+        depth = np.zeros(len(slot_node), dtype=np.int64)
+        for passed in cumulative:
+            depth += passed
+        levels = len(cumulative) + 1
+        hist = np.bincount(slot_node * levels + depth, minlength=(width + 1) * levels)
+        at_least = np.cumsum(hist.reshape(width + 1, levels)[short_idx][:, ::-1], axis=1)
+        rows = list(at_least[:, ::-1][:, 1:].T)
         stage_list: tuple[_Stage, ...] = _STAGES
         if numa_of is not None and c.number > 1:
             # static before dynamic: no NUMA node ever has enough GPUs, then not now

@@ -20,7 +20,8 @@ from prometheus_client.registry import Collector
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Node
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25,
+                   0.5, 1, 2.5, 5)  # finer around the 10 ms a filter must stay under
 MIB = 1 << 20
 VERBS = ("filter", "prioritize", "bind", "preempt")
 # how a verb call ended (vgpud/extender/server.py): "error" is an answer with its

@@ -203,11 +203,10 @@ _SAFE_NAMES = re.compile(r"[a-z0-9.\-]*")  # DNS-1123 subdomains need no JSON es
 def host_priorities(names: list[str], scores: list[int]) -> RawJson:
     """``[{"Host": name, "Score": n}, ...]`` rendered directly (names escaped when needed)."""
     if _SAFE_NAMES.fullmatch("".join(names)):
-        quoted = [f'"{n}"' for n in names]
-    else:
-        quoted = [json.dumps(n) for n in names]
-    return RawJson("[" + ",".join(f'{{"Host":{q},"Score":{s}}}'
-                                  for q, s in zip(quoted, scores, strict=True)) + "]")
+        return RawJson("[" + ",".join(f'{{"Host":"{n}","Score":{s}}}'
+                                      for n, s in zip(names, scores, strict=True)) + "]")
+    return RawJson("[" + ",".join(f'{{"Host":{json.dumps(n)},"Score":{s}}}'
+                                  for n, s in zip(names, scores, strict=True)) + "]")
 
 
 def filter_result(args: ExtenderArgs, feasible: list[str], failed: dict[str, str],
