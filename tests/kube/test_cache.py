@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import anyio
 import pytest
 
+from tests.kube.informers import fast_backoff, node_of, pod, recording
 from tests.kube.waiting import eventually
 from tests.standin import ApiServer
-from vgpud.kube.backoff import Backoff
 from vgpud.kube.cache import LISTING, STREAMING, Added, Deleted, Event, Informer, Modified, Synced
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.resources import PODS
 
 pytestmark = pytest.mark.anyio
-
-
-def _pod(name: str, node: str = "", namespace: str = "default") -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
-
-
-def _node_of(pod: Json) -> str:
-    return str(pod["spec"].get("nodeName", ""))
-
-
-def _fast_backoff() -> Backoff:
-    return Backoff(initial=0.01, cap=0.05, jitter=0)
 
 
 class _ShiftedClock:
@@ -62,14 +46,14 @@ def _expire(api: ApiServer, resource: str) -> None:
 async def test_streaming_list_syncs_without_listing_and_keeps_the_stream(
     api: ApiServer, kube: KubeClient
 ) -> None:
-    api.create("pods", _pod("b", node="n1"))
-    api.create("pods", _pod("a"))
-    api.create("pods", _pod("c", namespace="other"))
+    api.create("pods", pod("b", node="n1"))
+    api.create("pods", pod("a"))
+    api.create("pods", pod("c", namespace="other"))
     projected: list[str] = []
 
     def project(pod: Json) -> str:
         projected.append(pod["metadata"]["name"])
-        return _node_of(pod)
+        return node_of(pod)
 
     informer: Informer[str] = Informer(kube, PODS, project=project)
     events: list[Event[str]] = []
@@ -96,7 +80,7 @@ async def test_streaming_list_syncs_without_listing_and_keeps_the_stream(
         assert projected_at_sync == [3] and sorted(projected) == ["a", "b", "c"]
         # After the bookmark the same stream carries the live events.
         api.patch("pods", "a", {"spec": {"nodeName": "n2"}})
-        api.create("pods", _pod("d"))
+        api.create("pods", pod("d"))
         api.delete("pods", "b")
         await eventually(lambda: len(events) == 7, what="three live events")
         assert api.count("watch", "pods") == 1 and informer.watches == 1
@@ -114,10 +98,8 @@ async def test_gone_resyncs_by_streaming_and_reports_what_vanished(
     api: ApiServer, kube: KubeClient
 ) -> None:
     for name in ("a", "b", "c"):
-        api.create("pods", _pod(name))
-    informer: Informer[str] = Informer(kube, PODS, project=_node_of, backoff=_fast_backoff())
-    events: list[Event[str]] = []
-    informer.subscribe(events.append)
+        api.create("pods", pod(name))
+    informer, events = recording(kube)
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         del events[:]
@@ -126,7 +108,7 @@ async def test_gone_resyncs_by_streaming_and_reports_what_vanished(
         api.drop_watches("pods")
         api.delete("pods", "a")
         api.patch("pods", "b", {"spec": {"nodeName": "n9"}})
-        api.create("pods", _pod("d"))
+        api.create("pods", pod("d"))
         api.compact("pods")
         await eventually(lambda: any(isinstance(e, Synced) for e in events), what="re-sync")
         tg.cancel_scope.cancel()
@@ -152,11 +134,11 @@ async def test_a_refused_streaming_list_falls_back_to_list_and_watch(
         api.watch_list = False  # what a server without the WatchList feature answers
     else:
         api.fail("watch", "pods", 403, times=1, message="watch with sendInitialEvents denied")
-    api.create("pods", _pod("a"))
-    api.create("pods", _pod("b", node="n1"))
+    api.create("pods", pod("a"))
+    api.create("pods", pod("b", node="n1"))
     clock = _ShiftedClock()
     informer: Informer[str] = Informer(
-        kube, PODS, project=_node_of, backoff=_fast_backoff(), clock=clock
+        kube, PODS, project=node_of, backoff=fast_backoff(), clock=clock
     )
     events: list[Event[str]] = []
     informer.subscribe(events.append)
@@ -167,7 +149,7 @@ async def test_a_refused_streaming_list_falls_back_to_list_and_watch(
         assert api.count_watch_lists("pods") == 0
         assert [type(e).__name__ for e in events] == ["Added", "Added", "Synced"]
         assert events[-1] == Synced(informer.resource_version, 2, 1)
-        api.create("pods", _pod("c"))  # arrives on the plain watch from the list's RV
+        api.create("pods", pod("c"))  # arrives on the plain watch from the list's RV
         await eventually(lambda: "default/c" in informer, what="a live event")
         assert api.count("watch", "pods") == 2  # the refused request, then the watch
 
@@ -193,9 +175,9 @@ async def test_a_stream_ending_before_the_bookmark_falls_back_without_a_partial_
     api: ApiServer, kube: KubeClient
 ) -> None:
     for name in ("a", "b", "c", "d"):
-        api.create("pods", _pod(name))
+        api.create("pods", pod(name))
     api.cut_watch_lists("pods", after=2)  # two ADDEDs, then the stream ends
-    informer: Informer[str] = Informer(kube, PODS, project=_node_of, backoff=_fast_backoff())
+    informer: Informer[str] = Informer(kube, PODS, project=node_of, backoff=fast_backoff())
     events: list[tuple[Event[str], int, bool]] = []
     informer.subscribe(lambda e: events.append((e, api.count("list", "pods"), len(informer))))
     async with anyio.create_task_group() as tg:
@@ -219,8 +201,8 @@ async def test_a_stream_ending_before_the_bookmark_falls_back_without_a_partial_
 
 
 async def test_streaming_false_always_lists(api: ApiServer, kube: KubeClient) -> None:
-    api.create("pods", _pod("a"))
-    informer: Informer[str] = Informer(kube, PODS, project=_node_of, streaming=False)
+    api.create("pods", pod("a"))
+    informer: Informer[str] = Informer(kube, PODS, project=node_of, streaming=False)
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         assert informer.snapshot() == {"default/a": ""} and informer.sync_mode == LISTING

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import anyio
 import pytest
 
+from tests.kube.informers import fast_backoff, node_of, pod, recording
 from tests.kube.waiting import eventually
 from tests.standin import ApiServer
-from vgpud.kube.backoff import Backoff
 from vgpud.kube.cache import Added, Deleted, Event, Informer, Modified, Synced
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.resources import NODES, PODS
@@ -19,29 +18,14 @@ from vgpud.kube.watch import Selector
 pytestmark = pytest.mark.anyio
 
 
-def _pod(name: str, node: str = "") -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
-
-
-def _node_of(pod: Json) -> str:
-    return str(pod["spec"].get("nodeName", ""))
-
-
 def _metadata(pod: Json) -> Json:
     return dict(pod["metadata"])
 
 
-def _fast_backoff() -> Backoff:
-    return Backoff(initial=0.01, cap=0.05, jitter=0)
-
-
 async def test_lists_then_follows_changes(api: ApiServer, kube: KubeClient) -> None:
-    api.create("pods", _pod("a"))
-    api.create("pods", _pod("b", node="n1"))
-    informer: Informer[str] = Informer(kube, PODS, project=_node_of, page_size=1)
+    api.create("pods", pod("a"))
+    api.create("pods", pod("b", node="n1"))
+    informer: Informer[str] = Informer(kube, PODS, project=node_of, page_size=1)
     events: list[Event[str]] = []
     informer.subscribe(events.append)
     async with anyio.create_task_group() as tg:
@@ -51,7 +35,7 @@ async def test_lists_then_follows_changes(api: ApiServer, kube: KubeClient) -> N
         assert api.count("list", "pods") == 2  # page_size=1: two pages
         assert events[-1] == Synced(informer.resource_version, 2, 1)
         api.patch("pods", "a", {"spec": {"nodeName": "n2"}})
-        api.create("pods", _pod("c"))
+        api.create("pods", pod("c"))
         api.delete("pods", "b")
         await eventually(lambda: len(events) == 6, what="three watch events")
         tg.cancel_scope.cancel()
@@ -66,7 +50,7 @@ async def test_lists_then_follows_changes(api: ApiServer, kube: KubeClient) -> N
 
 
 async def test_bookmarks_advance_the_resource_version(api: ApiServer, kube: KubeClient) -> None:
-    api.create("pods", _pod("a"))
+    api.create("pods", pod("a"))
     informer: Informer[Json] = Informer(kube, PODS)
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
@@ -81,10 +65,8 @@ async def test_bookmarks_advance_the_resource_version(api: ApiServer, kube: Kube
 
 async def test_gone_relists_and_reports_what_vanished(api: ApiServer, kube: KubeClient) -> None:
     for name in ("a", "b", "c"):
-        api.create("pods", _pod(name))
-    informer: Informer[str] = Informer(kube, PODS, project=_node_of, backoff=_fast_backoff())
-    events: list[Event[str]] = []
-    informer.subscribe(events.append)
+        api.create("pods", pod(name))
+    informer, events = recording(kube)
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         del events[:]
@@ -94,7 +76,7 @@ async def test_gone_relists_and_reports_what_vanished(api: ApiServer, kube: Kube
         api.drop_watches("pods")
         api.delete("pods", "a")
         api.patch("pods", "b", {"spec": {"nodeName": "n9"}})
-        api.create("pods", _pod("d"))
+        api.create("pods", pod("d"))
         api.compact("pods")
         await eventually(lambda: informer.lists == 2, what="a re-list after 410")
         await eventually(lambda: any(isinstance(e, Synced) for e in events), what="synced")
@@ -116,11 +98,9 @@ async def test_a_change_the_projection_does_not_keep_is_not_an_event(
 ) -> None:
     """A label change (a node's heartbeat, to a projection without status) moves the
     resourceVersion but not the projection: no Modified, on the watch or at a re-sync."""
-    api.create("pods", _pod("a"))
-    api.create("pods", _pod("b"))
-    informer: Informer[str] = Informer(kube, PODS, project=_node_of, backoff=_fast_backoff())
-    events: list[Event[str]] = []
-    informer.subscribe(events.append)
+    api.create("pods", pod("a"))
+    api.create("pods", pod("b"))
+    informer, events = recording(kube)
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         del events[:]
@@ -145,7 +125,7 @@ async def test_a_change_the_projection_does_not_keep_is_not_an_event(
 
 
 async def test_dropped_watch_reconnects_without_relisting(api: ApiServer, kube: KubeClient) -> None:
-    informer: Informer[Json] = Informer(kube, NODES, backoff=_fast_backoff())
+    informer: Informer[Json] = Informer(kube, NODES, backoff=fast_backoff())
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         for round_ in range(3):
@@ -162,7 +142,7 @@ async def test_dropped_watch_reconnects_without_relisting(api: ApiServer, kube: 
 async def test_server_errors_back_off_and_recover(api: ApiServer, kube: KubeClient) -> None:
     api.create("nodes", {"metadata": {"name": "n1"}})
     api.fail("list", "nodes", 500, times=3)
-    informer: Informer[Json] = Informer(kube, NODES, backoff=_fast_backoff())
+    informer: Informer[Json] = Informer(kube, NODES, backoff=fast_backoff())
     async with anyio.create_task_group() as tg:
         with anyio.fail_after(10):
             await tg.start(informer.run)
@@ -177,8 +157,8 @@ async def test_server_errors_back_off_and_recover(api: ApiServer, kube: KubeClie
 
 
 async def test_selector_and_stream_subscription(api: ApiServer, kube: KubeClient) -> None:
-    api.create("pods", _pod("mine", node="n1"))
-    api.create("pods", _pod("other", node="n2"))
+    api.create("pods", pod("mine", node="n1"))
+    api.create("pods", pod("other", node="n2"))
     informer: Informer[Json] = Informer(
         kube, PODS, selector=Selector(fields="spec.nodeName=n1"), project=_metadata
     )
@@ -186,7 +166,7 @@ async def test_selector_and_stream_subscription(api: ApiServer, kube: KubeClient
     async with anyio.create_task_group() as tg:
         await tg.start(informer.run)
         assert list(informer) == ["default/mine"]
-        api.create("pods", _pod("new", node="n1"))
+        api.create("pods", pod("new", node="n1"))
         received: list[Event[Json]] = []
         with anyio.fail_after(5):
             async for event in stream:
