@@ -364,7 +364,6 @@ def filter_nodes(cluster: Cluster, pod: PodRequest,
         nodes = candidates if ascending else np.unique(candidates)
         width = len(nodes)
         sel = slots = cluster.slots_of(nodes)
-        n = len(sel)
 
         def take(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
             return values[sel]

@@ -82,15 +82,18 @@ def allocation_chunks(snap: AllocationSnapshot, nodes_per_chunk: int = 250) -> I
                snap.used_split)
     models: dict[str, str] = {}
     live = [(i, n) for i, n in enumerate(snap.nodes) if n is not None]
+    chunks = []  # (nodes, their slots), the same for every family
+    for lo in range(0, len(live), nodes_per_chunk):
+        chunk = [node for _, node in live[lo:lo + nodes_per_chunk]]
+        slots = np.array([int(snap.start[idx]) + i for idx, node in live[lo:lo + nodes_per_chunk]
+                          for i in range(len(node.inventory.devices))], dtype=np.int64)
+        chunks.append((chunk, slots))
     for (name, help_text), column in zip(_FAMILIES, columns, strict=True):
         yield f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
-        for lo in range(0, len(live), nodes_per_chunk):
-            chunk = live[lo:lo + nodes_per_chunk]
-            slots = [int(snap.start[idx]) + i for idx, node in chunk
-                     for i in range(len(node.inventory.devices))]
+        for chunk, slots in chunks:
             values = iter(column[slots].tolist())
             lines = []
-            for _, node in chunk:
+            for node in chunk:
                 node_label = _label(node.name)
                 for g in node.inventory.devices:
                     model = models.get(g.model)
