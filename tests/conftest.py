@@ -34,6 +34,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                     "@pytest.mark.property (nox -s fuzz runs them)")
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the real Kubernetes components before the first test when a selected test
+    needs them: a cold build takes minutes, more than one test's timeout, and its progress
+    should show. A failure is kept for the fixture (tests/realkube/conftest.py) to report
+    as a skip (no Go) or an error (a failed build)."""
+    if not any("realkube" in item.nodeid.split("::")[0].split("/") for item in session.items):
+        return
+    from tests.realkube import build
+
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        try:
+            build.ensure()
+        except (build.Unavailable, RuntimeError):
+            pass
+
+
 _HOST_PATHS = (Path("/usr/local/vgpud"), Path("/var/lib/vgpud"))  # the plugin's defaults
 
 

@@ -1,0 +1,241 @@
+"""vgpud installed on a real control plane as its Helm chart installs it.
+
+The chart is rendered (``helm template``, with the test's ``--set`` values) and its
+objects are applied to the real API server: service accounts, (cluster) roles and their
+bindings, the settings and kube-scheduler ConfigMaps, the webhook configurations. The
+webhook configurations keep every field but ``clientConfig``, which names a local URL and
+the test CA's ``caBundle`` instead of the in-cluster Service. The Deployments become
+processes here, each with the credentials its pod would have:
+
+- ``vgpud webhook`` and ``vgpud scheduler`` with a token of their own ServiceAccount (so a
+  call their RBAC does not allow fails as it would in a cluster);
+- kube-scheduler with the rendered KubeSchedulerConfiguration (only ``urlPrefix`` moved to
+  the local extender and ``clientConnection.kubeconfig`` set: in-cluster config is what the
+  pod uses) and the Deployment's own flags, also with the scheduler's ServiceAccount token.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import importlib.util
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import yaml
+
+from tests.deploy.rendered import Manifests
+from tests.realkube.api import ApiError, Obj, wait_for
+from tests.realkube.controlplane import ControlPlane, Proc, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "kube-system"
+APPLIED = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+           "ConfigMap", "PriorityClass")
+
+
+def _load_render() -> ModuleType:
+    name = "vgpud_manifests_render"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "manifests" / "render.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def render(sets: tuple[str, ...] = ()) -> Manifests:
+    """The chart rendered with ``--set`` values; the committed manifests without any."""
+    if not sets:
+        return Manifests.committed()
+    r = _load_render()
+    return Manifests.parse(r.render(r.obtain_helm(), sets, lint=False))
+
+
+def _args_of(m: Manifests, workload: str, container: str) -> list[str]:
+    for c in m.pod_spec("Deployment", workload)["containers"]:
+        if c["name"] == container:
+            return list(c.get("command") or []) + list(c.get("args") or [])
+    raise AssertionError(f"no container {container} in {workload}")
+
+
+def _flag_dropped(args: list[str], *names: str) -> list[str]:
+    return [a for a in args if not any(a.startswith(f"--{n}=") for n in names)]
+
+
+def _get_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class Release:
+    cp: ControlPlane
+    dir: Path
+    sets: tuple[str, ...] = ()
+    manifests: Manifests = field(init=False)
+    webhook: Proc | None = None
+    extender: Proc | None = None
+    kube_scheduler: Proc | None = None
+
+    def __post_init__(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.manifests = render(self.sets)
+        self.extender_port, self.extender_ops = free_port(), free_port()
+        self.webhook_port, self.webhook_ops = free_port(), free_port()
+        self.webhook_tls = self.cp.pki.serving("webhook")
+
+    # -- the chart's objects -----------------------------------------------------------
+
+    def apply_objects(self) -> None:
+        for doc in self.manifests.docs:
+            if doc["kind"] in APPLIED:
+                self.cp.admin.apply(doc, manager="helm")
+        for doc in self.manifests.docs:
+            if doc["kind"].endswith("WebhookConfiguration"):
+                self.cp.admin.apply(self.local_webhook(doc), manager="helm")
+
+    def local_webhook(self, doc: Obj) -> Obj:
+        out = copy.deepcopy(doc)
+        ca = base64.b64encode(self.cp.pki.ca_pem).decode()
+        for hook in out["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.webhook_port}{path}",
+                                    "caBundle": ca}
+        out["metadata"].pop("annotations", None)
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        data: dict[str, Any] = yaml.safe_load(
+            self.manifests.configmap_file("vgpud-settings", "vgpud.yaml"))
+        return data
+
+    # -- the processes -----------------------------------------------------------------
+
+    def _vgpud(self, name: str, args: list[str], service_account: str) -> Proc:
+        settings = self.dir / "vgpud.yaml"
+        settings.write_text(yaml.safe_dump(self.settings()))
+        kc = self.cp.kubeconfig_for_service_account(NAMESPACE, service_account)
+        args = _flag_dropped(args, "config", "listen", "metrics-listen", "tls-cert", "tls-key",
+                             "bootstrap-secret", "service-name", "webhook-configuration")
+        return Proc(name, [sys.executable, "-m", "vgpud", *args, f"--config={settings}",
+                           f"--kubeconfig={kc}"], self.dir,
+                    env={"PYTHONPATH": str(ROOT), "VGPUD_LOG_FORMAT": "console"})
+
+    def start_webhook(self) -> Proc:
+        args = _args_of(self.manifests, "vgpud-webhook", "webhook")
+        p = self._vgpud("vgpud-webhook", args, "vgpud-webhook")
+        p.argv += [f"--listen=127.0.0.1:{self.webhook_port}",
+                   f"--metrics-listen=127.0.0.1:{self.webhook_ops}",
+                   f"--tls-cert={self.webhook_tls.cert}", f"--tls-key={self.webhook_tls.key}"]
+        p.start()
+        self.webhook = p
+        self._wait_ops(p, self.webhook_ops)
+        return p
+
+    def start_extender(self) -> Proc:
+        args = _args_of(self.manifests, "vgpud-scheduler", "extender")
+        p = self._vgpud("vgpud-scheduler", args, "vgpud-scheduler")
+        p.argv += [f"--listen=127.0.0.1:{self.extender_port}",
+                   f"--metrics-listen=127.0.0.1:{self.extender_ops}"]
+        p.start()
+        self.extender = p
+        self._wait_ops(p, self.extender_ops)
+        return p
+
+    def _wait_ops(self, p: Proc, port: int, timeout: float = 60) -> None:
+        def ready() -> bool:
+            p.check_alive()
+            return _get_ok(f"http://127.0.0.1:{port}/readyz")
+        wait_for(f"{p.name} /readyz", ready, timeout=timeout, detail=lambda: p.tail())
+
+    def scheduler_configuration(self) -> dict[str, Any]:
+        cfg = self.manifests.scheduler_config()
+        (ext,) = cfg["extenders"]
+        ext["urlPrefix"] = f"http://127.0.0.1:{self.extender_port}"
+        cfg["clientConnection"] = {**(cfg.get("clientConnection") or {}),
+                                   "kubeconfig": str(self._scheduler_kubeconfig())}
+        return cfg
+
+    def _scheduler_kubeconfig(self) -> Path:
+        return self.cp.kubeconfig_for_service_account(NAMESPACE, "vgpud-scheduler")
+
+    def start_kube_scheduler(self) -> Proc:
+        cfg_path = self.dir / "kube-scheduler-config.yaml"
+        cfg_path.write_text(yaml.safe_dump(self.scheduler_configuration()))
+        kc = self._scheduler_kubeconfig()
+        args = _flag_dropped(_args_of(self.manifests, "vgpud-scheduler", "kube-scheduler"),
+                             "config", "secure-port")
+        assert args[0] == "kube-scheduler", args
+        p = Proc("kube-scheduler", [
+            str(self.cp.bin_dir / "kube-scheduler"), *args[1:], f"--config={cfg_path}",
+            f"--secure-port={free_port()}", "--bind-address=127.0.0.1",
+            # what in-cluster configuration gives the pod's delegated authn/authz
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"],
+            self.dir)
+        p.start()
+        self.kube_scheduler = p
+        lease = self.scheduler_configuration()["leaderElection"]
+
+        def leading() -> bool:
+            p.check_alive()
+            if not lease.get("leaderElect"):
+                return True
+            got = self.cp.admin.find("Lease", lease["resourceName"],
+                                     lease["resourceNamespace"])
+            return bool(got and (got.get("spec") or {}).get("holderIdentity"))
+        wait_for("kube-scheduler to lead", leading, timeout=90, detail=lambda: p.tail())
+        return p
+
+    # -- all of it -----------------------------------------------------------------------
+
+    def start(self, *, webhook: bool = True, scheduler: bool = True) -> Release:
+        self.apply_objects()
+        if webhook:
+            self.start_webhook()
+        if scheduler:
+            self.start_extender()
+            self.start_kube_scheduler()
+        return self
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [p for p in (self.kube_scheduler, self.extender, self.webhook) if p]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
+        self.kube_scheduler = self.extender = self.webhook = None
+
+    def uninstall(self) -> None:
+        """Stop the processes and delete the webhook configurations (so another release,
+        or none, admits the next pods)."""
+        self.stop()
+        for doc in self.manifests.docs:
+            if doc["kind"].endswith("WebhookConfiguration"):
+                self.cp.admin.delete(doc["kind"], doc["metadata"]["name"])
+
+    def tails(self) -> str:
+        return "\n".join(p.tail(50) for p in self.procs)
+
+    def extender_metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.extender_ops}/metrics",
+                                    timeout=10) as r:
+            return str(r.read().decode())
+
+
+def lease_released(cp: ControlPlane, name: str) -> None:
+    """Drop a leader Lease left behind, so the next kube-scheduler leads at once."""
+    try:
+        cp.admin.delete("Lease", name, NAMESPACE)
+    except ApiError:
+        pass
