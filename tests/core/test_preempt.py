@@ -70,6 +70,17 @@ def test_adds_exactly_the_gpu_victims_needed_to_what_kube_scheduler_proposed() -
     assert c.freed(out.victims) == {"memory": 5000, "cores": 50}
 
 
+def test_an_empty_placeholder_is_filled_with_gpu_victims() -> None:
+    """kube-scheduler 1.38+ (kubernetes#135486) passes a node only an extender refused as
+    a placeholder without victims; the extender fills it, or leaves the node out."""
+    c = Cluster()
+    low = [c.hold(f"low{i}", 0, memory=2500) for i in range(4)]
+    out = c.run(c.want(memory=5000), 100)
+    assert out.victims is not None and len(out.victims) == 2 and out.added == out.victims
+    assert set(out.victims) <= set(low)
+    assert c.run(c.want(memory=12000), 100).victims is None  # more than the GPU: left out
+
+
 def test_a_proposal_that_already_frees_the_gpu_is_returned_unchanged() -> None:
     c = Cluster()
     low = [c.hold(f"low{i}", 0, memory=5000) for i in range(2)]
@@ -136,9 +147,17 @@ def test_budget_selectors_as_the_api_defines_them() -> None:
     assert not b.selects("ns", "x", {"tier": "gpu", "canary": "1"})
     assert not b.selects("other", "x", {"tier": "gpu"})
     assert not b.selects("ns", "x", {})
-    assert not Budget("ns", "empty", (), (), 0).selects("ns", "x", {"a": "b"})
     assert not Budget("ns", "b", (("a", "b"),), (), 0, frozenset({"x"})).selects(
         "ns", "x", {"a": "b"})
+    # policy/v1: an empty selector selects every pod of the namespace, labelled or not;
+    # no selector selects none
+    everything = Budget("ns", "all", (), (), 0)
+    assert everything.selects("ns", "x", {"a": "b"}) and everything.selects("ns", "y", {})
+    assert not everything.selects("other", "x", {"a": "b"})
+    assert not Budget("ns", "nil", (), (), 0, selects_nothing=True).selects("ns", "x", {})
+    # selectors match a pod without labels where the API says they do
+    assert Budget("ns", "d", (), (Requirement("canary", "DoesNotExist"),), 0).selects(
+        "ns", "x", {})
 
 
 def test_a_pod_being_deleted_is_counted_as_leaving_not_chosen() -> None:

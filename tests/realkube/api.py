@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 Obj = dict[str, Any]
 T = TypeVar("T")
 
@@ -154,7 +152,9 @@ class Api:
             query["force"] = "true"
         out: Obj = self.request(
             "PATCH", path_of(obj["kind"], meta["name"], meta.get("namespace")),
-            yaml.safe_dump(obj).encode(), query=query,
+            # JSON is YAML, and unlike PyYAML's output it has no 1.1 surprises (a name
+            # `y` reads as true in the server's YAML decoder)
+            json.dumps(obj).encode(), query=query,
             content_type="application/apply-patch+yaml")
         return out
 

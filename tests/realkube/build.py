@@ -126,11 +126,9 @@ def _build_one(go: str, name: str, module: Path, package: str, out_dir: Path) ->
                             stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     tail: list[str] = []
-    compiled = 0
     last = started
-    for line in proc.stdout:
+    for compiled, line in enumerate(proc.stdout, 1):
         tail = [*tail[-40:], line.rstrip()]
-        compiled += 1
         now = time.monotonic()
         if now - last >= 30:
             _say(f"  {name}: {compiled} packages compiled, {now - started:.0f} s")

@@ -5,6 +5,7 @@ components do with them."""
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from tests.realkube.api import Api, Obj, wait_for
@@ -30,7 +31,22 @@ class Scenario:
         self.cp = cp
         self.id = f"{name[:40].rstrip('-')}-{next(_ids)}"
         self.ns = cp.namespace(self.id)
+        self.namespaces = [self.ns]
         self.nodes: list[str] = []
+        self.cluster_objects: list[tuple[str, str]] = []  # (kind, name) to delete
+
+    def namespace(self, suffix: str) -> str:
+        """Another namespace of this scenario's, emptied at the end."""
+        ns = self.cp.namespace(f"{self.id}-{suffix}")
+        self.namespaces.append(ns)
+        return ns
+
+    def priority_class(self, name: str, value: int) -> str:
+        pc = f"{self.id}-{name}"
+        self.admin.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                           "metadata": {"name": pc}, "value": value})
+        self.cluster_objects.append(("PriorityClass", pc))
+        return pc
 
     @property
     def admin(self) -> Api:
@@ -49,6 +65,7 @@ class Scenario:
         return node
 
     def pod(self, name: str, limits: dict[str, Any] | None = None, *,
+            namespace: str | None = None,
             annotations: dict[str, str] | None = None, priority_class: str | None = None,
             labels: dict[str, str] | None = None, scheduler: str | None = None,
             resources: dict[str, Any] | None = None, node_name: str | None = None,
@@ -68,28 +85,39 @@ class Scenario:
         if node_name:
             spec["nodeName"] = node_name
         return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": self.ns,
+                "metadata": {"name": name, "namespace": namespace or self.ns,
                              "annotations": annotations or {}, "labels": labels or {}},
                 "spec": spec}
 
     def apply(self, pod: Obj, api: Api | None = None) -> Obj:
         return (api or self.admin).apply(pod)
 
-    def get(self, name: str) -> Obj:
-        return self.admin.get("Pod", name, self.ns)
+    def get(self, name: str, namespace: str | None = None) -> Obj:
+        return self.admin.get("Pod", name, namespace or self.ns)
 
-    def wait_bound(self, name: str, *, timeout: float = 60, detail: Any = None) -> Obj:
+    def ready(self, name: str, namespace: str | None = None) -> None:
+        """Mark a bound pod Running and Ready, as its kubelet would (no kubelet here)."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.admin.patch("Pod", name, {"status": {
+            "phase": "Running", "startTime": now,
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}]}},
+            namespace or self.ns, sub="status")
+
+    def wait_bound(self, name: str, *, namespace: str | None = None, timeout: float = 60,
+                   detail: Any = None) -> Obj:
+        ns = namespace or self.ns
+
         def bound() -> Obj | None:
-            p = self.get(name)
+            p = self.get(name, ns)
             return p if p["spec"].get("nodeName") else None
-        got: Obj = wait_for(f"pod {self.ns}/{name} to be bound", bound, timeout=timeout,
-                            detail=detail or (lambda: self.describe(name)))
+        got: Obj = wait_for(f"pod {ns}/{name} to be bound", bound, timeout=timeout,
+                            detail=detail or (lambda: self.describe(name, ns)))
         return got
 
-    def describe(self, name: str) -> str:
-        p = self.admin.find("Pod", name, self.ns)
-        events = self.admin.list("Event", self.ns,
-                                 fieldSelector=f"involvedObject.name={name}")
+    def describe(self, name: str, namespace: str | None = None) -> str:
+        ns = namespace or self.ns
+        p = self.admin.find("Pod", name, ns)
+        events = self.admin.list("Event", ns, fieldSelector=f"involvedObject.name={name}")
         lines = [f"pod {name}: {None if p is None else p.get('status')}"]
         lines += [f"  event {e.get('reason')}: {e.get('message')}" for e in events]
         return "\n".join(lines)
@@ -98,10 +126,15 @@ class Scenario:
         return self.admin.list("Event", self.ns, fieldSelector=f"involvedObject.name={name}")
 
     def close(self) -> None:
-        for p in self.admin.list("Pod", self.ns):
-            self.admin.delete("Pod", p["metadata"]["name"], self.ns, grace=0)
+        for ns in self.namespaces:
+            for p in self.admin.list("Pod", ns):
+                self.admin.delete("Pod", p["metadata"]["name"], ns, grace=0)
+            for b in self.admin.list("PodDisruptionBudget", ns):
+                self.admin.delete("PodDisruptionBudget", b["metadata"]["name"], ns)
         for node in self.nodes:
             self.admin.delete("Node", node)
+        for kind, name in self.cluster_objects:
+            self.admin.delete(kind, name)
 
 
 def assignment(pod: Obj) -> Placement:

@@ -9,6 +9,11 @@
   kube-scheduler running; a module sets ``chart_values`` (a tuple of ``--set`` values) to
   render it otherwise.
 - ``scenario`` (function): the test's namespace and nodes, removed afterwards.
+
+Least privilege, proven: every test that ran with the control plane fails if the API
+server's audit log shows a request from one of vgpud's ServiceAccounts (or kube-scheduler,
+which runs with the scheduler's) refused with 403 while it ran
+(``_no_role_was_refused``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,33 @@ def control_plane(components: Path, tmp_path_factory: pytest.TempPathFactory,
         yield cp
     finally:
         cp.stop()
+
+
+VGPUD_USERS = "system:serviceaccount:kube-system:vgpud-"
+
+
+def refused(events: list[dict[str, object]]) -> list[str]:
+    """The requests of vgpud's ServiceAccounts that RBAC refused (403), as lines."""
+    out = []
+    for e in events:
+        user = str((e.get("user") or {}).get("username", ""))  # type: ignore[union-attr]
+        code = (e.get("responseStatus") or {}).get("code")  # type: ignore[union-attr]
+        if user.startswith(VGPUD_USERS) and code == 403:
+            out.append(f"{user}: {e.get('verb')} {e.get('requestURI')} -> 403")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_role_was_refused(request: pytest.FixtureRequest) -> Iterator[None]:
+    if "control_plane" not in request.fixturenames:
+        yield
+        return
+    cp: ControlPlane = request.getfixturevalue("control_plane")
+    _, start = cp.audit()
+    yield
+    events, _ = cp.audit(max(start, cp.audit_checked))
+    denied = refused(events)
+    assert not denied, "a vgpud role was refused by its RBAC:\n" + "\n".join(denied)
 
 
 @pytest.fixture(scope="module")

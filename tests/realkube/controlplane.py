@@ -126,6 +126,7 @@ class ControlPlane:
     apiserver: Proc = field(init=False)
     controller_manager: Proc | None = None
     procs: list[Proc] = field(default_factory=list)
+    audit_checked: int = 0  # the audit log's offset up to which refusals were expected
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -145,6 +146,12 @@ class ControlPlane:
             f"--initial-advertise-peer-urls=http://127.0.0.1:{self.etcd_peer}",
             f"--initial-cluster=realkube=http://127.0.0.1:{self.etcd_peer}",
             "--unsafe-no-fsync", "--log-level=warn"], self.dir)
+        self.audit_log = self.dir / "audit.log"
+        policy = self.dir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseStarted"],
+            "rules": [{"level": "Metadata"}]}))
         self.apiserver = Proc("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers={self.etcd_url}", f"--secure-port={self.port}",
@@ -157,6 +164,9 @@ class ControlPlane:
             f"--service-account-key-file={self.pki.sa_pub}",
             f"--service-account-signing-key-file={self.pki.sa_key}",
             "--profiling=false", "--endpoint-reconciler-type=none",
+            # every request with its user and response code: what each role was refused
+            f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-mode=blocking", "--audit-log-maxsize=0",
             *self.apiserver_flags], self.dir)
         self.procs = [self.etcd, self.apiserver]
 
@@ -190,6 +200,25 @@ class ControlPlane:
 
     def tails(self) -> str:
         return "\n".join(p.tail(40) for p in self.procs)
+
+    def audit(self, since: int = 0) -> tuple[list[Obj], int]:
+        """Audit events written after byte offset ``since``, and the new offset."""
+        import json
+        try:
+            with self.audit_log.open("rb") as f:
+                f.seek(since)
+                data = f.read()
+        except FileNotFoundError:
+            return [], since
+        end = data.rfind(b"\n") + 1  # a line being written is read next time
+        events = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        return events, since + end
+
+    def audit_forget(self, until: int) -> None:
+        """Tests that provoke refusals on purpose: the refusal check starts after
+        them (see conftest's ``_no_role_was_refused``)."""
+        _, end = self.audit(until)
+        self.audit_checked = end
 
     # -- credentials -------------------------------------------------------------------
 
@@ -228,7 +257,7 @@ class ControlPlane:
             f"--controllers={controllers}", "--leader-elect=false",
             f"--secure-port={free_port()}", "--bind-address=127.0.0.1",
             f"--service-account-private-key-file={self.pki.sa_key}",
-            f"--root-ca-file={self.pki.ca}", "--use-service-account-credentials=false",
+            f"--root-ca-file={self.pki.ca}", "--use-service-account-credentials=true",
             "--concurrent-gc-syncs=2", "--v=1"], self.dir)
         p.start()
         self.controller_manager = p

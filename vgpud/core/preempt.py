@@ -22,8 +22,9 @@ either; its room is counted as leaving. Only *confirmed* holders are added (a bi
 in flight is not yet a pod kube-scheduler could evict on that node).
 
 PDB accounting follows kube-scheduler's: each matching budget (same namespace,
-selector matches the pod's labels, the pod not already in its ``disruptedPods``) is
-decremented per victim; a victim that takes one below zero is a violation.
+selector matches the pod's labels as policy/v1 defines selectors, the pod not already in
+its ``disruptedPods``) is decremented per victim; a victim that takes one below zero is a
+violation.
 
 Pure: the caller supplies the ledger's holders and the pods' priority and labels
 (:class:`Holder`), and the budgets (:class:`Budget`); the result is a value.
@@ -62,7 +63,12 @@ class Requirement:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """A PodDisruptionBudget, as preemption reads it."""
+    """A PodDisruptionBudget, as preemption reads it.
+
+    Its selector as policy/v1 defines it (and the eviction API and the disruption
+    controller apply it): an empty selector ``{}`` selects every pod of the namespace,
+    labelled or not; a missing one (``selects_nothing``) selects none. kube-scheduler up
+    to 1.37 reads both as selecting nothing (fixed upstream in kubernetes#141785)."""
 
     namespace: str
     name: str
@@ -70,13 +76,11 @@ class Budget:
     match_expressions: tuple[Requirement, ...]
     disruptions_allowed: int
     disrupted: frozenset[str] = frozenset()  # pod names the API already counted
+    selects_nothing: bool = False  # no selector, or one that cannot be read
 
     def selects(self, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
-        # An empty or missing selector matches nothing (policy/v1), nor does a pod
-        # without labels; a pod in disruptedPods is already counted.
-        if namespace != self.namespace or not labels or name in self.disrupted:
-            return False
-        if not self.match_labels and not self.match_expressions:
+        # a pod in disruptedPods is already counted
+        if namespace != self.namespace or self.selects_nothing or name in self.disrupted:
             return False
         return (all(labels.get(k) == v for k, v in self.match_labels)
                 and all(r.matches(labels) for r in self.match_expressions))

@@ -182,8 +182,9 @@ def kubelet_failure(status: dict[str, Any]) -> str | None:
 
 
 def project_budget(obj: dict[str, Any]) -> Budget:
-    """A policy/v1 PodDisruptionBudget as preemption reads it. A selector that cannot
-    be read (an unknown operator) matches nothing, as kube-scheduler treats it."""
+    """A policy/v1 PodDisruptionBudget as preemption reads it: an empty selector selects
+    every pod of its namespace, a missing one none (:class:`Budget`). A selector that
+    cannot be read (an unknown operator) selects nothing, as kube-scheduler treats it."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -208,7 +209,8 @@ def project_budget(obj: dict[str, Any]) -> Budget:
         namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name") or ""),
         match_labels=labels if ok else (), match_expressions=tuple(exprs) if ok else (),
         disruptions_allowed=allowed if isinstance(allowed, int) else 0,
-        disrupted=frozenset(disrupted) if isinstance(disrupted, dict) else frozenset())
+        disrupted=frozenset(disrupted) if isinstance(disrupted, dict) else frozenset(),
+        selects_nothing=not ok)
 
 
 def project_node(obj: dict[str, Any]) -> NodeInfo:
