@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,6 +118,20 @@ class Api:
             return json.loads(raw)
         except ValueError:
             return raw.decode(errors="replace")
+
+    def watch(self, path: str, query: dict[str, str] | None = None, *,
+              timeout: float = 3600) -> Iterator[Obj]:
+        """The events of a watch (``?watch=1``), one dict each, until the server ends it."""
+        url = self.server + path + "?" + urllib.parse.urlencode({**(query or {}),
+                                                                 "watch": "1"})
+        req = urllib.request.Request(url, method="GET")
+        req.add_header("Accept", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(req, context=self._ctx, timeout=timeout) as resp:
+            for line in resp:
+                if line.strip():
+                    yield json.loads(line)
 
     # -- objects -----------------------------------------------------------------------
 

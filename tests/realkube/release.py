@@ -96,11 +96,11 @@ class Release:
 
     # -- the chart's objects -----------------------------------------------------------
 
-    def apply_objects(self) -> None:
+    def apply_objects(self, *, webhooks: bool = True) -> None:
         for doc in self.manifests.docs:
             if doc["kind"] in APPLIED:
                 self.cp.admin.apply(doc, manager="helm")
-        for doc in self.manifests.docs:
+        for doc in self.manifests.docs if webhooks else ():
             if doc["kind"].endswith("WebhookConfiguration"):
                 self.cp.admin.apply(self.local_webhook(doc), manager="helm")
 

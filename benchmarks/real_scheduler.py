@@ -1,0 +1,242 @@
+"""The real kube-scheduler with vgpud's extender, against kube-scheduler alone.
+
+    python benchmarks/real_scheduler.py             # 1,000 nodes x 8 GPUs, 3,000 pods
+    python benchmarks/real_scheduler.py --quick     # CI: 50 nodes, 200 pods
+
+Real etcd, kube-apiserver and kube-scheduler v1.37.2, built from the official Go modules
+(``tests/realkube/build.py``; the first run builds them, minutes). Node objects carry the
+plugin's inventory annotation and ``nvidia.com/vgpu-number`` in allocatable (no kubelet).
+The same pods (one vGPU of 4,000 MiB each, created before their scheduler starts) are
+placed twice, each run on empty nodes:
+
+- **baseline**: a stock kube-scheduler (default profile, no extender) placing them by the
+  extended-resource count (``nvidia.com/vgpu-memory`` in its ``ignoredResources``), once
+  with its default client (50 requests/s, burst 100: that limit, not scheduling, caps its
+  binds) and once with a client as fast as vgpud's (1,000/s), the comparison that counts;
+- **vgpud**: kube-scheduler as the chart configures it, calling ``vgpud scheduler``'s
+  filter, prioritize and bind (every pod gets its GPUs and its assignment annotation).
+
+Prints each run's pods per second (first bind to last, from a watch: the schedulers'
+start-up is not counted), the ratio vgpud / fast baseline (target >= 0.7), and the extender's
+filter / prioritize / bind latency (p50 and p99 upper bounds from its own histogram).
+Figures only, never pass/fail on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.realkube import build
+from tests.realkube.api import Api, wait_for
+from tests.realkube.cluster import inventory
+from tests.realkube.controlplane import ControlPlane, Proc, free_port
+from tests.realkube.release import Release
+from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES
+
+GPUS, MEMORY, SPLIT = 8, 81920, 10
+POD_MEMORY = 4000
+BASELINE = "baseline-scheduler"
+KUBE_QPS = 1000  # vgpud's own client rate (kubeQPS), for the unthrottled baseline
+
+
+def add_nodes(cp: ControlPlane, n: int) -> list[str]:
+    names = [f"bench-{i:05d}" for i in range(n)]
+
+    def one(name: str) -> None:
+        cp.add_node(name, annotations={NODE_DEVICES: inventory(name, GPUS, MEMORY, split=SPLIT)},
+                    allocatable={"nvidia.com/vgpu-number": str(GPUS * SPLIT)})
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, names))
+    return names
+
+
+def pod(ns: str, i: int, scheduler: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"p-{i:05d}", "namespace": ns},
+            "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
+                                     "resources": {"limits": {
+                                         "nvidia.com/vgpu-number": "1",
+                                         "nvidia.com/vgpu-memory": str(POD_MEMORY)}}}]}}
+
+
+def create_pods(api: Api, ns: str, n: int, scheduler: str) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: api.create(pod(ns, i, scheduler)), range(n)))
+
+
+class BindWatch:
+    """Counts the pods of a namespace as they are bound, with the time of each bind."""
+
+    def __init__(self, api: Api, ns: str, expect: int) -> None:
+        self.api, self.ns, self.expect = api, ns, expect
+        self.bound: dict[str, float] = {}
+        self.error: Exception | None = None
+        self.done = threading.Event()
+        listing = api.request("GET", f"/api/v1/namespaces/{ns}/pods")
+        self.rv = listing["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception as e:  # the waiting side reports it
+            self.error = e
+            self.done.set()
+
+    def _watch(self) -> None:
+        while True:  # the server may end a watch early: go on from the last version seen
+            for event in self.api.watch(f"/api/v1/namespaces/{self.ns}/pods",
+                                        {"resourceVersion": self.rv}):
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch of {self.ns}: {obj.get('message')}")
+                self.rv = obj["metadata"]["resourceVersion"]
+                if event["type"] == "MODIFIED" and obj["spec"].get("nodeName"):
+                    self.bound.setdefault(obj["metadata"]["name"], time.monotonic())
+                    if len(self.bound) >= self.expect:
+                        self.done.set()
+                        return
+
+    def rate(self, timeout: float) -> tuple[float, float]:
+        """(pods per second from the first bind to the last, seconds that took)."""
+        if not self.done.wait(timeout):
+            raise SystemExit(f"only {len(self.bound)} of {self.expect} pods bound in "
+                             f"{timeout:.0f} s")
+        if self.error is not None:
+            raise SystemExit(f"watching the binds failed: {self.error}")
+        times = sorted(self.bound.values())
+        span = times[-1] - times[0]
+        return (len(times) - 1) / span if span > 0 else float("inf"), span
+
+
+def baseline_scheduler(cp: ControlPlane, work: Path, qps: int | None = None) -> Proc:
+    """A stock kube-scheduler; ``qps`` raises its client's rate limit (default 50/s, burst
+    100), which otherwise caps its binds."""
+    kc = cp.kubeconfig_for_cert("baseline-scheduler", "system:kube-scheduler")
+    cfg = work / f"baseline-config-{qps}.yaml"
+    client: dict[str, Any] = {"kubeconfig": str(kc)}
+    if qps:
+        client |= {"qps": qps, "burst": 2 * qps}
+    cfg.write_text(yaml.safe_dump({
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False},
+        "clientConnection": client,
+        "profiles": [{"schedulerName": BASELINE, "pluginConfig": [{
+            "name": "NodeResourcesFit",
+            "args": {"ignoredResources": ["nvidia.com/vgpu-memory"]}}]}]}))
+    return Proc(f"baseline-kube-scheduler-{qps or 'default'}", [
+        str(cp.bin_dir / "kube-scheduler"), f"--config={cfg}", f"--secure-port={free_port()}",
+        "--bind-address=127.0.0.1", f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}"], work)
+
+
+def run(cp: ControlPlane, ns: str, pods: int, scheduler: str, start: Any,
+        timeout: float) -> tuple[float, float]:
+    cp.namespace(ns)
+    create_pods(cp.admin, ns, pods, scheduler)
+    watch = BindWatch(cp.admin, ns, pods)
+    start()
+    return watch.rate(timeout)
+
+
+def empty(cp: ControlPlane, ns: str) -> None:
+    cp.admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                     query={"gracePeriodSeconds": "0"})
+    wait_for(f"the pods of {ns} to go", lambda: not cp.admin.list("Pod", ns, limit="1"),
+             timeout=300)
+
+
+def latency(release: Release) -> dict[str, tuple[float, float]]:
+    """p50 and p99 upper bounds (ms) per verb from the extender's latency histogram."""
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for line in release.extender_metrics().splitlines():
+        if line.startswith("vgpud_extender_request_duration_seconds_bucket{"):
+            labels, value = line.rsplit(" ", 1)
+            parts = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(","))
+            le = parts["le"].strip('"')
+            buckets.setdefault(parts["verb"].strip('"'), []).append(
+                (float("inf") if le == "+Inf" else float(le), float(value)))
+    out = {}
+    for verb, bs in buckets.items():
+        bs.sort()
+        total = bs[-1][1]
+        if not total:
+            continue
+        p50 = next(le for le, c in bs if c >= 0.5 * total)
+        p99 = next(le for le, c in bs if c >= 0.99 * total)
+        out[verb] = (p50 * 1000, p99 * 1000)
+    return out
+
+
+def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=3000)
+    ap.add_argument("--quick", action="store_true", help="CI: 50 nodes, 200 pods")
+    args = ap.parse_args()
+    nodes, pods = (50, 200) if args.quick else (args.nodes, args.pods)
+    try:
+        bins = build.ensure()
+    except build.Unavailable as e:
+        print(f"skipped: the real Kubernetes components cannot be built here: {e}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="vgpud-realsched-") as tmp:
+        work = Path(tmp)
+        cp = ControlPlane(bins, work / "cp").start()
+        release = Release(cp, work / "release")
+        try:
+            t0 = time.monotonic()
+            add_nodes(cp, nodes)
+            print(f"{nodes} nodes x {GPUS} GPUs created in {time.monotonic() - t0:.1f} s; "
+                  f"{pods} pods of 1 vGPU / {POD_MEMORY} MiB per run")
+            rates = {}
+            for qps in (None, KUBE_QPS):
+                baseline = baseline_scheduler(cp, work, qps)
+                cp.procs.append(baseline)
+                ns = f"bench-baseline-{qps or 'default'}"
+                rate, span = run(cp, ns, pods, BASELINE, baseline.start, timeout=900)
+                baseline.stop()
+                rates[qps] = rate
+                client = f"client {qps}/s" if qps else "default client 50/s"
+                print(f"kube-scheduler alone ({client + '):':<21} {rate:7.1f} pods/s "
+                      f"({span:.1f} s)")
+                empty(cp, ns)
+
+            release.apply_objects(webhooks=False)  # pods are made as admitted
+            release.start_extender()
+            ours_rate, ours_span = run(cp, "bench-vgpud", pods, "vgpu-scheduler",
+                                       release.start_kube_scheduler, timeout=900)
+            print(f"kube-scheduler + vgpud (as the chart): {ours_rate:7.1f} pods/s "
+                  f"({ours_span:.1f} s)")
+            placed = sum(1 for p in cp.admin.list("Pod", "bench-vgpud")
+                         if ASSIGNMENT in (p["metadata"].get("annotations") or {}))
+            print(f"pods bound with their assignment: {placed} of {pods}")
+            print(f"ratio vgpud / kube-scheduler alone: {ours_rate / rates[KUBE_QPS]:.2f} "
+                  f"against a client of {KUBE_QPS}/s (target >= 0.7), "
+                  f"{ours_rate / rates[None]:.2f} against the default client")
+            for verb, (p50, p99) in sorted(latency(release).items()):
+                print(f"extender {verb:<11} served in p50 <= {p50:6.1f} ms, "
+                      f"p99 <= {p99:6.1f} ms")
+        finally:
+            release.stop()
+            cp.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
