@@ -12,8 +12,8 @@ from tests.kube.informers import fast_backoff, node_of, pod, recording
 from tests.kube.waiting import eventually
 from tests.standin import ApiServer
 from vgpud.kube.cache import LISTING, STREAMING, Added, Deleted, Event, Informer, Modified, Synced
-from vgpud.kube.client import Json, KubeClient
-from vgpud.kube.resources import PODS
+from vgpud.kube.client import Json, KubeClient, ServerVersion
+from vgpud.kube.resources import NODES, PODS
 
 pytestmark = pytest.mark.anyio
 
@@ -208,3 +208,131 @@ async def test_streaming_false_always_lists(api: ApiServer, kube: KubeClient) ->
         assert informer.snapshot() == {"default/a": ""} and informer.sync_mode == LISTING
         tg.cancel_scope.cancel()
     assert api.count("list", "pods") == 1 and api.count_watch_lists("pods") == 0
+
+
+async def test_a_server_that_ignores_streaming_lists_is_found_out_at_its_first_bookmark() -> None:
+    """A plain watch answers the streaming list (a proxy dropped ``sendInitialEvents``):
+    its first bookmark, without the end annotation, ends the attempt there and then — not
+    when the watch times out (300 s here) — and every informer on the same client lists
+    from then on without asking; later re-syncs try streaming again."""
+    async with ApiServer(
+        bookmark_interval=0.2, watch_list=True, ignore_send_initial_events=True
+    ) as api, KubeClient.for_url(api.url) as kube:
+        api.create("pods", pod("a"))
+        api.create("pods", pod("b", node="n1"))
+        api.create("nodes", {"metadata": {"name": "n1"}})
+        clock = _ShiftedClock()
+        informer, events = recording(kube, clock=clock)
+        nodes: Informer[Json] = Informer(kube, NODES, backoff=fast_backoff(), clock=clock)
+        async with anyio.create_task_group() as tg:
+            with anyio.fail_after(10):
+                await tg.start(informer.run)
+            assert informer.snapshot() == {"default/a": "", "default/b": "n1"}
+            assert informer.sync_mode == LISTING and informer.lists == 1
+            # Nothing from the plain watch was kept: the list's events, Synced once.
+            assert [type(e).__name__ for e in events] == ["Added", "Added", "Synced"]
+            assert api.count("list", "pods") == 1 and api.count_watch_lists("pods") == 0
+            assert kube.watch_list_ignored_until is not None
+            # Another informer on this client lists at once: no streaming request.
+            with anyio.fail_after(10):
+                await tg.start(nodes.run)
+            assert "n1" in nodes and nodes.sync_mode == LISTING
+            await eventually(lambda: api.open_watches("nodes") == 1, what="the nodes watch")
+            assert api.count("list", "nodes") == 1 and api.count("watch", "nodes") == 1
+            assert api.count("watch", "pods") == 2  # the ignored request, then the watch
+            # Once the window has passed, a re-sync asks again (and here it is served).
+            api.ignore_send_initial_events = False
+            clock.shift += informer.streaming_retry_after + 1.0
+            _expire(api, "pods")
+            await eventually(lambda: informer.lists == 2, what="the re-sync after 410")
+            assert informer.sync_mode == STREAMING and api.count_watch_lists("pods") == 1
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("version", "mode"),
+    [("v1.26.15", LISTING), ("v1.27.0", STREAMING), ("v1.32.4-eks-1a2b3c", STREAMING)],
+)
+async def test_a_server_older_than_1_27_is_not_asked_for_a_streaming_list(
+    version: str, mode: str
+) -> None:
+    """/version is asked once per client; 1.26 and older have no streaming lists (a real
+    one refuses ours for its resourceVersionMatch): they are listed at once."""
+    async with ApiServer(
+        bookmark_interval=0.1, watch_list=True, version=version
+    ) as api, KubeClient.for_url(api.url) as kube:
+        api.create("pods", pod("a"))
+        api.create("nodes", {"metadata": {"name": "n1"}})
+        pods, _ = recording(kube)
+        nodes: Informer[Json] = Informer(kube, NODES)
+        async with anyio.create_task_group() as tg:
+            await tg.start(pods.run)
+            await tg.start(nodes.run)
+            assert pods.sync_mode == nodes.sync_mode == mode
+            assert "default/a" in pods and "n1" in nodes
+            tg.cancel_scope.cancel()
+    assert api.count("get", "version") == 1
+    streamed = 2 if mode == STREAMING else 0
+    assert api.count_watch_lists("pods") + api.count_watch_lists("nodes") == streamed
+    assert api.count("list", "pods") + api.count("list", "nodes") == 2 - streamed
+
+
+async def test_server_version_is_cached_unless_the_failure_may_pass(api: ApiServer) -> None:
+    async with KubeClient.for_url(api.url) as kube:
+        api.fail("get", "version", 503, times=1)
+        assert await kube.server_version() is None  # unavailable: asked again next time
+        got = await kube.server_version()
+        assert got == ServerVersion(1, 33, "v1.33.0-standin") and str(got) == "v1.33.0-standin"
+        assert await kube.server_version() is got
+    async with KubeClient.for_url(api.url) as kube:
+        api.fail("get", "version", 403)  # refused: unknown for good, streaming still tried
+        assert await kube.server_version() is None
+        assert await kube.server_version() is None
+        pods, _ = recording(kube)
+        async with anyio.create_task_group() as tg:
+            await tg.start(pods.run)
+            assert pods.sync_mode == STREAMING
+            tg.cancel_scope.cancel()
+    assert api.count("get", "version") == 3  # 503, then 200 (cached); 403 (cached)
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"major": "1", "minor": "27+", "gitVersion": "v1.27.3-gke.100"}, (1, 27)),
+        ({"major": "", "minor": "", "gitVersion": "v1.26.1"}, (1, 26)),
+        ({"gitVersion": "1.30.0"}, (1, 30)),
+        ({"major": "1"}, None),
+        ({}, None),
+    ],
+)
+def test_server_version_parses_what_providers_report(
+    body: Json, expected: tuple[int, int] | None
+) -> None:
+    got = ServerVersion.parse(body)
+    assert (None if got is None else (got.major, got.minor)) == expected
+
+
+async def test_a_plain_watch_on_a_quiet_resource_is_found_out_when_it_times_out() -> None:
+    """kube-apiserver sends a plain watch a bookmark only once the resource has moved on:
+    on a quiet one none comes. A stream that runs to its timeout without the end bookmark
+    was a plain watch all the same (a real streaming list ends its initial events at
+    once), and the other informers on the client are spared the wait."""
+    async with ApiServer(
+        bookmark_interval=600, watch_list=True, ignore_send_initial_events=True
+    ) as api, KubeClient.for_url(api.url) as kube:
+        api.create("pods", pod("a"))
+        informer, events = recording(kube, watch_timeout=1)
+        nodes: Informer[Json] = Informer(kube, NODES)
+        async with anyio.create_task_group() as tg:
+            with anyio.fail_after(10):
+                await tg.start(informer.run)
+            assert informer.sync_mode == LISTING and [type(e).__name__ for e in events] == [
+                "Added", "Synced"]
+            assert kube.watch_list_ignored_until is not None
+            await tg.start(nodes.run)
+            assert nodes.sync_mode == LISTING
+            await eventually(lambda: api.open_watches("nodes") == 1, what="the nodes watch")
+            assert api.count("watch", "nodes") == 1  # the watch after its list: no attempt
+            tg.cancel_scope.cancel()
+    assert api.count_watch_lists("pods") == 0

@@ -492,7 +492,7 @@ async def test_watch_list_switch_refuses_as_a_server_without_the_feature(
         assert "annotations" not in events[1]["object"]["metadata"]
         # Switched on over HTTP (the out-of-process mode), then cut short once.
         async with http.put("/_standin/watch-list", json={"enabled": True}) as resp:
-            assert (await resp.json()) == {"enabled": True}
+            assert (await resp.json()) == {"enabled": True, "ignored": False}
         async with http.post(
             "/_standin/cut-watch-lists", json={"resource": "pods", "after": 0}
         ) as resp:
@@ -507,3 +507,56 @@ async def test_watch_list_switch_refuses_as_a_server_without_the_feature(
         async with http.put("/_standin/watch-list", json={"enabled": "yes"}) as resp:
             assert resp.status == 400
     assert api.watch_list
+
+
+async def test_a_server_that_ignores_send_initial_events_serves_a_plain_watch() -> None:
+    """What kube-apiserver 1.37 with WatchList off serves behind a proxy that drops
+    ``sendInitialEvents`` and ``resourceVersionMatch`` (tests/realkube/test_informers.py
+    runs the informer against exactly that): the legacy watch from "" — initial ADDEDs,
+    then periodic bookmarks without the end annotation, whether the feature is on or off."""
+    async with (
+        ApiServer(watch_list=True, ignore_send_initial_events=True, bookmark_interval=0.05)
+        as api,
+        aiohttp.ClientSession(api.url) as http,
+    ):
+        api.create("pods", _pod("p"))
+        api.create("pods", _pod("q"))
+        streaming = (
+            "/api/v1/namespaces/default/pods?watch=1&sendInitialEvents=true"
+            "&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+        )
+        for enabled in (True, False):
+            api.watch_list = enabled
+            status, events = await _lines(http, streaming, count=4)
+            assert status == 200
+            assert [e["type"] for e in events] == ["ADDED", "ADDED", "BOOKMARK", "BOOKMARK"]
+            assert all("annotations" not in e["object"]["metadata"] for e in events[2:])
+        # Even parameters the real server would refuse are never seen.
+        status, events = await _lines(http, streaming.replace("NotOlderThan", "Exact"), count=1)
+        assert status == 200 and events[0]["type"] == "ADDED"
+        async with http.put("/_standin/watch-list", json={"ignored": False}) as resp:
+            assert (await resp.json()) == {"enabled": False, "ignored": False}
+        status, _ = await _lines(http, streaming)
+        assert status == 422  # the feature is off, and now the parameters arrive
+        async with http.put("/_standin/watch-list", json={"ignored": 1}) as resp:
+            assert resp.status == 400
+        async with http.put("/_standin/watch-list", json={"enabled": True, "x": 1}) as resp:
+            assert resp.status == 400
+    assert api.count_watch_lists("pods") == 0
+
+
+async def test_version_reports_what_it_is_told_and_fails_by_a_rule_naming_it() -> None:
+    async with ApiServer(version="v1.26.15") as api, aiohttp.ClientSession(api.url) as http:
+        async with http.get("/version") as resp:
+            body = await resp.json()
+        assert (body["major"], body["minor"], body["gitVersion"]) == ("1", "26", "v1.26.15")
+        api.fail("*", "*", 500)  # a rule for every resource leaves /version alone
+        async with http.get("/version") as resp:
+            assert resp.status == 200
+        api.clear_faults()
+        api.fail("get", "version", 503, times=1)
+        async with http.get("/version") as resp:
+            assert resp.status == 503
+        async with http.get("/version") as resp:
+            assert resp.status == 200
+    assert api.count("get", "version") == 4

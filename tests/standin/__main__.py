@@ -47,6 +47,8 @@ async def _main(args: argparse.Namespace) -> int:
         bookmark_interval=args.bookmark_interval,
         history_size=args.history_size,
         watch_list=args.watch_list,
+        ignore_send_initial_events=args.ignore_send_initial_events,
+        version=args.version,
     )
     if args.state:
         try:
@@ -82,6 +84,15 @@ def main() -> None:
         default=False,
         help="serve streaming lists (sendInitialEvents), as kube-apiserver 1.32 and 1.34+ "
         "do by default; off (as in 1.33) refuses them with 422",
+    )
+    parser.add_argument(
+        "--ignore-send-initial-events",
+        action="store_true",
+        help="serve a watch as if sendInitialEvents and resourceVersionMatch were never sent "
+        "(a proxy that drops them, in front of a server without the feature)",
+    )
+    parser.add_argument(
+        "--version", default="v1.33.0-standin", help="the gitVersion /version reports"
     )
     sys.exit(asyncio.run(_main(parser.parse_args())))
 

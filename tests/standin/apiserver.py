@@ -29,7 +29,14 @@ Serves core/v1 ``namespaces``, ``nodes``, ``pods`` (+ ``pods/binding``,
   sendInitialEvents is forbidden for watch unless the WatchList feature gate is
   enabled``, as such a server does. ``sendInitialEvents`` without
   ``allowWatchBookmarks`` is not an error on the real server: the initial events
-  come, the end bookmark does not;
+  come, the end bookmark does not. With ``ignore_send_initial_events`` the server
+  acts as one that never sees those parameters — kube-apiserver with the feature off
+  behind a proxy that drops ``sendInitialEvents`` and ``resourceVersionMatch`` (what
+  tests/realkube checks it against): the watch is served as a legacy one from
+  ``""``, initial ADDEDs and then only periodic bookmarks, never the end one;
+- ``/version`` reports ``version`` (``v1.33.0-standin`` by default: major, minor and
+  gitVersion, as kube-apiserver does), counts as ``get version``, and fails by a fault
+  rule that names the resource ``version``;
 - get / create (``generateName``, uid, creationTimestamp, 409 AlreadyExists) /
   replace / delete (DeleteOptions preconditions) — deletion is immediate;
 - the four patch types (see ``patches.py`` for what strategic merge and apply do);
@@ -51,8 +58,8 @@ out-of-process mode (``python -m tests.standin``)::
     GET    /_standin/counts        -> {"counts": {"patch pods": n, ...}, "watches": k,
                                        "watchLists": {"pods": n, ...}}
     DELETE /_standin/counts        reset the counters
-    GET    /_standin/watch-list    -> {"enabled": bool}
-    PUT    /_standin/watch-list    {"enabled": bool} -> {"enabled": bool}
+    GET    /_standin/watch-list    -> {"enabled": bool, "ignored": bool}
+    PUT    /_standin/watch-list    {"enabled": bool, "ignored": bool} (either) -> the same
     POST   /_standin/cut-watch-lists {"resource", "after", "times"} -> {}
     POST   /_standin/objects       {"items": [...]} bulk create -> {"created": n}
     GET    /_standin/state         -> {"items": [...]} every stored object
@@ -229,6 +236,8 @@ class ApiServer:
         max_watch_seconds: float = 1800.0,
         seed: int = 0,
         watch_list: bool = False,
+        ignore_send_initial_events: bool = False,
+        version: str = "v1.33.0-standin",
     ) -> None:
         self.host = host
         self.port = port
@@ -241,6 +250,10 @@ class ApiServer:
         # The WatchList feature (streaming lists); see the module docstring. Flip it
         # at any time: it applies to the next watch request.
         self.watch_list = watch_list
+        # A server that never sees sendInitialEvents/resourceVersionMatch (see the module
+        # docstring); like watch_list, it applies to the next watch request.
+        self.ignore_send_initial_events = ignore_send_initial_events
+        self.version = version  # what /version reports
         self.watch_lists: Counter[str] = Counter()  # streaming lists served, by resource
         self._cuts: dict[str, list[int]] = {}  # resource -> [after, times left]
         self._runner: web.AppRunner | None = None
@@ -437,11 +450,20 @@ class ApiServer:
     # -- HTTP: discovery -----------------------------------------------------------------
 
     async def _version(self, _: web.Request) -> web.Response:
+        self.counts[("get", "version")] += 1
+        if any(rule.resource == "version" for rule in self.faults.rules):
+            # only a rule that names it: "*" rules keep their counts for the resources
+            decision = self.faults.decide("get", "version")
+            if decision.rule is not None and decision.rule.status is not None:
+                status = decision.rule.status
+                return _error(status, reason_for(status), decision.rule.message)
+        major, _dot, rest = self.version.lstrip("v").partition(".")
+        minor = rest.split(".", 1)[0]
         return _json_response(
             {
-                "major": "1",
-                "minor": "33",
-                "gitVersion": "v1.33.0-standin",
+                "major": major,
+                "minor": minor,
+                "gitVersion": self.version,
                 "platform": "linux/amd64",
             }
         )
@@ -704,7 +726,7 @@ class ApiServer:
     async def _watch(
         self, request: web.Request, col: Collection, namespace: str | None
     ) -> web.StreamResponse:
-        query = request.query
+        query: Mapping[str, str] = request.query
         rv_param = query.get("resourceVersion")
         try:
             since = None if rv_param in (None, "", "0") else int(rv_param)
@@ -713,7 +735,15 @@ class ApiServer:
             raise StoreError(
                 400, "BadRequest", "invalid resourceVersion or timeoutSeconds"
             ) from None
-        initial_events = list_options(query, watch=True, watch_list=self.watch_list)
+        watch_list = self.watch_list
+        if self.ignore_send_initial_events:
+            query = {
+                k: v
+                for k, v in query.items()
+                if k not in ("sendInitialEvents", "resourceVersionMatch")
+            }
+            watch_list = False
+        initial_events = list_options(query, watch=True, watch_list=watch_list)
         bookmarks = bool(_flag(query.get("allowWatchBookmarks")))
         watcher, ok = self.store.open_watch(
             col,
@@ -849,13 +879,23 @@ class ApiServer:
     async def _ctl_watch_list(self, request: web.Request) -> web.Response:
         if request.method == "PUT":
             try:
-                enabled = (await self._ctl_json(request)).get("enabled")
+                body = await self._ctl_json(request)
             except ValueError as exc:
                 return _error(400, "BadRequest", str(exc))
-            if not isinstance(enabled, bool):
-                return _error(400, "BadRequest", 'the body must be {"enabled": true|false}')
-            self.watch_list = enabled
-        return _json_response({"enabled": self.watch_list})
+            given = {k: body[k] for k in ("enabled", "ignored") if k in body}
+            if not given or set(body) - set(given) or not all(
+                isinstance(v, bool) for v in given.values()
+            ):
+                return _error(
+                    400, "BadRequest", 'the body must be {"enabled": bool, "ignored": bool}'
+                )
+            self.watch_list = given.get("enabled", self.watch_list)
+            self.ignore_send_initial_events = given.get(
+                "ignored", self.ignore_send_initial_events
+            )
+        return _json_response(
+            {"enabled": self.watch_list, "ignored": self.ignore_send_initial_events}
+        )
 
     async def _ctl_cut_watch_lists(self, request: web.Request) -> web.Response:
         try:

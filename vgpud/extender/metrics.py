@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Node
+from vgpud.kube.cache import LISTING, STREAMING, Event, Informer, Synced
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25,
                    0.5, 1, 2.5, 5)  # finer around the 10 ms a filter must stay under
@@ -29,6 +31,7 @@ VERBS = ("filter", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "error", "not_ready", "bad_request", "internal_error")
 PREEMPTION_OUTCOMES = ("kept", "extended", "dropped")
 RESCHEDULE_ACTIONS = ("deleted", "recreated", "gave_up")
+SYNC_MODES = (STREAMING, LISTING)
 
 
 _FAMILIES = (
@@ -156,6 +159,11 @@ class Metrics:
                                    registry=self.registry)
         self.expired = Counter("vgpud_scheduler_ledger_expired",
                                "Assumed placements never confirmed", registry=self.registry)
+        self.informer_syncs = Counter("vgpud_scheduler_informer_syncs",
+                                      "Completed (re)syncs of the scheduler's caches, by "
+                                      "informer and how: watch-list (a streaming list) or "
+                                      "list (paged list, the fallback)",
+                                      ["informer", "mode"], registry=self.registry)
         self.pending = PendingGpuPods()
         self.registry.register(self.pending)
         # Every known label value starts at 0, so rates and error ratios have series to
@@ -168,6 +176,16 @@ class Metrics:
             self.preemption.labels(outcome)
         for action in RESCHEDULE_ACTIONS:
             self.reschedules.labels(action)
+
+    def count_syncs(self, informer: Informer[Any]) -> None:
+        """Count ``informer``'s syncs by the way each was made (its series start at 0)."""
+        for mode in SYNC_MODES:
+            self.informer_syncs.labels(informer.name, mode)
+
+        def on_event(event: Event[Any]) -> None:
+            if isinstance(event, Synced):
+                self.informer_syncs.labels(informer.name, informer.sync_mode).inc()
+        informer.subscribe(on_event)
 
     def count_pending(self, since: Callable[[], Collection[float]]) -> None:
         """Where the pending GPU pods' creation times come from

@@ -77,6 +77,8 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
         metrics.count_pending(state.pending_since)
         nodes.subscribe(state.on_node)
         pods.subscribe(state.on_pod)
+        for informer in (nodes, pods, budgets):
+            metrics.count_syncs(informer)
         events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)
         elector = None
         if leader_elect:

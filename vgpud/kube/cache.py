@@ -5,15 +5,54 @@
 ``ADDED`` per object, then a bookmark annotated ``k8s.io/initial-events-end`` that
 carries the list's resourceVersion, then ordinary events on the same stream — the
 objects are projected as they arrive into a temporary map, which replaces the cache
-at that bookmark, so no whole list response is ever held. If the server refuses the
-streaming list (an error status: 422 from a server without the WatchList feature,
-403, 410, 5xx, ...) or the stream ends or breaks before that bookmark, the informer
-falls back to a paged list (``limit``/``continue``) and a watch from the list's
+at that bookmark, so no whole list response is ever held. Objects from an unfinished
+stream are dropped: nothing is emitted and no ``Synced`` is reported before the cache
+is complete. ``streaming=False`` always lists.
+
+It falls back to a paged list (``limit``/``continue``) and a watch from the list's
 resourceVersion, and sticks to that for ``streaming_retry_after`` seconds (later
-re-syncs try streaming again); a throttled (429) or unreachable server is retried
-after a backoff instead, as a list would be. ``streaming=False`` always lists.
-Objects from an unfinished stream are dropped: nothing is emitted and no ``Synced``
-is reported before the cache is complete.
+re-syncs try streaming again), when:
+
+- the server **refuses** the streaming list: an error status (422 from a server
+  without the WatchList feature — kube-apiserver 1.27-1.31 and 1.33 by default — and
+  from one older than 1.27, which forbids ``resourceVersionMatch`` on a watch; 403,
+  410, 5xx, ...). A throttled (429) or unreachable server is retried after a backoff
+  instead, as a list would be;
+- the stream ends or breaks before the end bookmark;
+- the server **ignores** the request and serves a plain watch (a proxy that drops
+  ``sendInitialEvents``/``resourceVersionMatch``, in front of a server without the
+  feature): a ``BOOKMARK`` *without* the annotation arrives before the end bookmark.
+  The informer falls back at that bookmark, not when the watch times out, and records
+  it on the client (``KubeClient.watch_list_ignored_until``), so every other informer
+  sharing the client lists at once rather than wait for a bookmark of its own. A stream
+  that ran (nearly) to its ``timeoutSeconds`` without the end bookmark tells the same,
+  for a resource so quiet that no plain bookmark came (see below);
+- the server's version (``KubeClient.server_version``, asked once per client) is older
+  than 1.27, which has no streaming lists: it is not asked at all.
+
+Why a plain bookmark is a sure sign (k8s.io/apiserver v0.37.2,
+pkg/storage/cacher): a streaming-list watcher is registered with a
+``bookmarkAfterResourceVersion`` (``getBookmarkAfterResourceVersionLockedFunc``);
+``nonblockingAdd`` drops every periodic bookmark older than it, ``processInterval``
+sends the initial events and then the interval's ``initialEventsEndBookmark`` before
+it reads any queued event, and ``convertToWatchEvent`` annotates the first bookmark a
+watcher sends while ``wasBookmarkAfterRvSent`` is false. So the first bookmark of a
+real streaming list is always the annotated one; the uncached path (storage/etcd3
+``startWatching``) queues its end bookmark right after the initial events, and API
+clients cannot ask etcd for other progress notifications. A plain watch (a watcher
+with no such resourceVersion) is due a bookmark ``defaultBookmarkFrequency`` (1 minute)
+after it starts, every minute after, and 2 s before its deadline (``nextBookmarkTime``),
+but ``process`` sends one only once the resource's watch cache has moved past the
+watch's starting resourceVersion (an event of that resource, or etcd's progress
+notification): on a live resource (nodes that kubelets update, pods) an ignoring server
+is found out a minute after the request, on a quiet one when the stream times out
+(kube-apiserver 1.37.2 with WatchList off, behind such a proxy: ready 61 s after the
+start with the node's status reported every 5 s, 121 s in a run where nothing moved;
+tests/realkube/test_informers.py) — and a second informer on the same client at once. Note also that
+kube-apiserver 1.34+ (WatchList on) defaults a legacy watch from ``""`` with no
+``sendInitialEvents``/``resourceVersionMatch`` to a streaming list
+(``SetListOptionsDefaults``): a proxy that drops the parameters is harmless in front
+of it, and only matters in front of a server with the feature off.
 
 When a watch ends it reconnects from the last resourceVersion it saw (bookmarks
 included); on ``410 Gone`` it re-syncs (streaming or list, as above) and diffs the
@@ -114,6 +153,12 @@ def _keep(obj: Json) -> Any:
 
 STREAMING = "watch-list"
 LISTING = "list"
+# kube-apiserver serves streaming lists from 1.27 (alpha; beta and on in 1.32, off in
+# 1.33, on again from 1.34): an older one is not asked.
+WATCH_LIST_SINCE = (1, 27)
+# A streaming list that lasted this share of its timeoutSeconds without the end bookmark
+# was a plain watch: a real one sends that bookmark right after the initial events.
+RAN_ITS_COURSE = 0.9
 
 
 class _SyncFailed(Exception):
@@ -272,19 +317,29 @@ class Informer(Generic[T]):
 
     # -- syncing -------------------------------------------------------------------------
 
-    def _streaming_allowed(self) -> bool:
+    async def _streaming_allowed(self) -> bool:
         if not self.streaming:
             return False
-        if self._list_until is not None and self.clock.now() < self._list_until:
+        now = self.clock.now()
+        if self._list_until is not None and now < self._list_until:
             return False
         self._list_until = None
+        ignored_until = self.kube.watch_list_ignored_until
+        if ignored_until is not None and now < ignored_until:
+            return False  # another informer on this client found the server ignores it
+        version = await self.kube.server_version()
+        if version is not None and not version.at_least(*WATCH_LIST_SINCE):
+            self._stop_streaming(
+                f"kube-apiserver {version} has no streaming lists (1.27+)", refused=True
+            )
+            return False
         return True
 
     async def _sync(self, synced: Callable[[], None]) -> None:
         """Fill the cache, streaming if allowed (then follow that same stream until it
         ends), else or on the server's refusal by a paged list; ``synced()`` once the
         cache is replaced. Raises ``_SyncFailed`` when the cache was not replaced."""
-        if self._streaming_allowed() and await self._stream(synced):
+        if await self._streaming_allowed() and await self._stream(synced):
             return
         try:
             await self._relist()
@@ -307,14 +362,17 @@ class Informer(Generic[T]):
     async def _stream(self, synced: Callable[[], None]) -> bool:
         """A streaming list, then the watch on the same stream until it ends.
 
-        Returns False, having replaced nothing, when the server refused the request or
-        the stream ended (or broke) before the initial-events-end bookmark: the caller
-        lists instead. Raises ``_SyncFailed`` for a throttled or unreachable server
-        (try again after a backoff); once synced, the watch's errors as ``_watch``.
+        Returns False, having replaced nothing, when the server refused the request,
+        answered it with a plain watch (a bookmark before the initial-events-end one), or
+        the stream ended (or broke) before that bookmark: the caller lists instead.
+        Raises ``_SyncFailed`` for a throttled or unreachable server (try again after a
+        backoff); once synced, the watch's errors as ``_watch``.
         """
         fresh: dict[str, T] = {}
         opened = is_synced = False
+        ignored = ""  # why the server is known to have served a plain watch
         received = 0
+        started = self.clock.now()
         self.watches += 1
         try:
             async with open_watch_list(
@@ -334,7 +392,11 @@ class Informer(Generic[T]):
                         is_synced = True
                         synced()
                     elif event.type == "BOOKMARK":
-                        continue  # not the end of the initial events: nothing to record
+                        # A real streaming list's first bookmark is the end one (see the
+                        # module docstring): this is a plain watch.
+                        ignored = (f"a bookmark without the initial-events-end mark came "
+                                   f"after {received - 1} events")
+                        break
                     elif event.type == "DELETED":
                         fresh.pop(object_key(event.object), None)
                     else:  # ADDED (MODIFIED only from a server that interleaves changes)
@@ -345,6 +407,18 @@ class Informer(Generic[T]):
             if not opened and isinstance(exc, TooManyRequests | ConnectionFailed):
                 raise _SyncFailed(exc) from exc
             self._stop_streaming(str(exc), refused=not opened)
+            return False
+        ran = self.clock.now() - started
+        if not is_synced and not ignored and ran >= RAN_ITS_COURSE * self.watch_timeout:
+            ignored = f"the stream ran its {ran:.0f} s without the initial-events-end mark"
+        if ignored:
+            self._stop_streaming(
+                f"the server ignored sendInitialEvents (a plain watch): {ignored}",
+                refused=False,
+            )
+            self.kube.watch_list_ignored_until = max(
+                self._list_until or -math.inf, self.kube.watch_list_ignored_until or -math.inf
+            )
             return False
         if not is_synced:
             self._stop_streaming(

@@ -10,6 +10,12 @@ or ``request`` (a raw path) or ``watch_lines`` (a streaming GET), and each of th
   deserialisation bugs such as the Binding one);
 - maps failures to ``vgpud.kube.errors`` (``ApiException``/aiohttp never escape).
 
+A client is one API server to everything that shares it, so it also keeps what they
+learn about that server: its version (``server_version``: ``GET /version`` once per
+client, cached) and whether it serves streaming lists (``watch_list_ignored_until``,
+set by an informer that found its ``sendInitialEvents`` ignored, read by all of them;
+see ``vgpud.kube.cache``).
+
 Configuration comes from ``--kubeconfig PATH``, else the in-cluster service
 account, else ``$KUBECONFIG``, else a ``ConfigError`` saying so.
 
@@ -24,8 +30,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,7 +48,14 @@ from yarl import URL
 
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
-from vgpud.kube.errors import ConfigError, ConnectionFailed, error_for_status, from_api_exception
+from vgpud.kube.errors import (
+    ApiError,
+    ConfigError,
+    ConnectionFailed,
+    Unavailable,
+    error_for_status,
+    from_api_exception,
+)
 
 Json = dict[str, Any]
 
@@ -91,6 +106,35 @@ def configuration_for_url(url: str, token: str | None = None) -> k8s.Configurati
     return configuration
 
 
+@dataclass(frozen=True, slots=True)
+class ServerVersion:
+    """What ``GET /version`` says: ``major``/``minor`` as numbers (a provider's
+    ``"27+"`` reads as 27; where they are missing, ``gitVersion`` ``v1.27.3-eks-…``)."""
+
+    major: int
+    minor: int
+    git_version: str = ""
+
+    def at_least(self, major: int, minor: int) -> bool:
+        return (self.major, self.minor) >= (major, minor)
+
+    def __str__(self) -> str:
+        return self.git_version or f"v{self.major}.{self.minor}"
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> ServerVersion | None:
+        """The version in a ``/version`` answer; None when it names none."""
+        git = str(body.get("gitVersion") or "")
+        major = re.match(r"\d+", str(body.get("major") or ""))
+        minor = re.match(r"\d+", str(body.get("minor") or ""))
+        if major and minor:
+            return cls(int(major[0]), int(minor[0]), git)
+        semver = re.match(r"v?(\d+)\.(\d+)", git)
+        if semver:
+            return cls(int(semver[1]), int(semver[2]), git)
+        return None
+
+
 class KubeClient:
     """One API connection with a request budget and mapped errors."""
 
@@ -104,6 +148,34 @@ class KubeClient:
         self.api = api
         self.budget = budget if budget is not None else RequestBudget()
         self.request_timeout = request_timeout
+        self._version: ServerVersion | None = None
+        self._version_known = False
+        self._version_lock: anyio.Lock | None = None
+        # Until this time (on the informers' clock) the server is known to ignore
+        # ``sendInitialEvents``: every informer on this client lists instead of asking.
+        self.watch_list_ignored_until: float | None = None
+
+    async def server_version(self) -> ServerVersion | None:
+        """The API server's version, asked once (``GET /version``) and cached.
+
+        None when the server does not say: the request refused (a 4xx) or an answer
+        without a version, both cached; a failure that may pass (unreachable,
+        throttled, 5xx) is not cached, so the next call asks again."""
+        if self._version_known:
+            return self._version
+        if self._version_lock is None:
+            self._version_lock = anyio.Lock()
+        async with self._version_lock:
+            if not self._version_known:
+                try:
+                    body = await self.request("GET", "/version")
+                except Unavailable:
+                    return None
+                except ApiError:
+                    body = {}
+                self._version = ServerVersion.parse(body)
+                self._version_known = True
+        return self._version
 
     # The generated API classes, made on first use: the core one alone is 12 MiB of
     # code, and the daemons' hot paths use raw paths (``request``) instead.

@@ -14,10 +14,21 @@ with ``resourceVersion`` left out for "the most recent" (a consistent read). The
 server first sends a synthetic ``ADDED`` for every object, then a ``BOOKMARK`` whose
 ``metadata.annotations["k8s.io/initial-events-end"]`` is ``"true"`` and whose
 ``metadata.resourceVersion`` is the resourceVersion of that state
-(``WatchEvent.initial_events_end``), then ordinary watch events. A server without
-the feature answers ``422 Invalid`` (``sendInitialEvents: Forbidden: sendInitialEvents
-is forbidden for watch unless the WatchList feature gate is enabled``); one older
-than 1.27 refuses ``resourceVersionMatch`` on a watch with a 422 as well.
+(``WatchEvent.initial_events_end``), then ordinary watch events. No other bookmark
+comes before that one on kube-apiserver (k8s.io/apiserver v0.37.2: the cacher drops
+periodic bookmarks older than the list's resourceVersion and annotates the first
+bookmark it sends such a watcher; see ``cache``). A plain watch gets a bookmark about
+once a minute (``defaultBookmarkFrequency``) and 2 s before ``timeoutSeconds`` ends.
+
+A server without the feature answers ``422 Invalid`` (``sendInitialEvents:
+Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate
+is enabled``); one older than 1.27 does not know ``sendInitialEvents`` but refuses
+``resourceVersionMatch`` on a watch (``resourceVersionMatch: Forbidden:
+resourceVersionMatch is forbidden for watch``, apimachinery 1.26
+``ValidateListOptions``), a 422 as well. Only something that drops both parameters
+(a proxy) turns the request into a plain watch from ``""``, and only in front of a
+server with the feature off: one with it on (1.34+ by default) defaults such a watch
+back into a streaming list (``SetListOptionsDefaults``).
 
 Objects stay JSON dicts: parsing 50,000 pods into generated models would cost
 seconds; callers project what they need (see ``cache.Informer``).
