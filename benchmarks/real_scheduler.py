@@ -37,6 +37,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extender_latency import served
+
 from tests.realkube import build
 from tests.realkube.api import Api, wait_for
 from tests.realkube.cluster import inventory
@@ -160,28 +162,6 @@ def empty(cp: ControlPlane, ns: str) -> None:
              timeout=300)
 
 
-def latency(release: Release) -> dict[str, tuple[float, float]]:
-    """p50 and p99 upper bounds (ms) per verb from the extender's latency histogram."""
-    buckets: dict[str, list[tuple[float, float]]] = {}
-    for line in release.extender_metrics().splitlines():
-        if line.startswith("vgpud_extender_request_duration_seconds_bucket{"):
-            labels, value = line.rsplit(" ", 1)
-            parts = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(","))
-            le = parts["le"].strip('"')
-            buckets.setdefault(parts["verb"].strip('"'), []).append(
-                (float("inf") if le == "+Inf" else float(le), float(value)))
-    out = {}
-    for verb, bs in buckets.items():
-        bs.sort()
-        total = bs[-1][1]
-        if not total:
-            continue
-        p50 = next(le for le, c in bs if c >= 0.5 * total)
-        p99 = next(le for le, c in bs if c >= 0.99 * total)
-        out[verb] = (p50 * 1000, p99 * 1000)
-    return out
-
-
 def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -229,7 +209,7 @@ def main() -> int:
             print(f"ratio vgpud / kube-scheduler alone: {ours_rate / rates[KUBE_QPS]:.2f} "
                   f"against a client of {KUBE_QPS}/s (target >= 0.7), "
                   f"{ours_rate / rates[None]:.2f} against the default client")
-            for verb, (p50, p99) in sorted(latency(release).items()):
+            for verb, (p50, p99) in sorted(served(release.extender_metrics()).items()):
                 print(f"extender {verb:<11} served in p50 <= {p50:6.1f} ms, "
                       f"p99 <= {p99:6.1f} ms")
         finally:

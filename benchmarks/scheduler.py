@@ -29,6 +29,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from extender_latency import served
 from kube_scheduler import feasible_to_find
 
 from tests.e2e.cluster import (
@@ -46,30 +47,9 @@ MEMORY = 81920
 
 
 async def server_side(s: aiohttp.ClientSession, url: str) -> dict[str, tuple[float, float]]:
-    """p50 and p99 upper bounds (ms) per verb from the extender's own latency histogram:
-    time spent serving, without the client's or the machine's queueing."""
+    """p50 and p99 upper bounds (ms) per verb, served (see ``extender_latency.served``)."""
     async with s.get(f"{url}/metrics") as r:
-        text = await r.text()
-    buckets: dict[str, list[tuple[float, float]]] = {}
-    for line in text.splitlines():
-        if line.startswith("vgpud_extender_request_duration_seconds_bucket{"):
-            labels, value = line.rsplit(" ", 1)
-            parts = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(","))
-            le = parts["le"].strip('"')
-            buckets.setdefault(parts["verb"].strip('"'), []).append(
-                (float("inf") if le == "+Inf" else float(le), float(value)))
-    out = {}
-    for verb, bs in buckets.items():
-        bs.sort()
-        total = bs[-1][1]
-        if not total:  # a verb never called (its series start at 0)
-            continue
-
-        def q(frac: float, bs: list[tuple[float, float]] = bs, total: float = total) -> float:
-            return next(le for le, n in bs if n >= frac * total) * 1000
-
-        out[verb] = (q(0.5), q(0.99))
-    return out
+        return served(await r.text())
 
 
 def pct(values: list[float], q: float) -> float:
