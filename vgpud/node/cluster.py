@@ -39,6 +39,10 @@ class PodView:
     # per container (init containers too), the resource names its requests and limits
     # name; a container that names none is absent
     asks: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # the init containers the pod's status shows terminated with exit code 0
+    init_done: frozenset[str] = frozenset()
+    # the status shows some container (kubelet has admitted the pod and reported it)
+    reported: bool = False
 
     def may_ask(self, container: str, resource: str) -> bool:
         """Whether ``container`` may be waiting for devices of ``resource``: it names
@@ -89,6 +93,19 @@ def _asks(spec: Mapping[str, Any]) -> dict[str, frozenset[str]]:
     return out
 
 
+def _init_done(status: Mapping[str, Any]) -> frozenset[str]:
+    """The init containers the status shows terminated with exit code 0."""
+    out = set()
+    for c in status.get("initContainerStatuses") or []:
+        if not isinstance(c, Mapping) or not isinstance(c.get("name"), str):
+            continue
+        state = c.get("state")
+        done = state.get("terminated") if isinstance(state, Mapping) else None
+        if isinstance(done, Mapping) and done.get("exitCode") == 0:
+            out.add(c["name"])
+    return frozenset(out)
+
+
 def view(obj: Mapping[str, Any]) -> PodView:
     meta = obj.get("metadata") or {}
     return PodView(
@@ -101,6 +118,9 @@ def view(obj: Mapping[str, Any]) -> PodView:
         annotations=dict(meta.get("annotations") or {}),
         deleting=bool(meta.get("deletionTimestamp")),
         asks=_asks(obj.get("spec") or {}),
+        init_done=_init_done(obj.get("status") or {}),
+        reported=bool((obj.get("status") or {}).get("initContainerStatuses")
+                      or (obj.get("status") or {}).get("containerStatuses")),
     )
 
 

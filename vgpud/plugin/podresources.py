@@ -61,6 +61,10 @@ class PodResourcesClient:
                 out |= {(r, frozenset(ids)) for r, ids in by.items() if ids}
         return out
 
+    async def pods(self) -> set[tuple[str, str]]:
+        """``(namespace, name)`` of every active pod kubelet lists."""
+        return {(p.namespace, p.name) for p in await self._pods()}
+
     async def _pods(self) -> tuple[pr.PodResources, ...]:
         channel = Channel(path=self.socket)
         try:

@@ -9,21 +9,23 @@ IDs (kubelet's PodResources), that pod's annotations and the other pods on the n
   other GPUs), or why it must fail (:class:`Refuse`), or that it needs to know what
   the other pods on the node hold first (:data:`NEEDS_OTHERS`);
 - :func:`wanted`: which GPUs GetPreferredAllocation should steer kubelet to;
-- :func:`stale`: which allocation directories housekeeping may remove.
+- :func:`stale`: which allocation directories housekeeping may remove;
+- :func:`starting_init_container`: which regular init container kubelet is starting
+  with IDs that no container PodResources lists holds (it lists no such container).
 """
 
 from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
 from vgpud.core.container import GrantError, Limits, limits_for
 from vgpud.core.model import ContainerGrant, GpuUsage, NodeInventory, Placement, Reason
-from vgpud.plugin.replicas import reconcile
+from vgpud.plugin.replicas import gpus_of, reconcile
 from vgpud.plugin.resources import VGPU_IDS, ids_for
 
 H = TypeVar("H", bound=Hashable)
@@ -150,15 +152,21 @@ def held_by_others(pods: Iterable[tuple[str, str, str, Mapping[str, str]]],
 
 def wanted(waiting: Mapping[tuple[str, str], set[str]],
            annotations: Mapping[tuple[str, str], Mapping[str, str]], size: int,
-           per_gpu: int = VGPU_IDS) -> list[str]:
+           per_gpu: int = VGPU_IDS, *, init_waiting: Iterable[tuple[str, str]] = ()
+           ) -> list[str]:
     """The GPUs assigned to a container kubelet is probably admitting now, one per ID
     it should get (a GPU repeated for percent IDs: :func:`~vgpud.plugin.replicas.preferred`).
 
     ``waiting`` maps each pod to its containers that PodResources lists without devices
-    of the resource yet; the first of them whose assignment needs ``size`` IDs of it
-    (one per vGPU, or in percent units the cores granted on each GPU) wins.
+    of the resource yet. In a pod of ``init_waiting`` (being admitted) the regular init
+    containers, which PodResources never lists, wait too while every app container with
+    GPUs does (kubelet allocates init containers first). The first of them, in the
+    assignment's order, whose assignment needs ``size`` IDs of it (one per vGPU, or in
+    percent units the cores granted on each GPU) wins.
     """
-    for key, containers in waiting.items():
+    inits = set(init_waiting)
+    for key in [*waiting, *(k for k in inits if k not in waiting)]:
+        containers = waiting.get(key, set())
         raw = annotations.get(key, {}).get(ASSIGNMENT)
         if raw is None:
             continue
@@ -166,8 +174,10 @@ def wanted(waiting: Mapping[tuple[str, str], set[str]],
             placement = decode_assignment(raw)
         except CodecError:
             continue
+        init_waits = key in inits and all(
+            c.name in containers for c in placement.containers if not c.init and c.devices)
         for c in placement.containers:
-            if c.name not in containers:
+            if c.name not in containers and not (init_waits and c.init and not c.sidecar):
                 continue
             ids = [d.uuid for d in c.devices for _ in range(ids_for(per_gpu, d))]
             if len(ids) == size:
@@ -182,3 +192,64 @@ def stale(allocations: Iterable[tuple[str, H, float]], live: set[H],
     seconds ago."""
     return [key for key, ids, written in allocations
             if ids not in live and now - written >= grace]
+
+
+@dataclass(frozen=True, slots=True)
+class ActivePod:
+    """A pod kubelet's PodResources lists, as :func:`starting_init_container` needs it:
+    its assignment (annotations), the init containers its status shows completed, and
+    the IDs (of the resource at hand) its listed containers hold."""
+
+    namespace: str
+    name: str
+    annotations: Mapping[str, str]
+    init_done: frozenset[str]
+    held: frozenset[str]
+
+
+def starting_init_container(pods: Iterable[ActivePod], ids: Collection[str], *,
+                            per_gpu: int = VGPU_IDS) -> tuple[str, str, str] | str:
+    """``(namespace, pod, container)`` of the regular init container kubelet is starting
+    with ``ids``, or why it cannot be told (to follow "no listed container holds them,
+    and").
+
+    Called when no container PodResources lists holds exactly ``ids``: kubelet's
+    PodResources ``List`` leaves regular (non-restartable) init containers out, and its
+    device manager hands such a container's IDs on to the pod's later containers. So:
+
+    - kubelet never gives one pod's IDs to another while the pod is active: a pod whose
+      listed containers hold any of ``ids`` is the owner;
+    - otherwise each pod's first regular init container of its assignment that needs
+      ``len(ids)`` IDs and that its status does not show completed is a candidate (a
+      status that lags names an earlier one of the same pod, never a later one);
+    - several candidates: those on the GPUs of ``ids``; still several: none is chosen.
+    """
+    want = frozenset(ids)
+    gpus = sorted(set(gpus_of(want)))
+    pods = list(pods)
+    owners = [p for p in pods if p.held & want]
+    if owners:
+        pods = owners
+    found: list[tuple[tuple[str, str, str], bool]] = []
+    for p in pods:
+        raw = p.annotations.get(ASSIGNMENT)
+        if raw is None:
+            continue
+        try:
+            placement = decode_assignment(raw)
+        except CodecError:
+            continue
+        for c in placement.containers:
+            if (c.init and not c.sidecar and c.name not in p.init_done
+                    and sum(ids_for(per_gpu, d) for d in c.devices) == len(want)):
+                found.append(((p.namespace, p.name, c.name),
+                              sorted({d.uuid for d in c.devices}) == gpus))
+                break
+    if len(found) > 1:
+        found = [f for f in found if f[1]] or found
+    if len(found) == 1:
+        return found[0][0]
+    if not found:
+        return f"no active pod has an init container waiting for {len(want)} of them"
+    return "they could be the init container of any of " + ", ".join(
+        f"pod {ns}/{pod} container {c!r}" for (ns, pod, c), _ in found)

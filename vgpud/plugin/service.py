@@ -14,8 +14,9 @@ the resources apart), the API and the registrar.
   config directory (``/etc/vgpud``), the writable state directory and the node's
   read-only priority records: the node's :mod:`vgpud.node.edits`, translated into
   kubelet's response by :func:`_response`.
-- **PreStartContainer** (``pre_start_required``) learns the owner from PodResources,
-  reads its ``vgpud.io/assignment``, and carries out what
+- **PreStartContainer** (``pre_start_required``) learns the owner from PodResources
+  (a regular init container, which PodResources does not list, from the active pods'
+  assignments and statuses), reads its ``vgpud.io/assignment``, and carries out what
   :func:`vgpud.plugin.prestart.plan` decides: write the limits file atomically (after
   rewriting the assignment when kubelet chose other GPUs with room), or fail that one
   container with a message kubelet shows on the pod.
@@ -50,11 +51,13 @@ from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
 from vgpud.plugin.prestart import (
     NEEDS_OTHERS,
+    ActivePod,
     Configure,
     Refuse,
     held_by_others,
     plan,
     stale,
+    starting_init_container,
     wanted,
 )
 from vgpud.plugin.replicas import ReplicaIdError, advertised, gpus_of, preferred
@@ -231,14 +234,19 @@ class PluginService(pb.DevicePluginBase):
             # of this one: it is not waiting for them
             if not h.ids and (pod is None or pod.may_ask(h.container, self.resource.name)):
                 waiting.setdefault((h.namespace, h.pod), set()).add(h.container)
+        # PodResources never lists regular init containers: they may wait in a pod being
+        # admitted (one with waiting containers, or one kubelet has not reported yet)
+        admitting = [k for k in dict.fromkeys((h.namespace, h.pod) for h in held)
+                     if k in waiting or (k in by_key and not by_key[k].reported)]
         return wanted(waiting, {k: p.annotations for k, p in by_key.items()}, size,
-                      self.resource.per_gpu)
+                      self.resource.per_gpu, init_waiting=admitting)
 
     # -- PreStartContainer -------------------------------------------------------------------
 
     async def _owner(self, ids: list[str]) -> Held:
         delay = 0.05
-        for attempt in range(self.owner_retries):
+        held: list[Held] = []
+        for attempt in range(max(1, self.owner_retries)):
             try:
                 held = await self.podresources.list()
             except PodResourcesError as e:
@@ -249,10 +257,34 @@ class PluginService(pb.DevicePluginBase):
             if attempt + 1 < self.owner_retries:
                 await anyio.sleep(delay)
                 delay *= 2
+        got = await self._init_owner(ids, held)
+        if isinstance(got, Held):
+            return got
         raise AllocationFailed(
             f"kubelet's PodResources lists no container holding exactly the "
-            f"{self.resource.name} devices {', '.join(sorted(ids))}; cannot tell whose "
-            f"limits to write")
+            f"{self.resource.name} devices {', '.join(sorted(ids))}, and {got}; cannot "
+            f"tell whose limits to write")
+
+    async def _init_owner(self, ids: list[str], held: list[Held]) -> Held | str:
+        """The regular init container kubelet is starting with ``ids``: PodResources lists
+        no such container (:func:`~vgpud.plugin.prestart.starting_init_container`)."""
+        try:
+            pods = await self.cluster.pods_on_node(self.node)
+        except KubeError as e:
+            return f"the pods on the node cannot be read: {e}"
+        by_pod: dict[tuple[str, str], set[str]] = {}
+        for h in held:
+            by_pod.setdefault((h.namespace, h.pod), set()).update(h.ids)
+        active = [ActivePod(p.namespace, p.name, p.annotations, p.init_done,
+                            frozenset(by_pod[(p.namespace, p.name)]))
+                  for p in pods if (p.namespace, p.name) in by_pod]
+        got = starting_init_container(active, ids, per_gpu=self.resource.per_gpu)
+        if isinstance(got, str):
+            return got
+        namespace, pod, container = got
+        log.info("init_container_found", resource=self.resource.name,
+                 pod=f"{namespace}/{pod}", container=container, ids=len(ids))
+        return Held(namespace, pod, container, frozenset(ids))
 
     async def configure(self, ids: list[str]) -> Allocation:
         """Identify the container holding ``ids`` and write its limits file."""
@@ -362,13 +394,16 @@ class PluginService(pb.DevicePluginBase):
 
         The store is the node's, so one call covers every resource's allocations, those
         of resources no longer served included (kubelet lists their IDs while their
-        containers live)."""
+        containers live). kubelet lists no regular init container, so an allocation
+        stays while the pod that owns it is listed."""
         try:
             live = await self.podresources.live()
+            listed = await self.podresources.pods()
         except PodResourcesError as e:
             log.warning("collect_skipped", error=str(e))
             return 0
-        allocations = await anyio.to_thread.run_sync(self.store.all)
+        allocations = [a for a in await anyio.to_thread.run_sync(self.store.all)
+                       if a.owner is None or (a.owner.namespace, a.owner.pod) not in listed]
         gone = stale(((a.key, (a.resource, frozenset(a.ids)), a.written) for a in allocations),
                      live, self.clock(), grace)
         for key in gone:

@@ -60,6 +60,10 @@ func main() {
 		os.Exit(1)
 	}
 	rt := &recorder{RemoteRuntime: fake.NewFakeRemoteRuntime(), out: out}
+	// The fake's images have size 0 unless told otherwise, and kubelet's CRI client refuses
+	// an image whose Id or Size is unset (cri-client remote_image.go, imageStatusV1): every
+	// container would fail with ImageInspectError.
+	rt.ImageService.SetFakeImageSize(1 << 20)
 	rt.RuntimeService.FakeStatus = &kubeapi.RuntimeStatus{Conditions: []*kubeapi.RuntimeCondition{
 		{Type: kubeapi.RuntimeReady, Status: true},
 		{Type: kubeapi.NetworkReady, Status: true},

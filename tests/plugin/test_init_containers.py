@@ -1,0 +1,132 @@
+"""Which regular init container kubelet is starting, when PodResources cannot say.
+
+The real kubelet (1.37, ``pkg/kubelet/apis/podresources/server_v1.go``) lists only app
+containers and restartable (sidecar) init containers, and its device manager
+(``devicemanager/manager.go``, ``devicesToReuse``) hands a regular init container's IDs on
+to the pod's later containers. PreStartContainer for such an init container used to find
+no holder of its IDs and fail forever, and GetPreferredAllocation never steered one
+(tests/realkube/test_kubelet.py shows both on the real kubelet):
+:func:`vgpud.plugin.prestart.starting_init_container` finds it from the active pods'
+assignments and statuses, and :func:`vgpud.plugin.prestart.wanted` counts the init
+containers of a pod being admitted as waiting.
+"""
+
+from __future__ import annotations
+
+from tests.plugin.harness import NODE, uuid_of
+from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
+from vgpud.node.cluster import view
+from vgpud.plugin.prestart import ActivePod, starting_init_container, wanted
+
+# (name, init, sidecar, [gpu index per vGPU])
+Spec = tuple[str, bool, bool, list[int]]
+
+
+def active(name: str, containers: list[Spec], *, done: frozenset[str] = frozenset(),
+           held: set[str] | None = None, namespace: str = "ns") -> ActivePod:
+    p = Placement(node=NODE, containers=tuple(
+        ContainerGrant(c, init, tuple(DeviceGrant(uuid_of(g), 1000, 0) for g in gpus), sidecar)
+        for c, init, sidecar, gpus in containers), time="2026-01-01T00:00:00Z")
+    return ActivePod(namespace, name, {ASSIGNMENT: encode_assignment(p)}, done,
+                     frozenset(held or ()))
+
+
+def ids(*pairs: tuple[int, int]) -> list[str]:
+    return [f"{uuid_of(g)}::{i}" for g, i in pairs]
+
+
+def test_the_only_pod_with_a_waiting_init_container_of_that_size() -> None:
+    pods = [active("web", [("main", False, False, [0])], held=set(ids((0, 5)))),
+            active("job", [("prep", True, False, [1]), ("main", False, False, [])])]
+    assert starting_init_container(pods, ids((1, 3))) == ("ns", "job", "prep")
+
+
+def test_a_pod_whose_containers_hold_some_of_the_ids_owns_them() -> None:
+    # kubelet handed prep's ID on to main and gave main one more: main holds a superset
+    pods = [active("other", [("prep", True, False, [1])]),
+            active("job", [("prep", True, False, [1]), ("main", False, False, [0, 1])],
+                   held=set(ids((1, 3), (0, 7))))]
+    assert starting_init_container(pods, ids((1, 3))) == ("ns", "job", "prep")
+
+
+def test_init_containers_run_in_order_the_completed_ones_are_skipped() -> None:
+    pod = [("a", True, False, [0]), ("b", True, False, [0]), ("main", False, False, [])]
+    assert starting_init_container([active("p", pod)], ids((0, 1))) == ("ns", "p", "a")
+    assert starting_init_container([active("p", pod, done=frozenset({"a"}))],
+                                   ids((0, 1))) == ("ns", "p", "b")
+    # all done (a sandbox made anew runs them again, the status not yet saying so)
+    why = starting_init_container([active("p", pod, done=frozenset({"a", "b"}))], ids((0, 1)))
+    assert why == "no active pod has an init container waiting for 1 of them"
+
+
+def test_sidecars_and_other_sizes_are_not_candidates() -> None:
+    pod = [("side", True, True, [0]), ("two", True, False, [0, 1]), ("main", False, False, [])]
+    assert isinstance(starting_init_container([active("p", pod)], ids((0, 1))), str)
+    assert starting_init_container([active("p", pod)], ids((0, 1), (1, 1))) == ("ns", "p", "two")
+
+
+def test_several_pods_the_gpus_decide_else_nobody_is_guessed() -> None:
+    a = active("a", [("prep", True, False, [0])])
+    b = active("b", [("prep", True, False, [1])])
+    assert starting_init_container([a, b], ids((1, 2))) == ("ns", "b", "prep")
+    c = active("c", [("prep", True, False, [1])])
+    why = starting_init_container([a, b, c], ids((1, 2)))
+    assert isinstance(why, str)
+    assert "pod ns/b container 'prep'" in why and "pod ns/c container 'prep'" in why
+    # no assignment, or one that cannot be read: never a candidate
+    bare = ActivePod("ns", "bare", {}, frozenset(), frozenset())
+    junk = ActivePod("ns", "junk", {ASSIGNMENT: "{"}, frozenset(), frozenset())
+    assert starting_init_container([bare, junk, a], ids((0, 2))) == ("ns", "a", "prep")
+
+
+def test_percent_ids_count_the_cores() -> None:
+    p = Placement(node=NODE, containers=(
+        ContainerGrant("prep", True, (DeviceGrant(uuid_of(0), 1000, 30),)),), time="t")
+    pod = ActivePod("ns", "p", {ASSIGNMENT: encode_assignment(p)}, frozenset(), frozenset())
+    assert starting_init_container([pod], ids(*[(0, i) for i in range(30)]),
+                                   per_gpu=100) == ("ns", "p", "prep")
+    assert isinstance(starting_init_container([pod], ids((0, 1)), per_gpu=100), str)
+
+
+def test_the_init_containers_of_a_pod_being_admitted_are_steered_first() -> None:
+    """GetPreferredAllocation: kubelet allocates a pod's regular init containers before
+    its app containers, and PodResources lists none of them."""
+    def notes(containers: list[Spec]) -> dict[str, str]:
+        return dict(active("x", containers).annotations)
+
+    job = notes([("side", True, True, [2]), ("prep", True, False, [1]),
+                 ("main", False, False, [0, 2])])
+    solo = notes([("prep", True, False, [2]), ("main", False, False, [])])
+    table = {("ns", "job"): job, ("ns", "solo"): solo}
+    # "job" is being admitted, in kubelet's order: the sidecar (listed) first...
+    admitting = [("ns", "job")]
+    assert wanted({("ns", "job"): {"main", "side"}}, table, 1, init_waiting=admitting) == [
+        uuid_of(2)]
+    # ... then the regular init container (never listed) ...
+    waiting = {("ns", "job"): {"main"}}
+    assert wanted(waiting, table, 1, init_waiting=admitting) == [uuid_of(1)]
+    assert wanted(waiting, table, 1) == []  # as it was: nobody waits for one vGPU
+    # ... then the app container
+    assert wanted(waiting, table, 2, init_waiting=admitting) == [uuid_of(0), uuid_of(2)]
+    # an app container holding IDs already: the init containers had theirs before
+    two = {("ns", "two"): notes([("prep", True, False, [1]), ("a", False, False, [0]),
+                                 ("b", False, False, [2])])}
+    assert wanted({("ns", "two"): {"b"}}, two, 1, init_waiting=[("ns", "two")]) == [
+        uuid_of(2)]
+    # a pod whose app containers ask for nothing, kubelet not having reported it yet; pods
+    # with waiting containers come before it
+    assert wanted({}, table, 1, init_waiting=[("ns", "solo")]) == [uuid_of(2)]
+    assert wanted(waiting, table, 1, init_waiting=[("ns", "solo"), ("ns", "job")]) == [
+        uuid_of(1)]
+
+
+def test_a_pod_view_knows_which_init_containers_completed() -> None:
+    v = view({"metadata": {"name": "p", "namespace": "ns"}, "status": {
+        "initContainerStatuses": [
+            {"name": "a", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+            {"name": "b", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}},
+            {"name": "c", "state": {"running": {}}}, {"name": "d"}, "junk"]}})
+    assert v.init_done == frozenset({"a"}) and v.reported
+    bare = view({"metadata": {}, "status": {"phase": "Pending"}})
+    assert bare.init_done == frozenset() and not bare.reported
