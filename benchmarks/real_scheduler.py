@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -86,6 +87,7 @@ class BindWatch:
         self.api, self.ns, self.expect = api, ns, expect
         self.bound: dict[str, float] = {}
         self.error: Exception | None = None
+        self.cpu: list[Any] = []  # the machine's CPU times at the first and last bind
         self.done = threading.Event()
         listing = api.request("GET", f"/api/v1/namespaces/{ns}/pods")
         self.rv = listing["metadata"]["resourceVersion"]
@@ -108,10 +110,20 @@ class BindWatch:
                     raise RuntimeError(f"watch of {self.ns}: {obj.get('message')}")
                 self.rv = obj["metadata"]["resourceVersion"]
                 if event["type"] == "MODIFIED" and obj["spec"].get("nodeName"):
+                    if not self.bound:
+                        self.cpu = [psutil.cpu_times()]
                     self.bound.setdefault(obj["metadata"]["name"], time.monotonic())
                     if len(self.bound) >= self.expect:
+                        self.cpu.append(psutil.cpu_times())
                         self.done.set()
                         return
+
+    def busy(self) -> float:
+        """The share of the machine's CPU time busy from the first bind to the last."""
+        first, last = self.cpu
+        total = sum(last) - sum(first)
+        idle = (last.idle + last.iowait) - (first.idle + first.iowait)
+        return 1 - idle / total if total > 0 else 0.0
 
     def rate(self, timeout: float) -> tuple[float, float]:
         """(pods per second from the first bind to the last, seconds that took)."""
@@ -147,12 +159,14 @@ def baseline_scheduler(cp: ControlPlane, work: Path, qps: int | None = None) -> 
 
 
 def run(cp: ControlPlane, ns: str, pods: int, scheduler: str, start: Any,
-        timeout: float) -> tuple[float, float]:
+        timeout: float) -> tuple[float, float, float]:
+    """(pods/s, seconds from the first bind to the last, the machine's CPU busy share)."""
     cp.namespace(ns)
     create_pods(cp.admin, ns, pods, scheduler)
     watch = BindWatch(cp.admin, ns, pods)
     start()
-    return watch.rate(timeout)
+    rate, span = watch.rate(timeout)
+    return rate, span, watch.busy()
 
 
 def empty(cp: ControlPlane, ns: str) -> None:
@@ -189,20 +203,24 @@ def main() -> int:
                 baseline = baseline_scheduler(cp, work, qps)
                 cp.procs.append(baseline)
                 ns = f"bench-baseline-{qps or 'default'}"
-                rate, span = run(cp, ns, pods, BASELINE, baseline.start, timeout=900)
+                rate, span, busy = run(cp, ns, pods, BASELINE, baseline.start, timeout=900)
                 baseline.stop()
                 rates[qps] = rate
                 client = f"client {qps}/s" if qps else "default client 50/s"
                 print(f"kube-scheduler alone ({client + '):':<21} {rate:7.1f} pods/s "
-                      f"({span:.1f} s)")
+                      f"({span:.1f} s, CPU {busy:.0%} busy)")
                 empty(cp, ns)
 
             release.apply_objects(webhooks=False)  # pods are made as admitted
-            release.start_extender()
-            ours_rate, ours_span = run(cp, "bench-vgpud", pods, "vgpu-scheduler",
-                                       release.start_kube_scheduler, timeout=900)
+            extender = psutil.Process(release.start_extender().pid)
+            cpu0 = extender.cpu_times()
+            ours_rate, ours_span, busy = run(cp, "bench-vgpud", pods, "vgpu-scheduler",
+                                             release.start_kube_scheduler, timeout=900)
+            cpu1 = extender.cpu_times()
+            spent = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / pods * 1000
             print(f"kube-scheduler + vgpud (as the chart): {ours_rate:7.1f} pods/s "
-                  f"({ours_span:.1f} s)")
+                  f"({ours_span:.1f} s, CPU {busy:.0%} busy; the extender's CPU "
+                  f"{spent:.1f} ms a pod)")
             placed = sum(1 for p in cp.admin.list("Pod", "bench-vgpud")
                          if ASSIGNMENT in (p["metadata"].get("annotations") or {}))
             print(f"pods bound with their assignment: {placed} of {pods}")

@@ -59,6 +59,11 @@ class Proc:
                                          start_new_session=True)
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} is not running"
+        return self.proc.pid
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
