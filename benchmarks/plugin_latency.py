@@ -35,7 +35,8 @@ from vgpud.core.codec import encode_assignment  # noqa: E402
 PLUGIN = """
 import sys
 from vgpud.plugin.command import plugin
-plugin(node_name=sys.argv[1], kubeconfig=sys.argv[2], config=None, device_plugin_dir=sys.argv[3],
+plugin(node_name=sys.argv[1], kubeconfig=sys.argv[2], config=sys.argv[7],
+       device_plugin_dir=sys.argv[3],
        pod_resources_socket=sys.argv[4], state_dir=sys.argv[5], fake_devices=sys.argv[6],
        listen="127.0.0.1:0")
 """
@@ -53,10 +54,12 @@ async def main(pods: int, idle: float) -> dict[str, object]:
         kubeconfig = api.write_kubeconfig(root / "kubeconfig")
         kubelet = FakeKubelet(root)
         kubelet.start_servers()
+        config = root / "plugin.yaml"  # the shim under root, not the host's /usr/local/vgpud
+        config.write_text(json.dumps({"plugin": {"shimHostDir": str(root / "shim")}}))
         env = {**os.environ, "VGPUD_LOG_LEVEL": "warning"}
         proc = subprocess.Popen(  # noqa: ASYNC220 - one start, measured separately
             [sys.executable, "-c", PLUGIN, NODE, str(kubeconfig), str(kubelet.plugin_dir),
-             str(kubelet.podres_socket), str(root / "state"), str(devices)],
+             str(kubelet.podres_socket), str(root / "state"), str(devices), str(config)],
             cwd=ROOT, env=env)
         try:
             await anyio.to_thread.run_sync(lambda: kubelet.wait_registered(1, 60))

@@ -2,11 +2,14 @@
 kubelet protos (a different gRPC implementation than the plugin's grpclib).
 
 It serves ``Registration`` on ``<dir>/kubelet.sock`` and ``PodResourcesLister`` on
-its own socket, and drives the registered plugins (one per resource name) the way
-kubelet's device manager does: ListAndWatch, GetPreferredAllocation, Allocate at
-admission, PreStartContainer at container start. See :mod:`tests.fakekubelet.kubelet`.
+its own socket, and drives the registered plugins the way kubelet 1.37's device manager
+does: ListAndWatch, GetPreferredAllocation and Allocate at admission (with the reuse of
+init containers' devices), PreStartContainer at each container start. What it imitates,
+with the kubelet source it follows and its deliberate differences:
+:mod:`tests.fakekubelet.kubelet`; checked against the real kubelet by
+``tests/realkube/test_fakekubelet_agrees.py``.
 """
 
-from tests.fakekubelet.kubelet import AdmitError, FakeKubelet, FakePod
+from tests.fakekubelet.kubelet import AdmitError, Call, FakeKubelet, FakePod
 
-__all__ = ["AdmitError", "FakeKubelet", "FakePod"]
+__all__ = ["AdmitError", "Call", "FakeKubelet", "FakePod"]

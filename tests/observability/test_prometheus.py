@@ -117,7 +117,7 @@ def plugin(root: Path, kubeconfig: Path, kubelet: FakeKubelet, port: int,
     devices.write_text(json.dumps({"devices": [
         {"uuid": u, "index": i, "model": "NVIDIA Fake 24GB", "memory": 24576, "numa": 0,
          "links": [], "healthy": i != SICK, "mig": False} for i, u in enumerate(UUIDS)]}))
-    cfg = root / "vgpud.yaml"
+    cfg = root / "plugin.yaml"  # the scheduler (tests.e2e.cluster) writes its own vgpud.yaml
     cfg.write_text(yaml.safe_dump({"logLevel": "warning", "plugin": {
         "shimHostDir": str(root / "shim"), "watchdogIntervalSeconds": 0.5,
         "arbitrationPeriodSeconds": 0.2}}))

@@ -4,11 +4,12 @@
 node, a :class:`~tests.fakekubelet.FakeKubelet` on sockets in a short temporary
 directory, and ``vgpud.plugin.run.run_plugin`` in a task group (``h.stop_plugin()``
 / ``h.start_plugin()`` restart it). Fake kubelet calls are blocking: run them with
-``h.kubelet_call(fn, ...)`` (a worker thread). ``resources`` names what the test expects
-the plugin to register (the first is the fake kubelet's default resource); the harness
-waits for each. :meth:`Harness.schedule` places a pod with the scheduler's own core (the
-request parser under the harness's settings, the allocator and its ledger), as the
-scheduler writes ``vgpud.io/assignment``.
+``h.kubelet_call(fn, ...)`` (a worker thread); the fake kubelet writes the pod statuses
+kubelet would into the stand-in. ``resources`` names what the test expects the plugin to
+register (the first is the fake kubelet's default resource); the harness waits for each.
+:meth:`Harness.schedule` places a pod with the scheduler's own core (the request parser
+under the harness's settings, the allocator and its ledger), as the scheduler writes
+``vgpud.io/assignment``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 
 from tests.fakekubelet import FakeKubelet
@@ -169,6 +172,20 @@ class Harness:
         return str(self.api.get("pods", name, namespace)["metadata"]["annotations"][ASSIGNMENT])
 
 
+def _reporter(api: ApiServer) -> Callable[[str, str, dict[str, Any]], None]:
+    """The fake kubelet's status writes, into the stand-in from any thread (its store
+    belongs to the event loop). A pod the test never created is not written."""
+    token = anyio.lowlevel.current_token()
+
+    def report(namespace: str, name: str, status: dict[str, Any]) -> None:
+        def write() -> None:
+            if api.get("pods", name, namespace) is not None:
+                api.patch("pods", name, {"status": status}, namespace, subresource="status")
+        anyio.from_thread.run_sync(write, token=token)
+
+    return report
+
+
 @asynccontextmanager
 async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
                        memory: int = 24576, resources: Sequence[str] = (VGPU,),
@@ -189,7 +206,7 @@ async def node_harness(gpus: int = 4, *, settings: dict[str, Any] | None = None,
             api.create("nodes", {"apiVersion": "v1", "kind": "Node",
                                  "metadata": {"name": NODE}, "status": {}})
             async with KubeClient.for_url(api.url) as kube, anyio.create_task_group() as tg:
-                kubelet = FakeKubelet(root, resources[0])
+                kubelet = FakeKubelet(root, resources[0], report=_reporter(api))
                 kubelet.start_servers()
                 h = Harness(api, kube, kubelet, root, tg, s, devices_file, source)
                 try:

@@ -13,9 +13,17 @@ containers of a pod being admitted as waiting.
 
 from __future__ import annotations
 
-from tests.plugin.harness import NODE, uuid_of
-from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from typing import Any
+
+import pytest
+
+from tests.fakekubelet import FakePod
+from tests.fakekubelet.kubelet import Admitted
+from tests.plugin.harness import NODE, Harness, node_harness, uuid_of
+from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
+from vgpud.core.container import parse
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
+from vgpud.node.allocations import AllocationStore
 from vgpud.node.cluster import view
 from vgpud.plugin.prestart import ActivePod, starting_init_container, wanted
 
@@ -121,6 +129,22 @@ def test_the_init_containers_of_a_pod_being_admitted_are_steered_first() -> None
         uuid_of(1)]
 
 
+def test_an_init_container_before_a_sidecar_holding_ids_waits_no_more() -> None:
+    """kubelet allocates in spec order: once a sidecar declared after a regular init
+    container holds IDs, that init container has its IDs too (kubelet gave them to the
+    sidecar as well). The app container asking for as many used to be steered to the
+    init container's GPU (and then reassigned there, or refused when it had no room)."""
+    table = {("ns", "p"): dict(active("x", [("prep", True, False, [1]),
+                                             ("side", True, True, [2]),
+                                             ("main", False, False, [0])]).annotations)}
+    admitting = [("ns", "p")]
+    # kubelet is allocating prep: nobody holds anything
+    assert wanted({("ns", "p"): {"side", "main"}}, table, 1, init_waiting=admitting) == [
+        uuid_of(1)]
+    # side has prep's ID (reused: no preference asked); now main is being allocated
+    assert wanted({("ns", "p"): {"main"}}, table, 1, init_waiting=admitting) == [uuid_of(0)]
+
+
 def test_a_pod_view_knows_which_init_containers_completed() -> None:
     v = view({"metadata": {"name": "p", "namespace": "ns"}, "status": {
         "initContainerStatuses": [
@@ -130,3 +154,102 @@ def test_a_pod_view_knows_which_init_containers_completed() -> None:
     assert v.init_done == frozenset({"a"}) and v.reported
     bare = view({"metadata": {}, "status": {"phase": "Pending"}})
     assert bare.init_done == frozenset() and not bare.reported
+
+
+# -- through the fake kubelet, which reuses init containers' IDs as kubelet does ----------
+
+
+def _pod(name: str, containers: list[Spec], assignment: Placement) -> dict[str, Any]:
+    def spec(c: Spec) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": c[0], "image": "cuda", "resources": {"limits": {
+            "nvidia.com/vgpu-number": str(len(c[3]))} if c[3] else {}}}
+        if c[2]:
+            out["restartPolicy"] = "Always"
+        return out
+
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default",
+                         "annotations": {ASSIGNMENT: encode_assignment(assignment)}},
+            "spec": {"nodeName": NODE, "schedulerName": "vgpu-scheduler",
+                     "initContainers": [spec(c) for c in containers if c[1]],
+                     "containers": [spec(c) for c in containers if not c[1]]},
+            "status": {"phase": "Pending"}}
+
+
+async def _run(h: Harness, name: str, containers: list[Spec]) -> Admitted:
+    grant = Placement(node=NODE, containers=tuple(
+        ContainerGrant(c, init, tuple(DeviceGrant(uuid_of(g), 1000 * (k + 1), 0)
+                                      for g in gpus), sidecar)
+        for k, (c, init, sidecar, gpus) in enumerate(containers)), time="2026-01-01T00:00:00Z")
+    h.api.create("pods", _pod(name, containers, grant), "default")
+    pod = FakePod("default", name, [(c[0], len(c[3])) for c in containers],
+                  init=frozenset(c[0] for c in containers if c[1]),
+                  sidecars=frozenset(c[0] for c in containers if c[2]))
+    a: Admitted = await h.kubelet_call(h.kubelet.run, pod)
+    return a
+
+
+def _limits(h: Harness, ids: list[str]) -> tuple[str, list[tuple[str, int]]]:
+    got = parse((AllocationStore(h.state_dir).path(ids) / "etc" / "config").read_text())
+    return got.container, [(d.uuid, d.memory_limit >> 20) for d in got.devices]
+
+
+@pytest.mark.anyio
+async def test_each_container_of_a_pod_with_gpu_init_containers_gets_its_own_limits() -> None:
+    """A sidecar, a regular init container and an app container with two vGPUs (the pod
+    of tests/realkube/test_fakekubelet_agrees.py): kubelet hands the init container's ID
+    on to the app container, and PodResources never lists the init container."""
+    async with node_harness(2) as h:
+        a = await _run(h, "job", [("side", True, True, [1]), ("prep", True, False, [0]),
+                                  ("main", False, False, [0, 1])])
+        side, prep, main = (a.ids[c] for c in ("side", "prep", "main"))
+        assert set(prep) < set(main) and not set(side) & set(main)
+        assert [c.container for c in h.kubelet.calls if c.rpc == "PreStartContainer"] == [
+            "side", "prep", "main"]
+        assert _limits(h, side) == ("side", [(uuid_of(1), 1000)])
+        assert _limits(h, prep) == ("prep", [(uuid_of(0), 2000)])
+        assert _limits(h, main) == ("main", [(uuid_of(0), 3000), (uuid_of(1), 3000)])
+        assert not [e for e in h.api.objects("events") if e["reason"] == "VgpuReassigned"]
+        # the plugin steered each container to its GPUs: kubelet asked three times
+        assert [(c.container, c.size, c.must_include) for c in h.kubelet.calls
+                if c.rpc == "GetPreferredAllocation"] == [
+            ("side", 1, ()), ("prep", 1, ()), ("main", 2, tuple(prep))]
+
+
+@pytest.mark.anyio
+async def test_a_sidecar_after_an_init_container_gets_its_ids_the_app_container_its_own(
+        ) -> None:
+    """kubelet hands a regular init container's IDs to a sidecar declared after it too;
+    the app container is then steered to its own GPU, not to the init container's. (The
+    init container, whose IDs the sidecar holds exactly, is configured as the sidecar:
+    docs/plugin.md, Known limits.)"""
+    async with node_harness(2) as h:
+        a = await _run(h, "p", [("prep", True, False, [0]), ("side", True, True, [1]),
+                                ("main", False, False, [1])])
+        assert a.ids["side"] == a.ids["prep"]
+        assert [i.split("::")[0] for i in a.ids["main"]] == [uuid_of(1)]
+        assert _limits(h, a.ids["main"]) == ("main", [(uuid_of(1), 3000)])
+        assert [e["message"].split(" runs on")[0] for e in h.api.objects("events")
+                if e["reason"] == "VgpuReassigned"] == ["container 'side'"]
+
+
+@pytest.mark.anyio
+async def test_a_second_init_container_gets_the_first_ones_ids_and_its_own_limits() -> None:
+    """kubelet gives a regular init container the IDs of one before it (reuse covers it:
+    no GetPreferredAllocation); which of them is starting, the pod's status tells (the
+    first has completed), and the second runs on the first one's GPU with its own
+    limits, its assignment rewritten to that GPU."""
+    async with node_harness(2) as h:
+        a = await _run(h, "two", [("first", True, False, [0]), ("second", True, False, [1]),
+                                  ("main", False, False, [])])
+        assert a.ids["second"] == a.ids["first"]
+        assert [(c.rpc, c.container) for c in h.kubelet.calls] == [
+            ("GetPreferredAllocation", "first"), ("Allocate", "first"),
+            ("Allocate", "second"), ("PreStartContainer", "first"),
+            ("PreStartContainer", "second")]
+        # the same allocation directory: the second wrote it last
+        assert _limits(h, a.ids["second"]) == ("second", [(uuid_of(0), 2000)])
+        got = decode_assignment(h.assignment("two")).container("second")
+        assert got is not None and [d.uuid for d in got.devices] == [uuid_of(0)]
+        assert [e["involvedObject"]["name"] for e in h.api.objects("events")
+                if e["reason"] == "VgpuReassigned"] == ["two"]

@@ -164,6 +164,24 @@ async def test_kubelet_restart_reregisters() -> None:
         assert f"device.0.uuid={uuid_of(1)}" in config_of(h, a.ids["main"])
 
 
+async def test_a_plugin_serving_its_socket_anew_ends_the_old_stream_first() -> None:
+    """Its socket deleted under the same kubelet, the plugin serves it anew and registers
+    again. kubelet 1.37 refuses a registration on a socket it still has connected
+    ("device plugin already connected"), and grpclib's ``Server.close()`` alone left
+    kubelet's ListAndWatch stream open: the plugin failed with RegistrationError (and
+    the real kubelet, having refused, would never notice the old connection end)."""
+    async with node_harness(2) as h:
+        assert h.running is not None
+        sock = h.running.socket
+        assert h.kubelet.plugin_socket() == str(sock)
+        sock.unlink()
+        await h.kubelet_call(h.kubelet.wait_registered, 2)
+        assert h.kubelet.plugin_socket() == str(sock) and len(h.kubelet.registrations) == 2
+        h.add_pod("p1", {"main": 1}, placement({"main": [(1, 1000, 10)]}))
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))
+        assert f"device.0.uuid={uuid_of(1)}" in config_of(h, a.ids["main"])
+
+
 async def test_plugin_restart_keeps_files_and_state() -> None:
     async with node_harness(2) as h:
         h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 10)]}))

@@ -243,7 +243,8 @@ async def test_plugin_restart_finds_every_resources_allocations() -> None:
 
 async def test_a_container_asking_for_two_resources_is_listed_per_resource() -> None:
     """The fake kubelet as the real one: one Allocate per resource, and PodResources
-    lists a ContainerDevices per resource name; each service finds only its own."""
+    lists each device under its resource name (a ContainerDevices per device, as kubelet
+    does: the fake used to list one per resource); each service finds only its own."""
     async with node_harness(4, settings={"compatPresets": ["hami"]},
                             resources=[VGPU, HAMI]) as h:
         h.add_pod("both", {"main": {VGPU: 1, HAMI: 1}}, placement({"main": [(1, 1000, 10)]}))

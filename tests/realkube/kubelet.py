@@ -264,6 +264,31 @@ class Kubelet:
     def log(self) -> str:
         return self.proc.log_path.read_text(errors="replace")
 
+    def end_container(self, request: Obj) -> None:
+        """The container of a recorded CreateContainer request exits with status 0: the
+        fake runtime's ``StopContainer`` marks it exited (exit code 0), and kubelet's PLEG
+        sees it at its next relist (a regular init container has then completed)."""
+        import grpc
+
+        sandbox, config = request["sandbox_config"]["metadata"], request["config"]["metadata"]
+        # cri-api's fake names them (BuildSandboxName, BuildContainerName)
+        sandbox_id = (f"{sandbox['name']}_{sandbox['namespace']}_{sandbox['uid']}_"
+                      f"{sandbox.get('attempt', 0)}")
+        container_id = f"{sandbox_id}_{config['name']}_{config.get('attempt', 0)}".encode()
+        # runtime.v1.StopContainerRequest{container_id: 1}, by hand: no CRI stubs here
+        message = b"\x0a" + _varint(len(container_id)) + container_id
+        with grpc.insecure_channel(f"unix://{self.cri_socket}") as channel:
+            channel.unary_unary("/runtime.v1.RuntimeService/StopContainer")(message, timeout=10)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
 
 @dataclass
 class NodePlugin:
@@ -274,6 +299,7 @@ class NodePlugin:
     gpus: int = 2
     memory: int = 24576
     settings: Mapping[str, Any] = field(default_factory=dict)  # over the chart's plugin: ...
+    config: Mapping[str, Any] = field(default_factory=dict)  # over the chart's top level
     proc: Proc = field(init=False)
 
     def __post_init__(self) -> None:
@@ -282,7 +308,7 @@ class NodePlugin:
         self.state_dir = d / "state"
         self.devices_file = d / "devices.json"
         self.write_devices()
-        chart = self.release.settings()
+        chart = {**self.release.settings(), **self.config}
         chart["plugin"] = {**chart["plugin"], "shimHostDir": str(d / "shim"),
                            **self.settings}
         chart["logLevel"] = "debug"  # the answers to GetPreferredAllocation are logged
@@ -320,7 +346,7 @@ class NodePlugin:
         return self
 
     def wait_registered(self, timeout: float = 90) -> Obj:
-        split = int(self.release.settings()["deviceSplitCount"])
+        split = int({**self.release.settings(), **self.config}["deviceSplitCount"])
         node = self.kubelet.wait_allocatable(str(self.gpus * split), timeout=timeout,
                                              detail=self.tails)
         wait_for(f"the inventory on node {self.kubelet.name}",

@@ -6,10 +6,15 @@ cycle: start the gRPC server on ``<dir>/<socket>``, wait for ``kubelet.sock``,
 ``Register``, then watch both sockets (by inode, polled) and start over when either
 changes. Running containers are untouched by this: their files live in the
 allocation directories, not in the plugin's memory.
+
+Closing the server closes its connections too (:class:`_Server`), as the end of the
+process would: kubelet must see its ``ListAndWatch`` stream end before the plugin
+registers on the same socket again.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,7 @@ import structlog
 from anyio.abc import TaskStatus
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
 from vgpud.plugin._pb import v1beta1 as pb
@@ -31,6 +37,40 @@ KUBELET_SOCKET = "kubelet.sock"
 
 class RegistrationError(RuntimeError):
     """kubelet refused the registration (a wrong version, or the resource is taken)."""
+
+
+class _Server(Server):
+    """grpclib's server, whose ``close()`` also closes the connections it accepted.
+
+    ``Server.close()`` only cancels the request handlers and tells the client nothing:
+    kubelet's ``ListAndWatch`` stream would stay open on a connection nobody serves any
+    more. kubelet (1.37, ``devicemanager`` ``PluginConnected``) then still holds that
+    endpoint and refuses a registration on the same socket ("device plugin already
+    connected"), and after refusing it no longer watches the old connection, so it keeps
+    refusing until kubelet itself restarts. A closed connection is what kubelet sees
+    when a plugin process ends: the stream ends, the endpoint goes."""
+
+    def __init__(self, handlers: Sequence[Any]) -> None:
+        super().__init__(list(handlers))
+        self._transports: list[asyncio.BaseTransport] = []
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        made = protocol.connection_made
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            self._transports = [t for t in self._transports if not t.is_closing()]
+            self._transports.append(transport)
+            made(transport)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        return protocol
+
+    def close(self) -> None:
+        super().close()
+        for t in self._transports:
+            t.close()
+        self._transports = []
 
 
 def _inode(path: Path) -> tuple[int, int] | None:
@@ -72,7 +112,7 @@ async def serve_plugin(
     registrations = 0
     while True:
         sock.unlink(missing_ok=True)
-        server = Server(list(handlers))
+        server = _Server(handlers)
         await server.start(path=str(sock))
         mine = _inode(sock)
         try:

@@ -159,10 +159,11 @@ def wanted(waiting: Mapping[tuple[str, str], set[str]],
 
     ``waiting`` maps each pod to its containers that PodResources lists without devices
     of the resource yet. In a pod of ``init_waiting`` (being admitted) the regular init
-    containers, which PodResources never lists, wait too while every app container with
-    GPUs does (kubelet allocates init containers first). The first of them, in the
-    assignment's order, whose assignment needs ``size`` IDs of it (one per vGPU, or in
-    percent units the cores granted on each GPU) wins.
+    containers, which PodResources never lists, may wait too: kubelet allocates a pod's
+    containers in spec order (the assignment's), so one may wait while no listed
+    container after it with GPUs (a sidecar declared after it, an app container) holds
+    IDs. The first of them, in the assignment's order, whose assignment needs ``size``
+    IDs of it (one per vGPU, or in percent units the cores granted on each GPU) wins.
     """
     inits = set(init_waiting)
     for key in [*waiting, *(k for k in inits if k not in waiting)]:
@@ -174,10 +175,12 @@ def wanted(waiting: Mapping[tuple[str, str], set[str]],
             placement = decode_assignment(raw)
         except CodecError:
             continue
-        init_waits = key in inits and all(
-            c.name in containers for c in placement.containers if not c.init and c.devices)
-        for c in placement.containers:
-            if c.name not in containers and not (init_waits and c.init and not c.sidecar):
+        holding = [i for i, c in enumerate(placement.containers)
+                   if c.devices and (c.sidecar or not c.init) and c.name not in containers]
+        last = max(holding, default=-1)
+        for i, c in enumerate(placement.containers):
+            init_waits = key in inits and c.init and not c.sidecar and i > last
+            if c.name not in containers and not init_waits:
                 continue
             ids = [d.uuid for d in c.devices for _ in range(ids_for(per_gpu, d))]
             if len(ids) == size:

@@ -161,6 +161,8 @@ class PluginService(pb.DevicePluginBase):
             ids = preferred(list(req.available_deviceIDs), list(req.must_include_deviceIDs),
                             req.allocation_size, wanted, self.resource.per_gpu)
             log.debug("preferred", resource=self.resource.name, size=req.allocation_size,
+                      available=len(req.available_deviceIDs),
+                      must_include=sorted(req.must_include_deviceIDs),
                       wanted=sorted(set(wanted)), ids=len(ids))
             out.append(pb.ContainerPreferredAllocationResponse(device_i_ds=ids))
         return pb.PreferredAllocationResponse(container_responses=out)
