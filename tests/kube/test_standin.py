@@ -294,6 +294,33 @@ async def test_http_control_api(api: ApiServer) -> None:
             assert resp.status == 404
 
 
+@pytest.mark.parametrize("kubelets", [True, False])
+async def test_a_bound_pods_deletion_waits_for_its_kubelet(kubelets: bool) -> None:
+    """Graceful deletion (checked against kube-apiserver in tests/realkube/
+    test_standin_agrees.py): the bound pod is marked for its grace period; a kubelet on
+    the node deletes it at once, and without one it stays until deleted with 0."""
+    async with ApiServer(kubelets=kubelets) as api, aiohttp.ClientSession(api.url) as http:
+        api.create("pods", {**_pod("p"), "spec": {**_pod("p")["spec"], "nodeName": "n1"}})
+        pods = api.store.by_name("pods")
+        start = api.store.rv
+        async with http.delete("/api/v1/namespaces/default/pods/p") as resp:
+            assert resp.status == 200
+            answer = await resp.json()
+        assert answer["metadata"]["deletionGracePeriodSeconds"] == 30
+        changes = [(c.type, c.entry.obj["metadata"].get("deletionGracePeriodSeconds"))
+                   for c in pods.history if c.rv > start]
+        if kubelets:
+            assert changes == [(b"MODIFIED", 30), (b"DELETED", 30)]
+            assert api.get("pods", "p") is None
+            return
+        assert changes == [(b"MODIFIED", 30)]
+        assert api.get("pods", "p")["metadata"]["deletionTimestamp"]
+        async with http.delete("/api/v1/namespaces/default/pods/p",
+                               json={"gracePeriodSeconds": 0}) as resp:
+            assert resp.status == 200
+        assert api.get("pods", "p") is None
+
+
 async def test_runs_as_a_process_with_a_state_file(tmp_path: Path) -> None:
     state = tmp_path / "state.yaml"
     state.write_text(

@@ -140,10 +140,13 @@ async def test_a_binding_puts_its_annotations_on_the_pod_in_the_same_update(
     assert got["metadata"]["annotations"] == {"keep": "me", "vgpud.io/assignment": '{"v":1}'}
     assert int(got["metadata"]["resourceVersion"]) == rv + 1  # one update, not two
     assert api.count("create", "pods/binding") == 1 and api.count("patch", "pods") == 0
-    # a pod being deleted is not bound (kube-apiserver: "is being deleted")
+    # a pod being deleted is not bound (kube-apiserver: "is being deleted"); a finalizer
+    # keeps the unbound pod from going at once
     doomed = _pod("q")
-    doomed["metadata"]["deletionTimestamp"] = "2026-11-23T00:00:00Z"
+    doomed["metadata"]["finalizers"] = ["example.com/hold"]
     api.create("pods", doomed)
+    await writer.kube.request("DELETE", "/api/v1/namespaces/default/pods/q")
+    assert api.get("pods", "q")["metadata"]["deletionTimestamp"]
     with pytest.raises(errors.Conflict, match="being deleted"):
         await writer.bind("default", "q", "n1", annotations={"a": "b"})
     assert "a" not in (api.get("pods", "q")["metadata"].get("annotations") or {})

@@ -13,6 +13,7 @@ from tests.plugin.flow import Denied, control_plane
 from tests.plugin.harness import NODE, node_harness
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
 from vgpud.core.container import parse
+from vgpud.core.requests import parse_quantity
 from vgpud.node.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
@@ -97,8 +98,8 @@ async def test_another_systems_pod_goes_through_every_role_under_its_preset(
                                         "resources": {"limits": dict(limits)}}]}}
         created = await cp.create(pod)
         assert created["spec"]["schedulerName"] == "vgpu-scheduler"
-        asked = {k: int(v) for k, v in created["spec"]["containers"][0]["resources"][
-            "limits"].items()}
+        asked = {k: parse_quantity(v, k) for k, v in created["spec"]["containers"][0][
+            "resources"]["limits"].items()}  # as the API server stores them: "3000" is "3k"
         assert number in asked  # the webhook added the count where the preset has one
         outcome = await cp.schedule(created, [NODE])
         assert outcome.node == NODE, outcome

@@ -5,7 +5,8 @@ over real HTTP with list/watch/patch semantics close to the real server (streami
 lists too, with ``watch_list=True``), plus fault injection. Run it in-process
 (``async with ApiServer() as api: api.url``) or as a process
 (``python -m tests.standin --port N [--state FILE] [--watch-list]``). See
-``apiserver.py``.
+``apiserver.py``; tests/realkube/test_standin_agrees.py runs the same checks on it and
+on kube-apiserver 1.37.2.
 """
 
 from tests.standin.apiserver import ApiServer

@@ -49,6 +49,7 @@ async def _main(args: argparse.Namespace) -> int:
         watch_list=args.watch_list,
         ignore_send_initial_events=args.ignore_send_initial_events,
         version=args.version,
+        kubelets=args.kubelets,
     )
     if args.state:
         try:
@@ -93,6 +94,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--version", default="v1.33.0-standin", help="the gitVersion /version reports"
+    )
+    parser.add_argument(
+        "--kubelets",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a kubelet on every node confirms a graceful pod deletion at once (the default); "
+        "--no-kubelets: a bound pod deleted with a grace period stays, being deleted, as on a "
+        "control plane without kubelets",
     )
     sys.exit(asyncio.run(_main(parser.parse_args())))
 

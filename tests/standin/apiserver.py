@@ -3,11 +3,15 @@
 Serves core/v1 ``namespaces``, ``nodes``, ``pods`` (+ ``pods/binding``,
 ``pods/status``), ``events``, ``configmaps``; ``events.k8s.io/v1`` ``events``;
 ``coordination.k8s.io/v1`` ``leases``; plus ``/api``, ``/apis``, ``/version`` and
-``/healthz``. Semantics follow the real server where our code depends on them:
+``/healthz``. Semantics follow the real server where our code depends on them, each
+checked against kube-apiserver 1.37.2 by tests/realkube/test_standin_agrees.py (the same
+test on both servers; the real server's answers, messages included, are its
+expectations):
 
 - list: ``resourceVersion`` in the list metadata, ``labelSelector``,
-  ``fieldSelector`` (the per-resource fields the real server allows),
-  ``limit``/``continue`` over a consistent snapshot (410 once it is evicted);
+  ``fieldSelector`` (the per-resource fields the real server allows, see
+  ``selectors.py``), ``limit``/``continue`` over a consistent snapshot (410 once it is
+  evicted), items in storage key order (``namespace/name``);
 - watch: ``watch=true`` from ``resourceVersion`` (unset or ``0``: synthetic ADDED
   for every current object first), ``allowWatchBookmarks`` (a BOOKMARK every
   ``bookmark_interval`` s), ``timeoutSeconds``; a resourceVersion older than the
@@ -37,15 +41,49 @@ Serves core/v1 ``namespaces``, ``nodes``, ``pods`` (+ ``pods/binding``,
 - ``/version`` reports ``version`` (``v1.33.0-standin`` by default: major, minor and
   gitVersion, as kube-apiserver does), counts as ``get version``, and fails by a fault
   rule that names the resource ``version``;
-- get / create (``generateName``, uid, creationTimestamp, 409 AlreadyExists) /
-  replace / delete (DeleteOptions preconditions) — deletion is immediate;
+- get / create (``generateName``, uid, creationTimestamp, 409 AlreadyExists, names
+  validated; kube-apiserver's defaults and canonical quantities, see ``objects.py``
+  and ``quantity.py``) / replace (a Lease's needs its resourceVersion) / delete;
+- delete as kube-apiserver does it (``Store.delete``): DeleteOptions preconditions
+  (uid, resourceVersion); finalizers hold an object, marked with a
+  ``deletionTimestamp``, until an update removes the last; a pod is deleted
+  gracefully — one not bound to a node, or done, is marked and deleted at once
+  (MODIFIED, DELETED), a bound one is marked for its grace period and deleted by its
+  kubelet: with ``kubelets`` (the default) a kubelet on every node confirms at once
+  (MODIFIED, DELETED), without (``kubelets=False``, ``--no-kubelets``: a control plane
+  with none, like tests/realkube's) the pod stays until deleted with grace 0. A pod or
+  namespace DELETE answers the object, any other kind a ``Status`` (or the object,
+  while a finalizer holds it). The in-process ``ApiServer.delete`` removes at once;
 - the four patch types (see ``patches.py`` for what strategic merge and apply do);
   ``metadata.resourceVersion`` in a replace or patch is a precondition → 409
-  Conflict; status changes through the main resource of pods/nodes are ignored;
+  Conflict; status changes through the main resource of pods/nodes are ignored, and
+  the status subresource takes the metadata and status, never the spec;
 - ``pods/binding`` sets ``spec.nodeName`` and copies the Binding's annotations onto
-  the pod in one update (409 if already bound, being deleted, or the Binding's uid or
-  resourceVersion precondition fails) and answers 201 with a ``Status`` (which is what
-  trips kubernetes_asyncio's Binding model).
+  the pod in one update (400 if its name is not the pod's; 409 on ``pods/binding`` if
+  already bound or being deleted, on ``pods`` if the Binding's uid or resourceVersion
+  precondition fails; 500 without a valid target, as there) and answers 201 with a
+  ``Status`` (which is what trips kubernetes_asyncio's Binding model);
+- error bodies: a ``Status`` with kube-apiserver's ``reason``, ``message`` and
+  ``details`` (name, group, kind; a JSON patch that does not apply gets its bare
+  ``422`` with empty details); an injected fault carries the rule's message and
+  those details (a 429's ``retryAfterSeconds`` too).
+
+Differences kept, on purpose (none reaches what vgpud reads or writes; the test above
+would show one that did):
+
+- no admission (ServiceAccount, Priority, DefaultTolerationSeconds, TaintNodesByCondition,
+  webhooks), no RBAC, no namespace lifecycle (a namespace need not exist; deleting
+  one deletes nothing else), and only the validation listed in ``objects.py`` — tests
+  set ``spec.priority`` themselves and move pods between nodes by patching the spec;
+- fields a client sends as ``null`` are kept (kube-apiserver drops them while
+  decoding): dropping them means walking every object written, too slow for the
+  50,000-pod runs, and vgpud reads none back;
+- ``managedFields``, ``status.qosClass`` and server-side apply's field ownership are
+  not kept; strategic merge patches replace lists (``patches.py``);
+- the watch history is a count of changes per resource (``history_size``), not
+  kube-apiserver's time-bounded watch cache; bookmarks come every
+  ``bookmark_interval`` s (a minute there) — tests/realkube/test_informers.py has
+  the real cadence.
 
 Control API, in-process (methods of ``ApiServer``) and over HTTP for the
 out-of-process mode (``python -m tests.standin``)::
@@ -238,13 +276,14 @@ class ApiServer:
         watch_list: bool = False,
         ignore_send_initial_events: bool = False,
         version: str = "v1.33.0-standin",
+        kubelets: bool = True,
     ) -> None:
         self.host = host
         self.port = port
         self.token = token
         self.bookmark_interval = bookmark_interval
         self.max_watch_seconds = max_watch_seconds
-        self.store = Store(history_size=history_size)
+        self.store = Store(history_size=history_size, kubelets=kubelets)
         self.faults = Faults(seed)
         self.counts = RequestCounter()
         # The WatchList feature (streaming lists); see the module docstring. Flip it
@@ -341,9 +380,10 @@ class ApiServer:
             raise ValueError(f"the stand-in serves no resource {resource!r}") from None
 
     def create(self, resource: str, obj: Mapping[str, Any], namespace: str | None = None) -> Any:
-        """Create an object directly (no faults, not counted); returns the stored dict."""
+        """Create an object directly (no faults, not counted, no validation: see
+        ``Store.create``); returns the stored dict."""
         col = self._col(resource)
-        return self.store.create(col, namespace, dict(obj)).obj
+        return self.store.create(col, namespace, dict(obj), validate=False).obj
 
     def get(self, resource: str, name: str, namespace: str = "default") -> Any:
         """The stored dict, or None. Treat it as read-only."""
@@ -369,7 +409,9 @@ class ApiServer:
         ].obj
 
     def delete(self, resource: str, name: str, namespace: str = "default") -> None:
-        self.store.delete(self._col(resource), namespace, name)
+        """Remove an object at once (one DELETED event; no grace period, no finalizers),
+        as the test's own hand. A ``DELETE`` over HTTP deletes as kube-apiserver does."""
+        self.store.remove(self._col(resource), namespace, name)
 
     def fail(
         self,
@@ -622,7 +664,12 @@ class ApiServer:
             if rule is None:
                 return response
         assert rule.status is not None
-        failure = _error(rule.status, reason_for(rule.status), rule.message)
+        # details as kube-apiserver gives them (a 403's: the object's name, group, kind)
+        details: dict[str, Any] = (col.kind.details(name) if name else
+                                   {k: v for k, v in col.kind.details("").items() if k != "name"})
+        if rule.status == 429:
+            details["retryAfterSeconds"] = rule.retry_after
+        failure = _error(rule.status, reason_for(rule.status), rule.message, details)
         if rule.status == 429:
             failure.headers["Retry-After"] = str(rule.retry_after)
         return failure
@@ -648,7 +695,13 @@ class ApiServer:
         if verb == "delete":
             assert name is not None
             options = await self._body(request, allow_empty=True)
-            return _raw_response(self.store.delete(col, ns, name, options or {}).raw)
+            entry, gone = self.store.delete(col, ns, name, options or {})
+            if col.kind.returns_deleted or not gone:
+                return _raw_response(entry.raw)
+            uid = str(entry.obj["metadata"].get("uid", ""))
+            done = status_body(200, "", "", col.kind.details(name, uid=uid))
+            del done["code"]  # as kube-apiserver writes it: a zero code, left out
+            return _json_response(done)
         body = await self._body(
             request, content_type=request.content_type if verb == "patch" else None
         )
@@ -920,7 +973,8 @@ class ApiServer:
                     f"cannot load {item.get('apiVersion')}/{item.get('kind')}: not served"
                 )
             col = self.store.collection(kind.group, kind.version, kind.plural)
-            self.store.create(col, (item.get("metadata") or {}).get("namespace"), item)
+            self.store.create(col, (item.get("metadata") or {}).get("namespace"), item,
+                              validate=False)
             created += 1
         return created
 

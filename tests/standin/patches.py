@@ -10,7 +10,9 @@
   caller relying on them notices).
 - ``application/json-patch+json``: RFC 6902 (add, remove, replace, move, copy,
   test). A malformed patch is a ``PatchError(400)``; an operation that cannot apply
-  (missing path, failed ``test``) is ``PatchError(422)``, as on the real server.
+  (missing path, failed ``test``) is ``PatchError(422)``, which the server answers as
+  kube-apiserver does: ``422 Invalid`` with the bare message ``REJECTED`` and empty
+  ``details`` (the reason is not passed on there either).
 - ``application/apply-patch+yaml``: minimal server-side apply: the applied
   configuration is merged like a merge patch (no field ownership, nothing removed).
 """
@@ -25,6 +27,8 @@ STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY = "application/apply-patch+yaml"
 CONTENT_TYPES = (MERGE, STRATEGIC, JSON_PATCH, APPLY)
+# kube-apiserver's answer to a JSON patch that does not apply (NewGenericServerResponse)
+REJECTED = "the server rejected our request due to an error in our request"
 
 
 class PatchError(ValueError):
