@@ -9,7 +9,8 @@ plugin's inventory annotation and ``nvidia.com/vgpu-number`` in allocatable (no 
 The same pods (one vGPU of 4,000 MiB each, created before their scheduler starts) are
 placed twice, each run on empty nodes:
 
-- **baseline**: a stock kube-scheduler (default profile, no extender) placing them by the
+- **baseline**: a stock kube-scheduler (default profile, no extender, the chart's flags:
+  its ``--v=2`` logs every bind, which costs CPU too) placing them by the
   extended-resource count (``nvidia.com/vgpu-memory`` in its ``ignoredResources``), once
   with its default client (50 requests/s, burst 100: that limit, not scheduling, caps its
   binds) and once with a client as fast as vgpud's (1,000/s), the comparison that counts;
@@ -25,11 +26,15 @@ Figures only, never pass/fail on time.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,14 +85,44 @@ def create_pods(api: Api, ns: str, n: int, scheduler: str) -> None:
         list(pool.map(lambda i: api.create(pod(ns, i, scheduler)), range(n)))
 
 
-class BindWatch:
-    """Counts the pods of a namespace as they are bound, with the time of each bind."""
+class Cpu:
+    """The machine's CPU times and each component's, at one moment."""
 
-    def __init__(self, api: Api, ns: str, expect: int) -> None:
-        self.api, self.ns, self.expect = api, ns, expect
+    def __init__(self, procs: dict[str, Proc]) -> None:
+        self.machine = psutil.cpu_times()
+        self.procs: dict[str, float] = {}
+        for name, p in procs.items():
+            try:
+                t = psutil.Process(p.pid).cpu_times()
+            except (psutil.Error, AssertionError):
+                continue
+            self.procs[name] = t.user + t.system + t.children_user + t.children_system
+
+    @staticmethod
+    def busy(first: Cpu, last: Cpu) -> float:
+        """The share of the machine's CPU time busy between two moments."""
+        a, b = first.machine, last.machine
+        total = sum(b) - sum(a)
+        idle = (b.idle + b.iowait) - (a.idle + a.iowait)
+        return 1 - idle / total if total > 0 else 0.0
+
+    @staticmethod
+    def per_pod(first: Cpu, last: Cpu, pods: int) -> dict[str, float]:
+        """CPU milliseconds per pod of each component that ran throughout."""
+        return {name: (last.procs[name] - first.procs[name]) / pods * 1000
+                for name in first.procs if name in last.procs}
+
+
+class BindWatch:
+    """Counts the pods of a namespace as they are bound, with the time of each bind, and
+    samples CPU times (:class:`Cpu`, of ``procs``) at the first bind and the last."""
+
+    def __init__(self, api: Api, ns: str, expect: int,
+                 procs: Callable[[], dict[str, Proc]]) -> None:
+        self.api, self.ns, self.expect, self.procs = api, ns, expect, procs
         self.bound: dict[str, float] = {}
         self.error: Exception | None = None
-        self.cpu: list[Any] = []  # the machine's CPU times at the first and last bind
+        self.cpu: list[Cpu] = []
         self.done = threading.Event()
         listing = api.request("GET", f"/api/v1/namespaces/{ns}/pods")
         self.rv = listing["metadata"]["resourceVersion"]
@@ -111,19 +146,12 @@ class BindWatch:
                 self.rv = obj["metadata"]["resourceVersion"]
                 if event["type"] == "MODIFIED" and obj["spec"].get("nodeName"):
                     if not self.bound:
-                        self.cpu = [psutil.cpu_times()]
+                        self.cpu = [Cpu(self.procs())]
                     self.bound.setdefault(obj["metadata"]["name"], time.monotonic())
                     if len(self.bound) >= self.expect:
-                        self.cpu.append(psutil.cpu_times())
+                        self.cpu.append(Cpu(self.procs()))
                         self.done.set()
                         return
-
-    def busy(self) -> float:
-        """The share of the machine's CPU time busy from the first bind to the last."""
-        first, last = self.cpu
-        total = sum(last) - sum(first)
-        idle = (last.idle + last.iowait) - (first.idle + first.iowait)
-        return 1 - idle / total if total > 0 else 0.0
 
     def rate(self, timeout: float) -> tuple[float, float]:
         """(pods per second from the first bind to the last, seconds that took)."""
@@ -137,9 +165,11 @@ class BindWatch:
         return (len(times) - 1) / span if span > 0 else float("inf"), span
 
 
-def baseline_scheduler(cp: ControlPlane, work: Path, qps: int | None = None) -> Proc:
-    """A stock kube-scheduler; ``qps`` raises its client's rate limit (default 50/s, burst
-    100), which otherwise caps its binds."""
+def baseline_scheduler(cp: ControlPlane, work: Path, flags: list[str],
+                       qps: int | None = None) -> Proc:
+    """A stock kube-scheduler with the chart's ``flags`` (its log level included); ``qps``
+    raises its client's rate limit (default 50/s, burst 100), which otherwise caps its
+    binds."""
     kc = cp.kubeconfig_for_cert("baseline-scheduler", "system:kube-scheduler")
     cfg = work / f"baseline-config-{qps}.yaml"
     client: dict[str, Any] = {"kubeconfig": str(kc)}
@@ -153,25 +183,42 @@ def baseline_scheduler(cp: ControlPlane, work: Path, qps: int | None = None) -> 
             "name": "NodeResourcesFit",
             "args": {"ignoredResources": ["nvidia.com/vgpu-memory"]}}]}]}))
     return Proc(f"baseline-kube-scheduler-{qps or 'default'}", [
-        str(cp.bin_dir / "kube-scheduler"), f"--config={cfg}", f"--secure-port={free_port()}",
+        str(cp.bin_dir / "kube-scheduler"), *flags, f"--config={cfg}",
+        f"--secure-port={free_port()}",
         "--bind-address=127.0.0.1", f"--authentication-kubeconfig={kc}",
         f"--authorization-kubeconfig={kc}"], work)
 
 
-def run(cp: ControlPlane, ns: str, pods: int, scheduler: str, start: Any,
-        timeout: float) -> tuple[float, float, float]:
-    """(pods/s, seconds from the first bind to the last, the machine's CPU busy share)."""
+@dataclass(frozen=True)
+class Result:
+    rate: float  # pods per second, first bind to last
+    span: float  # seconds from the first bind to the last
+    busy: float  # the machine's CPU busy share meanwhile
+    per_pod: dict[str, float]  # each component's CPU milliseconds a pod
+
+    def __str__(self) -> str:
+        where = ", ".join(f"{n} {ms:.1f}" for n, ms in
+                          sorted(self.per_pod.items(), key=lambda x: -x[1]))
+        return (f"{self.rate:7.1f} pods/s ({self.span:.1f} s, CPU {self.busy:.0%} busy; "
+                f"CPU ms a pod: {where})")
+
+
+def run(cp: ControlPlane, ns: str, pods: int, scheduler: str, start: Callable[[], Any],
+        procs: Callable[[], dict[str, Proc]], timeout: float) -> Result:
+    """Place ``pods`` new pods with the scheduler that ``start()`` starts; ``procs()``
+    names the components whose CPU is counted (asked at the first bind and the last)."""
     cp.namespace(ns)
     create_pods(cp.admin, ns, pods, scheduler)
-    watch = BindWatch(cp.admin, ns, pods)
+    watch = BindWatch(cp.admin, ns, pods, procs)
     start()
     rate, span = watch.rate(timeout)
-    return rate, span, watch.busy()
+    first, last = watch.cpu
+    return Result(rate, span, Cpu.busy(first, last), Cpu.per_pod(first, last, pods))
 
 
 def empty(cp: ControlPlane, ns: str) -> None:
     cp.admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
-                     query={"gracePeriodSeconds": "0"})
+                     query={"gracePeriodSeconds": "0"}, timeout=600)
     wait_for(f"the pods of {ns} to go", lambda: not cp.admin.list("Pod", ns, limit="1"),
              timeout=300)
 
@@ -182,6 +229,10 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--pods", type=int, default=3000)
     ap.add_argument("--quick", action="store_true", help="CI: 50 nodes, 200 pods")
+    ap.add_argument("--pin", action="store_true",
+                    help="the control plane (and this driver) on CPU 0, the schedulers on "
+                         "the others: as on a cluster, where the scheduler's pod does not "
+                         "share its CPUs with kube-apiserver and etcd")
     args = ap.parse_args()
     nodes, pods = (50, 200) if args.quick else (args.nodes, args.pods)
     try:
@@ -191,43 +242,66 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="vgpud-realsched-") as tmp:
         work = Path(tmp)
-        cp = ControlPlane(bins, work / "cp").start()
+        cp = ControlPlane(bins, work / "cp", audited=False)
+        schedulers: str | None = None
+        if args.pin:
+            if (os.cpu_count() or 1) < 2:
+                raise SystemExit("--pin needs two CPUs or more")
+            schedulers = f"1-{(os.cpu_count() or 2) - 1}"
+            os.sched_setaffinity(0, {0})
+            cp.etcd.cpus = cp.apiserver.cpus = "0"
+            print(f"pinned: etcd, kube-apiserver and this driver on CPU 0; the schedulers "
+                  f"on CPU {schedulers}")
+        cp.start()
         release = Release(cp, work / "release")
         try:
             t0 = time.monotonic()
             add_nodes(cp, nodes)
             print(f"{nodes} nodes x {GPUS} GPUs created in {time.monotonic() - t0:.1f} s; "
                   f"{pods} pods of 1 vGPU / {POD_MEMORY} MiB per run")
+            control = {"etcd": cp.etcd, "kube-apiserver": cp.apiserver}
             rates = {}
             for qps in (None, KUBE_QPS):
-                baseline = baseline_scheduler(cp, work, qps)
+                baseline = baseline_scheduler(cp, work, release.kube_scheduler_flags(), qps)
+                baseline.cpus = schedulers
                 cp.procs.append(baseline)
                 ns = f"bench-baseline-{qps or 'default'}"
-                rate, span, busy = run(cp, ns, pods, BASELINE, baseline.start, timeout=900)
+                got = run(cp, ns, pods, BASELINE, baseline.start, timeout=900,
+                          procs=functools.partial(dict, control, **{"kube-scheduler": baseline}))
                 baseline.stop()
-                rates[qps] = rate
+                rates[qps] = got.rate
                 client = f"client {qps}/s" if qps else "default client 50/s"
-                print(f"kube-scheduler alone ({client + '):':<21} {rate:7.1f} pods/s "
-                      f"({span:.1f} s, CPU {busy:.0%} busy)")
+                print(f"kube-scheduler alone ({client + '):':<21} {got}")
                 empty(cp, ns)
 
             release.apply_objects(webhooks=False)  # pods are made as admitted
-            extender = psutil.Process(release.start_extender().pid)
-            cpu0 = extender.cpu_times()
-            ours_rate, ours_span, busy = run(cp, "bench-vgpud", pods, "vgpu-scheduler",
-                                             release.start_kube_scheduler, timeout=900)
-            cpu1 = extender.cpu_times()
-            spent = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / pods * 1000
-            print(f"kube-scheduler + vgpud (as the chart): {ours_rate:7.1f} pods/s "
-                  f"({ours_span:.1f} s, CPU {busy:.0%} busy; the extender's CPU "
-                  f"{spent:.1f} ms a pod)")
+            release.cpus = schedulers
+            extender = release.start_extender()
+
+            def ours() -> dict[str, Proc]:
+                ks = release.kube_scheduler
+                return {**control, **({"kube-scheduler": ks} if ks else {}),
+                        "vgpud scheduler": extender}
+            got = run(cp, "bench-vgpud", pods, "vgpu-scheduler", release.start_kube_scheduler,
+                      procs=ours, timeout=900)
+            ours_rate = got.rate
+            print(f"kube-scheduler + vgpud (as the chart):      {got}")
             placed = sum(1 for p in cp.admin.list("Pod", "bench-vgpud")
                          if ASSIGNMENT in (p["metadata"].get("annotations") or {}))
             print(f"pods bound with their assignment: {placed} of {pods}")
             print(f"ratio vgpud / kube-scheduler alone: {ours_rate / rates[KUBE_QPS]:.2f} "
                   f"against a client of {KUBE_QPS}/s (target >= 0.7), "
                   f"{ours_rate / rates[None]:.2f} against the default client")
-            for verb, (p50, p99) in sorted(served(release.extender_metrics()).items()):
+            metrics = release.extender_metrics()
+            calls = {}
+            for line in metrics.splitlines():
+                if line.startswith("vgpud_extender_requests_total{"):
+                    labels, _, value = line.rpartition(" ")
+                    verb = labels.split('verb="')[1].split('"')[0]
+                    outcome = labels.split('outcome="')[1].split('"')[0]
+                    calls[f"{verb} {outcome}"] = int(float(value))
+            print("extender calls:", ", ".join(f"{k} {v}" for k, v in sorted(calls.items())))
+            for verb, (p50, p99) in sorted(served(metrics).items()):
                 print(f"extender {verb:<11} served in p50 <= {p50:6.1f} ms, "
                       f"p99 <= {p99:6.1f} ms")
         finally:

@@ -43,6 +43,7 @@ class Proc:
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    cpus: str | None = None  # run on these CPUs only (taskset's list: "0", "1-3")
 
     @property
     def log_path(self) -> Path:
@@ -54,7 +55,8 @@ class Proc:
         with self.log_path.open("ab") as log:
             log.write(f"\n===== start {self.starts}: {' '.join(self.argv)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+            argv = ["taskset", "-c", self.cpus, *self.argv] if self.cpus else self.argv
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, **(self.env or {})},
                                          start_new_session=True)
         return self
@@ -126,6 +128,7 @@ class ControlPlane:
     bin_dir: Path
     dir: Path
     apiserver_flags: Sequence[str] = ()
+    audited: bool = True  # the audit log (every request, blocking): tests need it, benchmarks not
     pki: Pki = field(init=False)
     etcd: Proc = field(init=False)
     apiserver: Proc = field(init=False)
@@ -169,10 +172,11 @@ class ControlPlane:
             f"--service-account-key-file={self.pki.sa_pub}",
             f"--service-account-signing-key-file={self.pki.sa_key}",
             "--profiling=false", "--endpoint-reconciler-type=none",
-            # every request with its user and response code: what each role was refused
-            f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
-            "--audit-log-mode=blocking", "--audit-log-maxsize=0",
             *self.apiserver_flags], self.dir)
+        if self.audited:  # every request with its user and response code: who was refused
+            self.apiserver.argv += [
+                f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-mode=blocking", "--audit-log-maxsize=0"]
         self.procs = [self.etcd, self.apiserver]
 
     # -- lifecycle ---------------------------------------------------------------------

@@ -86,6 +86,7 @@ class Release:
     webhook: Proc | None = None
     extender: Proc | None = None
     kube_scheduler: Proc | None = None
+    cpus: str | None = None  # the CPUs its processes run on (taskset's list), None: any
 
     def __post_init__(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +130,8 @@ class Release:
                              "bootstrap-secret", "service-name", "webhook-configuration")
         return Proc(name, [sys.executable, "-m", "vgpud", *args, f"--config={settings}",
                            f"--kubeconfig={kc}"], self.dir,
-                    env={"PYTHONPATH": str(ROOT), "VGPUD_LOG_FORMAT": "console"})
+                    env={"PYTHONPATH": str(ROOT), "VGPUD_LOG_FORMAT": "console"},
+                    cpus=self.cpus)
 
     def start_webhook(self) -> Proc:
         args = _args_of(self.manifests, "vgpud-webhook", "webhook")
@@ -169,19 +171,24 @@ class Release:
     def _scheduler_kubeconfig(self) -> Path:
         return self.cp.kubeconfig_for_service_account(NAMESPACE, "vgpud-scheduler")
 
+    def kube_scheduler_flags(self) -> list[str]:
+        """The Deployment's kube-scheduler flags, but ``--config`` and ``--secure-port``."""
+        args = _flag_dropped(_args_of(self.manifests, "vgpud-scheduler", "kube-scheduler"),
+                             "config", "secure-port")
+        assert args[0] == "kube-scheduler", args
+        return args[1:]
+
     def start_kube_scheduler(self) -> Proc:
         cfg_path = self.dir / "kube-scheduler-config.yaml"
         cfg_path.write_text(yaml.safe_dump(self.scheduler_configuration()))
         kc = self._scheduler_kubeconfig()
-        args = _flag_dropped(_args_of(self.manifests, "vgpud-scheduler", "kube-scheduler"),
-                             "config", "secure-port")
-        assert args[0] == "kube-scheduler", args
         p = Proc("kube-scheduler", [
-            str(self.cp.bin_dir / "kube-scheduler"), *args[1:], f"--config={cfg_path}",
+            str(self.cp.bin_dir / "kube-scheduler"), *self.kube_scheduler_flags(),
+            f"--config={cfg_path}",
             f"--secure-port={free_port()}", "--bind-address=127.0.0.1",
             # what in-cluster configuration gives the pod's delegated authn/authz
             f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"],
-            self.dir)
+            self.dir, cpus=self.cpus)
         p.start()
         self.kube_scheduler = p
         lease = self.scheduler_configuration()["leaderElection"]
