@@ -102,7 +102,10 @@ def test_windows_are_exact_even_after_the_timeline_ring_wrapped(fake: Fake) -> N
 
 
 def test_samples_come_from_the_timeline_of_every_process(fake: Fake) -> None:
-    # two processes on one device, 100 us kernels: they share the device about evenly
+    """Two processes on one device, 100 us kernels launched as fast as each can for 450 ms:
+    each pid's smUtil is its own share of the device's timeline. How the two shares split
+    is the OS scheduler's doing (on a busy 2-CPU machine one launcher may lag the other),
+    so each is checked against the fake's exact record of that pid, not against 50/50."""
     a, b = fake.start("viaproc"), fake.start("direct")
     for p in (a, b):
         p.ok("kernel 100000")
@@ -117,9 +120,16 @@ def test_samples_come_from_the_timeline_of_every_process(fake: Fake) -> None:
     time.sleep(max(0, start + 5 * W + 5_000_000 - time.monotonic_ns()) / 1e9)
     nv = fake.nvml()
     got = nv.do(f"util 0 {mono_to_real_us(start) + 1000}")["samples"]
-    ua, ub = got[str(a.pid)]["smUtil"], got[str(b.pid)]["smUtil"]
-    assert 35 <= ua <= 65 and 35 <= ub <= 65, got
-    assert 85 <= ua + ub <= 101, got
+    shares = []
+    for p in (a, b):
+        # the five windows the query averages (idle ones count 0), exactly, in percent
+        busy = p.ok(f"fake_busy_ns 0 {p.pid} {start} {start + 5 * W}")["value"]
+        exact = 100 * busy / (5 * W)
+        util = got[str(p.pid)]["smUtil"]
+        assert abs(util - exact) <= 1.5, (p.pid, util, exact, got)  # per-window rounding
+        assert util >= 5, got  # both processes ran and are sampled under their own pid
+        shares.append(util)
+    assert sum(shares) <= 101, got
 
 
 def test_a_window_of_many_tiny_kernels_is_exact(fake: Fake) -> None:
