@@ -71,23 +71,132 @@ elif check == "graph":
         if n % 20 == 0: torch.cuda.synchronize()
     torch.cuda.synchronize()
     out.update(replays_per_s=n / (time.monotonic() - t0), ok=True)
+elif check == "sleep":
+    # One-block spin kernels of a fixed length (torch.cuda._sleep counts SM clock
+    # cycles): the device time each launch takes is known, whatever the shim charged.
+    # argv[4:]: cycles per kernel, one entry per length. Reports kernels per second
+    # for each length, each measured over 4 s; the unlimited run also times one kernel
+    # with CUDA events so the lengths are read, not assumed.
+    rates, lengths = [], []
+    torch.cuda._sleep(1000); torch.cuda.synchronize()
+    for cycles in map(int, sys.argv[4:]):
+        if core == 0:
+            e0 = torch.cuda.Event(enable_timing=True); e1 = torch.cuda.Event(enable_timing=True)
+            for _ in range(3):
+                torch.cuda._sleep(cycles)
+            torch.cuda.synchronize(); e0.record(); torch.cuda._sleep(cycles); e1.record()
+            torch.cuda.synchronize(); lengths.append(e0.elapsed_time(e1))
+        n = 0; t0 = time.monotonic()
+        while time.monotonic() - t0 < 4:
+            torch.cuda._sleep(cycles); n += 1
+            if n % 4 == 0: torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        rates.append(n / (time.monotonic() - t0))
+    out.update(kernels_per_s=rates, kernel_ms=lengths, ok=True)
+elif check == "legacy":
+    # 256 MiB blocks taken straight from libcuda until it refuses (or 4x the limit):
+    # cuMemAlloc_v2 (hooked) beside cuMemAllocPitch_v2 (a legacy path, issue 22).
+    import ctypes
+    cu = ctypes.CDLL("libcuda.so.1"); cu.cuInit(0)
+    d = ctypes.c_int(); cu.cuDeviceGet(ctypes.byref(d), 0)
+    ctx = ctypes.c_void_p(); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d)
+    cu.cuCtxSetCurrent(ctx)
+    def take(alloc):
+        ptrs = []
+        while len(ptrs) * 256 * 2**20 < 4 * limit:
+            p = ctypes.c_uint64()
+            if alloc(p) != 0: break
+            ptrs.append(p)
+        for p in ptrs: cu.cuMemFree_v2(p)
+        return len(ptrs) * 256 * 2**20
+    pitch = ctypes.c_size_t()
+    plain = take(lambda p: cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(256 * 2**20)))
+    pitched = take(lambda p: cu.cuMemAllocPitch_v2(ctypes.byref(p), ctypes.byref(pitch),
+                   ctypes.c_size_t(2**16), ctypes.c_size_t(4096), ctypes.c_uint(16)))
+    out.update(cuMemAlloc_v2=plain, cuMemAllocPitch_v2=pitched,
+               ok=0 < plain <= limit and 0 < pitched <= limit)
+elif check == "calibrate":
+    # Cycles per millisecond of torch.cuda._sleep at the clock a busy GPU runs at.
+    torch.cuda._sleep(10**6); torch.cuda.synchronize()
+    e0 = torch.cuda.Event(enable_timing=True); e1 = torch.cuda.Event(enable_timing=True)
+    for _ in range(20): torch.cuda._sleep(2 * 10**6)
+    e0.record(); torch.cuda._sleep(10**7); e1.record(); torch.cuda.synchronize()
+    out.update(cycles_per_ms=10**7 / e0.elapsed_time(e1), ok=True)
 print(json.dumps(out))
 """
 
 
 def child(
-    check: str, cfg: Path | None, limit: int, core: int, extra: dict[str, str]
+    check: str, cfg: Path | None, limit: int, core: int, extra: dict[str, str],
+    args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     env = dict(os.environ, **extra)
     if cfg is not None:
         env["LD_PRELOAD"] = str(ROOT / "csrc/build/libvgpu.so")
         env["VGPUD_CONFIG"] = str(cfg)
-    p = subprocess.run([sys.executable, "-c", CHILD, check, str(limit), str(core)], env=env,
-                       capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        return {"check": check, "ok": False, "error": p.stderr[-2000:]}
+    p = subprocess.run([sys.executable, "-c", CHILD, check, str(limit), str(core), *args],
+                       env=env, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0 or not p.stdout.strip():
+        return {"check": check, "ok": False, "rc": p.returncode, "error": p.stderr[-2000:]}
     result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    if p.stderr.strip():
+        result["stderr"] = p.stderr[-600:]
     return result
+
+
+PROC_NAMES = ("cuMemAlloc", "cuMemFree", "cuMemGetInfo", "cuLaunchKernel", "cuCtxCreate",
+              "cuMemAllocPitch", "cuMemAllocAsync", "cuMemCreate", "cuGraphInstantiate",
+              "cuArrayCreate", "cuMemAllocManaged", "cuCtxGetDevice")
+
+
+def proc_addresses() -> dict[str, Any]:
+    """The shim routes by pointer identity: what the real driver hands out through
+    cuGetProcAddress_v2 must be one of the functions it exports. For each name, the
+    exported symbol (name, name_v2 ... name_v4, or _ptsz) whose address the driver gave
+    at CUDA 12.0 and at the driver's own version."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    if cuda.cuInit(0) != 0:
+        return {"check": "proc_address_identity", "ok": False, "error": "cuInit failed"}
+    version = ctypes.c_int()
+    cuda.cuDriverGetVersion(ctypes.byref(version))
+    get = cuda.cuGetProcAddress_v2
+    get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                    ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    exported: dict[int, str] = {}
+    for name in PROC_NAMES:
+        for suffix in ("", "_v2", "_v3", "_v4", "_ptsz", "_v2_ptsz"):
+            try:
+                fn = getattr(cuda, name + suffix)
+            except AttributeError:
+                continue
+            addr = ctypes.cast(fn, ctypes.c_void_p).value
+            if addr:
+                exported[addr] = name + suffix
+    found: dict[str, Any] = {}
+    ok = True
+    for name in PROC_NAMES:
+        for at in (12000, version.value):
+            ptr, status = ctypes.c_void_p(), ctypes.c_int()
+            rc = get(name.encode(), ctypes.byref(ptr), at, 0, ctypes.byref(status))
+            which = exported.get(ptr.value or 0, "NOT EXPORTED" if ptr.value else None)
+            found[f"{name}@{at}"] = which if rc == 0 else f"rc={rc}"
+            ok = ok and (rc != 0 or which != "NOT EXPORTED")
+    return {"check": "proc_address_identity", "driver_cuda": version.value, "ok": ok,
+            "resolved": found}
+
+
+def environment() -> dict[str, Any]:
+    """What the figures were measured on: GPU, driver, CUDA and torch versions."""
+    import torch
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
+                          "clocks.max.sm", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return {"check": "environment", "ok": True, "gpu": smi.stdout.strip(),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "sms": torch.cuda.get_device_properties(0).multi_processor_count}
 
 
 def main() -> int:
@@ -95,7 +204,13 @@ def main() -> int:
     ap.add_argument("--device", type=int, default=0, help="CUDA ordinal to verify")
     ap.add_argument("--limit-mib", type=int, default=4096)
     ap.add_argument("--core", type=int, default=30, help="SM limit in percent")
+    ap.add_argument("--kernel-ms", default="0.05,0.5,2,10",
+                    help="lengths of the spin kernels the SM limit is measured with")
+    ap.add_argument("--out", type=Path, help="also write the JSON lines here")
+    ap.add_argument("--checks", default="memory,sm,sleep,smi",
+                    help="which groups to run: memory, sm (matmul, graph), sleep, smi")
     args = ap.parse_args()
+    groups = set(args.checks.split(","))
     try:
         import torch
     except ImportError:
@@ -107,7 +222,7 @@ def main() -> int:
     subprocess.run(["make", "-s", "-C", str(ROOT / "csrc")], check=True)
     limit = args.limit_mib * MIB
     base_env = {"CUDA_VISIBLE_DEVICES": str(args.device)}
-    results = []
+    results = [environment(), proc_addresses()]
     with tempfile.TemporaryDirectory() as d:
         state = Path(d) / "state"
         state.mkdir()
@@ -118,12 +233,14 @@ def main() -> int:
                          f"device.0.core_policy={policy}\nstate_dir={state}\n")
             return c
 
-        for check in ("meminfo", "oom", "nvml"):
+        for check in ("meminfo", "oom", "nvml") if "memory" in groups else ():
             results.append(child(check, config(0), limit, 0, base_env))
-        results.append(child("oom", config(0), limit, 0,
-                             dict(base_env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")))
-        results[-1]["check"] = "oom_expandable_segments"
-        for check in ("matmul", "graph"):
+        if "memory" in groups:
+            results.append(child("oom", config(0), limit, 0, dict(
+                base_env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")))
+            results[-1]["check"] = "oom_expandable_segments"
+            results.append(child("legacy", config(0), limit, 0, base_env))
+        for check in ("matmul", "graph") if "sm" in groups else ():
             free = child(check, None, limit, 0, base_env)
             capped = child(check, config(args.core), limit, args.core, base_env)
             key = "iters_per_s" if check == "matmul" else "replays_per_s"
@@ -131,13 +248,35 @@ def main() -> int:
             results.append({"check": f"{check}_sm_limit", "unlimited": free.get(key),
                             "limited": capped.get(key), "ratio": ratio, "target": args.core / 100,
                             "ok": abs(ratio - args.core / 100) <= 0.05})
-        smi = subprocess.run(["nvidia-smi"], env=dict(os.environ, LD_PRELOAD=str(
-            ROOT / "csrc/build/libvgpu.so"), VGPUD_CONFIG=str(config(0))),
-            capture_output=True, text=True)
-        results.append({"check": "nvidia-smi", "ok": smi.returncode == 0,
-                        "output": smi.stdout[-1500:]})
+        cal = child("calibrate", None, limit, 0, base_env) if "sleep" in groups else {}
+        if cal:
+            results.append(cal)
+        if cal.get("ok"):
+            wanted = [float(x) for x in args.kernel_ms.split(",")]
+            cycles = tuple(str(int(ms * cal["cycles_per_ms"])) for ms in wanted)
+            free = child("sleep", None, limit, 0, base_env, cycles)
+            capped = child("sleep", config(args.core), limit, args.core, base_env, cycles)
+            for i, ms in enumerate(wanted):
+                f = (free.get("kernels_per_s") or [0] * len(wanted))[i]
+                c = (capped.get("kernels_per_s") or [0] * len(wanted))[i]
+                ratio = c / f if f else 0.0
+                results.append({"check": f"sleep_sm_limit_{ms}ms",
+                                "kernel_ms": (free.get("kernel_ms") or [None] * len(wanted))[i],
+                                "unlimited": f, "limited": c, "ratio": ratio,
+                                "target": args.core / 100,
+                                "ok": abs(ratio - args.core / 100) <= 0.05,
+                                **({"error": capped.get("error") or free.get("error")}
+                                   if not (free.get("ok") and capped.get("ok")) else {})})
+        if "smi" in groups:
+            smi = subprocess.run(["nvidia-smi"], env=dict(os.environ, LD_PRELOAD=str(
+                ROOT / "csrc/build/libvgpu.so"), VGPUD_CONFIG=str(config(0))),
+                capture_output=True, text=True)
+            results.append({"check": "nvidia-smi", "ok": smi.returncode == 0,
+                            "output": smi.stdout[-1500:]})
     for r in results:
         print(json.dumps(r))
+    if args.out:
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in results))
     ok = all(r.get("ok") for r in results)
     print(json.dumps({"summary": "pass" if ok else "fail", "date": time.strftime("%Y-%m-%d")}))
     return 0 if ok else 1
