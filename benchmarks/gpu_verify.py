@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,8 +40,9 @@ elif check == "oom":
             blocks.append(torch.empty(64 * 2**20, dtype=torch.uint8, device=dev)); n += 1
     except torch.cuda.OutOfMemoryError:
         pass
+    # memory_reserved is 0 under the cudaMallocAsync backend: the blocks held count too
     reserved = torch.cuda.memory_reserved(0)
-    out.update(blocks=n, reserved=reserved, ok=0 < reserved <= limit)
+    out.update(blocks=n, reserved=reserved, ok=0 < n * 64 * 2**20 <= limit and reserved <= limit)
 elif check == "nvml":
     import pynvml
     x = torch.empty(256 * 2**20, dtype=torch.uint8, device=dev)
@@ -115,6 +117,80 @@ elif check == "legacy":
                    ctypes.c_size_t(2**16), ctypes.c_size_t(4096), ctypes.c_uint(16)))
     out.update(cuMemAlloc_v2=plain, cuMemAllocPitch_v2=pitched,
                ok=0 < plain <= limit and 0 < pitched <= limit)
+elif check == "routing":
+    # Under the shim: for every hooked family (the hook names without _v2/_ptsz...), what
+    # cuGetProcAddress_v2 hands out at CUDA 12.0 and 13.0 with the legacy and the
+    # per-thread stream flags: the shim's hook, or a driver export it does not hook (an
+    # escape). Real addresses come from the mapping of libcuda and nm, not from dlsym
+    # (which the shim routes). Also every driver export of a hooked family, or of a
+    # memory-taking family, that no hook covers.
+    import ctypes, re, subprocess
+    hooks = os.environ["VERIFY_HOOKS"].split(",")
+    shim = ctypes.CDLL(os.environ["LD_PRELOAD"])
+    cu = ctypes.CDLL("libcuda.so.1"); cu.cuInit(0)
+    lib, base = None, None
+    for line in open("/proc/self/maps"):
+        f = line.split()
+        if len(f) >= 6 and "libcuda.so" in f[5] and int(f[2], 16) == 0:
+            lib, base = f[5], int(f[0].split("-")[0], 16); break
+    nm = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True)
+    exports = {}
+    for line in nm.stdout.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[1] in "Tt" and f[2].startswith("cu"):
+            exports[base + int(f[0], 16)] = f[2].split("@")[0]
+    hook_addr = {ctypes.cast(getattr(shim, n), ctypes.c_void_p).value: n for n in hooks}
+    family = lambda n: re.sub(r"(_v\d+)?(_ptsz|_ptds)?$", "", n)
+    families = sorted({family(n) for n in hooks})
+    get = shim.cuGetProcAddress_v2
+    get.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                    ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    escapes, routed = {}, 0
+    for fam in families:
+        for ver in (12000, 13000):
+            for flags in (1, 2):
+                ptr, st = ctypes.c_void_p(), ctypes.c_int()
+                if get(fam.encode(), ctypes.byref(ptr), ver, flags, ctypes.byref(st)) != 0:
+                    continue
+                if ptr.value in hook_addr:
+                    routed += 1
+                else:
+                    escapes[f"{fam}@{ver}/{'ptds' if flags == 2 else 'legacy'}"] = \
+                        exports.get(ptr.value, hex(ptr.value or 0))
+    names = set(exports.values())
+    memory = re.compile(r"^cu(Mem|Array|Mipmapped|Ctx(Create|SetLimit)|DevicePrimaryCtx|"
+                        r"Module(Load|Get)|Library(Load)|GreenCtx|Ipc|(Import|Destroy)External|"
+                        r"Multicast|Graph(Instantiate|Upload|Launch|ExecUpdate|AddMem)|"
+                        r"LaunchKernel|LaunchCooperative)")
+    unhooked_in_family = sorted(n for n in names if family(n) in families and n not in hooks)
+    reads = re.compile(r"^cuMem(cpy|set|GetAllocationGranularity|GetAddressRange|GetInfo|"
+                       r"GetAccess|.*Host|Pool(Get|Set)Attribute|PoolGetAccess|AddressFree|"
+                       r"SetAccess|RangeGet|GetHandleForAddressRange)|^cuModuleGet(Function|"
+                       r"Global|Tex|Surf|LoadingMode)|^cuDevicePrimaryCtxGetState")
+    unhooked_memory = sorted(n for n in names if memory.match(n) and not reads.match(n)
+                             and family(n) not in families)
+    out.update(driver_exports=len(names), hooks=len(hooks), routed=routed,
+               escapes=escapes, unhooked_variants=unhooked_in_family,
+               unhooked_memory_families=unhooked_memory, ok=not escapes)
+elif check == "setlimit":
+    # Memory the driver takes for cuCtxSetLimit (stack, malloc heap): what the shim
+    # charged (cuMemGetInfo through the shim) against what NVML sees the process use.
+    import ctypes, pynvml
+    x = torch.ones(1024, device=dev); torch.cuda.synchronize()
+    pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    def seen():
+        free, total = torch.cuda.mem_get_info(0)
+        used = sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+        return total - free, used
+    cu = ctypes.CDLL("libcuda.so.1")
+    steps = {}
+    steps["start"] = seen()
+    for what, lim, val in (("malloc_heap_1GiB", 2, 2**30), ("stack_8KiB", 0, 8192)):
+        rc = cu.cuCtxSetLimit(ctypes.c_int(lim), ctypes.c_size_t(val))
+        y = x * 2; torch.cuda.synchronize()
+        steps[what] = seen() + (rc,)
+    out.update(charged_vs_nvml={k: list(v) for k, v in steps.items()},
+               ok=all(v[0] >= v[1] - 2**21 for v in steps.values()))
 elif check == "calibrate":
     # Cycles per millisecond of torch.cuda._sleep at the clock a busy GPU runs at.
     torch.cuda._sleep(10**6); torch.cuda.synchronize()
@@ -207,8 +283,8 @@ def main() -> int:
     ap.add_argument("--kernel-ms", default="0.05,0.5,2,10",
                     help="lengths of the spin kernels the SM limit is measured with")
     ap.add_argument("--out", type=Path, help="also write the JSON lines here")
-    ap.add_argument("--checks", default="memory,sm,sleep,smi",
-                    help="which groups to run: memory, sm (matmul, graph), sleep, smi")
+    ap.add_argument("--checks", default="memory,routing,sm,sleep,smi",
+                    help="which groups to run: memory, routing, sm (matmul, graph), sleep, smi")
     args = ap.parse_args()
     groups = set(args.checks.split(","))
     try:
@@ -240,6 +316,15 @@ def main() -> int:
                 base_env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")))
             results[-1]["check"] = "oom_expandable_segments"
             results.append(child("legacy", config(0), limit, 0, base_env))
+            results.append(child("oom", config(0), limit, 0, dict(
+                base_env, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")))
+            results[-1]["check"] = "oom_cudaMallocAsync"
+            results.append(child("setlimit", config(0), limit, 0, base_env))
+        if "routing" in groups:
+            hooks = re.findall(r"^HOOK\(CU, (\w+),", (ROOT / "csrc/src/hooks.def").read_text(),
+                               re.M)
+            results.append(child("routing", config(0), limit, 0,
+                                 dict(base_env, VERIFY_HOOKS=",".join(hooks))))
         for check in ("matmul", "graph") if "sm" in groups else ():
             free = child(check, None, limit, 0, base_env)
             capped = child(check, config(args.core), limit, args.core, base_env)
