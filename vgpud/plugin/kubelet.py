@@ -123,7 +123,8 @@ async def serve_plugin(
                     try:
                         await register(kubelet, socket_name, resource, options)
                         break
-                    except (OSError, StreamTerminatedError, TimeoutError) as e:
+                    # AttributeError: grpclib's lost-transport race (podresources.KUBELET_GONE)
+                    except (OSError, StreamTerminatedError, TimeoutError, AttributeError) as e:
                         log.warning("register_retry", error=str(e) or type(e).__name__)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 10.0)

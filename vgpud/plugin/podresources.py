@@ -23,6 +23,13 @@ class PodResourcesError(RuntimeError):
     """kubelet's PodResources socket could not be read; the message says why."""
 
 
+# What a gRPC call over a kubelet socket raises when kubelet is away, restarting or
+# refusing. AttributeError: grpclib (0.4) drops a connection's transport when the socket
+# closes, and a request made in that moment fails with "'Connection' object has no
+# attribute '_transport'" instead of a connection error.
+KUBELET_GONE = (OSError, GRPCError, StreamTerminatedError, TimeoutError, AttributeError)
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """One container and the IDs of one resource kubelet gave it (possibly none)."""
@@ -70,7 +77,7 @@ class PodResourcesClient:
         try:
             reply = await pr.PodResourcesListerStub(channel).list(
                 pr.ListPodResourcesRequest(), timeout=self.timeout)
-        except (OSError, GRPCError, StreamTerminatedError, TimeoutError) as e:
+        except KUBELET_GONE as e:
             raise PodResourcesError(
                 f"cannot list pod resources from kubelet at {self.socket}: {e}") from None
         finally:
