@@ -397,7 +397,8 @@ class FakeKubelet:
 
     def restart(self) -> None:
         """kubelet restarts: plugin sockets removed, ``kubelet.sock`` new, allocations kept,
-        every resource known but without devices until its plugin registers again."""
+        every resource known but without devices until its plugin registers again.
+        (:meth:`go_down` and :meth:`come_up` do the same in two steps.)"""
         self._close_plugins()
         with self._cond:
             for r in self._resources.values():  # readCheckpoint: a stopped endpoint each
@@ -415,6 +416,25 @@ class FakeKubelet:
             if sock != kubelet:
                 sock.unlink(missing_ok=True)
         kubelet.unlink(missing_ok=True)
+        self._serve_registration()
+
+    def go_down(self) -> None:
+        """The old kubelet stops: its streams end and ``kubelet.sock`` goes (grpcio removes
+        it). Plugins may notice and serve their sockets anew before :meth:`come_up`."""
+        self._close_plugins()
+        with self._cond:
+            for r in self._resources.values():
+                r.primary, r.devices, r.healthy, r.unhealthy = None, {}, set(), set()
+            self._cond.notify_all()
+        if self._reg_server is not None:
+            self._reg_server.stop(None)
+            self._reg_server = None
+
+    def come_up(self) -> None:
+        """The new kubelet starts: CleanupPluginDirectory removes every socket in the
+        directory (a plugin's that was served anew too), then it listens."""
+        for sock in self.plugin_dir.glob("*.sock"):
+            sock.unlink(missing_ok=True)
         self._serve_registration()
 
     def __enter__(self) -> FakeKubelet:

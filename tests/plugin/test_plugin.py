@@ -182,6 +182,35 @@ async def test_a_plugin_serving_its_socket_anew_ends_the_old_stream_first() -> N
         assert f"device.0.uuid={uuid_of(1)}" in config_of(h, a.ids["main"])
 
 
+async def test_a_socket_the_new_kubelet_removed_is_served_again_before_registering() -> None:
+    """kubelet restarts in two steps: the old one goes (kubelet.sock with it), the plugin
+    serves its socket anew, then the new kubelet removes every socket in the directory
+    (CleanupPluginDirectory) and listens. Registering the removed socket fails: kubelet
+    cannot dial it ("failed to dial device plugin", after 10 s). The plugin registered it
+    anyway, and then stopped on kubelet's refusal (a full test run under load once hit
+    this window in the one-step restart)."""
+    async with node_harness(2) as h:
+        assert h.running is not None
+        sock = h.running.socket
+        def made() -> tuple[int, int] | None:  # the inode number alone may be reused
+            try:
+                st = sock.stat()
+            except FileNotFoundError:
+                return None
+            return st.st_ino, st.st_ctime_ns
+
+        first = made()
+        await h.kubelet_call(h.kubelet.go_down)
+        # the plugin notices kubelet.sock gone and serves its socket anew
+        await wait_for(lambda: made() not in (None, first), 10)
+        await h.kubelet_call(h.kubelet.come_up)
+        await h.kubelet_call(h.kubelet.wait_registered, 2, 30)
+        assert h.kubelet.plugin_socket() == str(sock) and sock.exists()
+        h.add_pod("p1", {"main": 1}, placement({"main": [(1, 1000, 10)]}))
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))
+        assert f"device.0.uuid={uuid_of(1)}" in config_of(h, a.ids["main"])
+
+
 async def test_plugin_restart_keeps_files_and_state() -> None:
     async with node_harness(2) as h:
         h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 10)]}))

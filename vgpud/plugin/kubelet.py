@@ -117,17 +117,28 @@ async def serve_plugin(
         mine = _inode(sock)
         try:
             delay = poll
-            while True:
+            theirs = None
+            # until registered; a new kubelet removes every plugin socket when it starts
+            # (CleanupPluginDirectory), maybe ours after we served it anew: then it cannot
+            # dial us, and we serve again
+            while _inode(sock) == mine:
                 theirs = _inode(kubelet)
                 if theirs is not None:
                     try:
                         await register(kubelet, socket_name, resource, options)
                         break
-                    # AttributeError: grpclib's lost-transport race (podresources.KUBELET_GONE)
-                    except (OSError, StreamTerminatedError, TimeoutError, AttributeError) as e:
-                        log.warning("register_retry", error=str(e) or type(e).__name__)
+                    # AttributeError: grpclib's lost-transport race (podresources.KUBELET_GONE);
+                    # RegistrationError: kubelet refused (it could not dial us, say): its
+                    # reason is logged at each try
+                    except (OSError, StreamTerminatedError, TimeoutError, AttributeError,
+                            RegistrationError) as e:
+                        log.warning("register_retry", resource=resource,
+                                    error=str(e) or type(e).__name__)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+            else:
+                log.info("socket_removed", resource=resource, socket=str(sock))
+                continue
             registrations += 1
             log.info("registered", resource=resource, socket=str(sock), times=registrations)
             if not started:
