@@ -68,8 +68,9 @@ class PluginSettings(_Model):
     shimHostDir: str = "/usr/local/vgpud"
     metricsListen: str = "0.0.0.0:9394"
     # the watchdog (vgpud/node/watchdog.py): a container over its memory limit (by NVML,
-    # beyond the tolerance) for longer than the grace period is reported, or killed
-    overLimitAction: Literal["warn", "kill"] = "warn"
+    # beyond the tolerance) for longer than the grace period is reported and killed (a
+    # hard limit; `warn` only reports)
+    overLimitAction: Literal["warn", "kill"] = "kill"
     overLimitGraceSeconds: float = Field(default=10.0, ge=0, le=3600)
     overLimitToleranceMiB: int = Field(default=32, ge=0, le=1 << 20)
     watchdogIntervalSeconds: float = Field(default=2.0, gt=0, le=600)

@@ -530,7 +530,8 @@ def test_plugin_is_root_but_not_privileged() -> None:
     sc = M.container("DaemonSet", "plugin")["securityContext"]
     assert sc["privileged"] is False
     assert sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"] == {"drop": ["ALL"]}
+    # KILL alone: the watchdog's hard limit (overLimitAction: kill, the default)
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
     assert sc["runAsUser"] == 0
 
 
