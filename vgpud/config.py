@@ -115,8 +115,9 @@ class Settings(_Model):
     deviceSchedulerPolicy: Policy = Policy.BINPACK
     computePolicy: ComputePolicy = ComputePolicy.FIXED
     schedulerName: str = Field(default="vgpu-scheduler", min_length=1)
-    # the webhook (vgpud/webhook): a privileged container sees every GPU on its node, so a
-    # vGPU request from one is denied unless this is on
+    # a container that could lift its own limits (privileged: it sees every GPU of its
+    # node; CAP_SYS_ADMIN or seccomp Unconfined: it can mount over /etc/ld.so.preload) is
+    # refused a vGPU by the webhook and again by the scheduler, unless this is on
     allowPrivilegedGPUPods: bool = False
     assumeTTLSeconds: float = Field(default=120.0, gt=0, le=86400)
     kubeQPS: float = Field(default=1000.0, gt=0)
