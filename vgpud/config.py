@@ -68,8 +68,9 @@ class PluginSettings(_Model):
     shimHostDir: str = "/usr/local/vgpud"
     metricsListen: str = "0.0.0.0:9394"
     # the watchdog (vgpud/node/watchdog.py): a container over its memory limit (by NVML,
-    # beyond the tolerance) for longer than the grace period is reported, or killed
-    overLimitAction: Literal["warn", "kill"] = "warn"
+    # beyond the tolerance) for longer than the grace period is reported and killed (a
+    # hard limit; `warn` only reports)
+    overLimitAction: Literal["warn", "kill"] = "kill"
     overLimitGraceSeconds: float = Field(default=10.0, ge=0, le=3600)
     overLimitToleranceMiB: int = Field(default=32, ge=0, le=1 << 20)
     watchdogIntervalSeconds: float = Field(default=2.0, gt=0, le=600)
@@ -114,8 +115,9 @@ class Settings(_Model):
     deviceSchedulerPolicy: Policy = Policy.BINPACK
     computePolicy: ComputePolicy = ComputePolicy.FIXED
     schedulerName: str = Field(default="vgpu-scheduler", min_length=1)
-    # the webhook (vgpud/webhook): a privileged container sees every GPU on its node, so a
-    # vGPU request from one is denied unless this is on
+    # a container that could lift its own limits (privileged: it sees every GPU of its
+    # node; CAP_SYS_ADMIN or seccomp Unconfined: it can mount over /etc/ld.so.preload) is
+    # refused a vGPU by the webhook and again by the scheduler, unless this is on
     allowPrivilegedGPUPods: bool = False
     assumeTTLSeconds: float = Field(default=120.0, gt=0, le=86400)
     kubeQPS: float = Field(default=1000.0, gt=0)

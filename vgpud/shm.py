@@ -2,16 +2,21 @@
 
 The layout mirrors ``csrc/include/vgpu_state_abi.h`` (version 1); the test
 ``tests/shim/test_layout.py`` compiles a C program that prints the C layout and
-compares it with the constants here. The file is read with :mod:`mmap` (read-only,
-no locks taken): every field is an aligned 64- or 32-bit word that the shim writes
-atomically, and ``generation`` lets the reader retry until it sees a snapshot no
-writer touched.
+compares it with the constants here. The file is copied with ``pread`` (no locks
+taken): every field is an aligned 64- or 32-bit word that the shim writes atomically,
+and ``generation`` lets the reader retry until it sees a snapshot no writer touched.
+
+The file lives in a directory the container can write, so the node daemon reads it as
+hostile input: opened without following a link and without blocking (a FIFO or a
+symlink to a neighbour's file put in its place is refused, never waited on), only a
+regular file of the full size, and copied rather than mapped (a container truncating a
+mapped file would kill the reader with SIGBUS).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,12 +97,12 @@ class UsageSnapshot:
         return self.devices[device].used
 
 
-def _field(buf: bytes | mmap.mmap, base: int, spec: tuple[int, str]) -> tuple[int, ...]:
+def _field(buf: bytes, base: int, spec: tuple[int, str]) -> tuple[int, ...]:
     offset, fmt = spec
     return struct.unpack_from(fmt, buf, base + offset)
 
 
-def _parse(buf: bytes | mmap.mmap) -> UsageSnapshot:
+def _parse(buf: bytes) -> UsageSnapshot:
     def h(name: str) -> tuple[int, ...]:
         return _field(buf, 0, HEADER_FIELDS[name])
 
@@ -139,22 +144,38 @@ def read_usage(path: str | os.PathLike[str], attempts: int = 20) -> UsageSnapsho
     """Snapshot of a usage-state file, or of ``<dir>/usage.v1`` when given a directory.
 
     Retries (up to ``attempts`` times) while the generation counter moves under the
-    read; the last read is returned even if writers never paused.
+    read; the last read is returned even if writers never paused. Anything but a
+    regular file of the layout's size, reached without a symbolic link, is a
+    :class:`StateFileError`.
     """
     p = Path(path)
     if p.is_dir():
         p = p / STATE_FILE
     try:
-        with open(p, "rb") as f:
-            if os.fstat(f.fileno()).st_size < FILE_SIZE:
-                raise StateFileError(f"{p}: shorter than {FILE_SIZE} bytes")
-            with mmap.mmap(f.fileno(), FILE_SIZE, access=mmap.ACCESS_READ) as m:
-                snap = _parse(m)
-                for _ in range(attempts):
-                    again = _parse(m)
-                    if again.generation == snap.generation:
-                        return again
-                    snap = again
-                return snap
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise StateFileError(f"{p}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateFileError(f"{p}: not a regular file")
+        if st.st_size < FILE_SIZE:
+            raise StateFileError(f"{p}: shorter than {FILE_SIZE} bytes")
+        snap = _parse(_copy(fd, p))
+        for _ in range(attempts):
+            again = _parse(_copy(fd, p))
+            if again.generation == snap.generation:
+                return again
+            snap = again
+        return snap
+    except OSError as e:
+        raise StateFileError(f"{p}: {e.strerror}") from e
+    finally:
+        os.close(fd)
+
+
+def _copy(fd: int, p: Path) -> bytes:
+    buf = os.pread(fd, FILE_SIZE, 0)
+    if len(buf) < FILE_SIZE:  # truncated while we read
+        raise StateFileError(f"{p}: shorter than {FILE_SIZE} bytes")
+    return buf

@@ -123,6 +123,11 @@ static CUresult created(CUresult r, CUcontext *pctx, CUdevice dev)
     return r;
 }
 
+CUresult vg_impl_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return created(vg_real.cuCtxCreate(pctx, flags, dev), pctx, dev);
+}
+
 CUresult vg_impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
     return created(vg_real.cuCtxCreate_v2(pctx, flags, dev), pctx, dev);

@@ -105,6 +105,14 @@ CUresult vg_impl_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph h
                         phGraphExec, hGraph);
 }
 
+CUresult vg_impl_cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                    CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+{
+    return instantiated(vg_real.cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer,
+                                                   bufferSize),
+                        phGraphExec, hGraph);
+}
+
 CUresult vg_impl_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
                                        CUgraphNode *phErrorNode, char *logBuffer,
                                        size_t bufferSize)

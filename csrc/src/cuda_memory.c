@@ -213,6 +213,38 @@ CUresult vg_impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Wi
     return r;
 }
 
+/* the pre-3.2 entry point: 32-bit pointer, pitch and sizes; never spilled (managed memory
+ * has no 32-bit address to give) */
+CUresult vg_impl_cuMemAllocPitch(unsigned int *dptr, unsigned int *pPitch,
+                                 unsigned int WidthInBytes, unsigned int Height,
+                                 unsigned int ElementSizeBytes)
+{
+    int dev;
+    if (!dptr || !pPitch || !WidthInBytes || !Height || !vg_current(NULL, &dev))
+        return vg_real.cuMemAllocPitch(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t est_pitch = 0;
+    uint64_t est = vg_pitch_bytes(WidthInBytes, Height, &est_pitch);
+    vg_context_charge(dev);
+    if (vg_state_charge(dev, est, VG_KIND_DEVICE, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vg_real.cuMemAllocPitch(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r != CUDA_SUCCESS) {
+        vg_state_uncharge(dev, est, VG_KIND_DEVICE);
+        return r;
+    }
+    uint64_t real = (uint64_t)*pPitch * Height, bytes = est;
+    if (real > est) { /* the driver chose a wider pitch: charge the difference */
+        if (vg_state_charge(dev, real - est, VG_KIND_DEVICE, 0) != 0) {
+            vg_real.cuMemFree(*dptr);
+            vg_state_uncharge(dev, est, VG_KIND_DEVICE);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        bytes = real;
+    }
+    keep(VG_T_PTR, *dptr, bytes, dev, VG_KIND_DEVICE);
+    return r;
+}
+
 CUresult vg_impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     /* Managed memory can be resident on the device: it counts against the limit
@@ -292,6 +324,20 @@ CUresult vg_impl_cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIP
     if (!pHandle || !d) return vg_real.cuArray3DCreate_v2(pHandle, d);
     uint64_t bytes = vg_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
     ARRAY_CREATE(vg_real.cuArray3DCreate_v2(pHandle, d), pHandle, bytes);
+}
+
+CUresult vg_impl_cuArrayCreate(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR_v1 *d)
+{
+    if (!pHandle || !d) return vg_real.cuArrayCreate(pHandle, d);
+    uint64_t bytes = vg_array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels);
+    ARRAY_CREATE(vg_real.cuArrayCreate(pHandle, d), pHandle, bytes);
+}
+
+CUresult vg_impl_cuArray3DCreate(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
+{
+    if (!pHandle || !d) return vg_real.cuArray3DCreate(pHandle, d);
+    uint64_t bytes = vg_array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
+    ARRAY_CREATE(vg_real.cuArray3DCreate(pHandle, d), pHandle, bytes);
 }
 
 CUresult vg_impl_cuMipmappedArrayCreate(CUmipmappedArray *pHandle,

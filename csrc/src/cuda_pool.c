@@ -255,6 +255,11 @@ CUresult vg_impl_cuStreamSynchronize_ptsz(CUstream s)
 
 CUresult vg_impl_cuCtxSynchronize(void) { return synced(vg_real.cuCtxSynchronize()); }
 
+CUresult vg_impl_cuCtxSynchronize_v2(CUcontext ctx)
+{
+    return synced(vg_real.cuCtxSynchronize_v2(ctx));
+}
+
 CUresult vg_impl_cuEventSynchronize(CUevent e) { return synced(vg_real.cuEventSynchronize(e)); }
 
 /* ---- graph memory ---- */

@@ -50,6 +50,10 @@ int main(void)
     SIZE(CUDA_ARRAY3D_DESCRIPTOR); OFF(CUDA_ARRAY3D_DESCRIPTOR, Depth);
     OFF(CUDA_ARRAY3D_DESCRIPTOR, Format); OFF(CUDA_ARRAY3D_DESCRIPTOR, NumChannels);
     OFF(CUDA_ARRAY3D_DESCRIPTOR, Flags);
+    SIZE(CUDA_ARRAY_DESCRIPTOR_v1); OFF(CUDA_ARRAY_DESCRIPTOR_v1, Height);
+    OFF(CUDA_ARRAY_DESCRIPTOR_v1, Format); OFF(CUDA_ARRAY_DESCRIPTOR_v1, NumChannels);
+    SIZE(CUDA_ARRAY3D_DESCRIPTOR_v1); OFF(CUDA_ARRAY3D_DESCRIPTOR_v1, Depth);
+    OFF(CUDA_ARRAY3D_DESCRIPTOR_v1, Format); OFF(CUDA_ARRAY3D_DESCRIPTOR_v1, Flags);
     SIZE(CUmemLocation); OFF(CUmemLocation, type); OFF(CUmemLocation, id);
     SIZE(CUmemAllocationProp); OFF(CUmemAllocationProp, type);
     OFF(CUmemAllocationProp, requestedHandleTypes); OFF(CUmemAllocationProp, location);

@@ -265,6 +265,43 @@ def test_a_privileged_gpu_container_is_denied_unless_allowed() -> None:
     assert validate(q, POLICY).allowed
 
 
+@pytest.mark.parametrize(("container_sc", "pod_sc", "fragment"), [
+    ({"capabilities": {"add": ["NET_RAW", "SYS_ADMIN"]}}, None, "SYS_ADMIN"),
+    ({"capabilities": {"add": ["CAP_SYS_ADMIN"]}}, None, "CAP_SYS_ADMIN"),
+    ({"capabilities": {"add": ["ALL"]}}, None, "has ALL"),
+    ({"seccompProfile": {"type": "Unconfined"}}, None, "securityContext.seccompProfile"),
+    (None, {"seccompProfile": {"type": "Unconfined"}}, "the pod's securityContext"),
+])
+def test_a_gpu_container_that_could_undo_its_shim_is_denied_unless_allowed(
+        container_sc: dict[str, Any] | None, pod_sc: dict[str, Any] | None,
+        fragment: str) -> None:
+    """Issue 22, finding 18: CAP_SYS_ADMIN, or seccomp Unconfined (a user namespace),
+    lets a process mount over /etc/ld.so.preload and run without the shim."""
+    extra = {"securityContext": container_sc} if container_sc else {}
+    p = pod(ctr("ok", limits={NUM: 1}), ctr("escape", limits={NUM: 1}, **extra))
+    if pod_sc:
+        p["spec"]["securityContext"] = pod_sc
+    msg = denied(p)
+    assert "'escape'" in msg or "'ok'" in msg
+    assert fragment in msg and "/etc/ld.so.preload" in msg and "allowPrivilegedGPUPods" in msg
+    assert validate(p, AdmissionPolicy(allow_privileged=True)).allowed
+
+
+def test_a_container_profile_overrides_the_pods_and_others_are_not_our_business() -> None:
+    p = pod(ctr("gpu", limits={NUM: 1},
+                securityContext={"seccompProfile": {"type": "RuntimeDefault"}}))
+    p["spec"]["securityContext"] = {"seccompProfile": {"type": "Unconfined"}}
+    assert validate(p, POLICY).allowed
+    q = pod(ctr("gpu", limits={NUM: 1}),
+            ctr("side", securityContext={"capabilities": {"add": ["SYS_ADMIN"]},
+                                         "seccompProfile": {"type": "Unconfined"}}))
+    assert validate(q, POLICY).allowed
+    r = pod(ctr("gpu", limits={NUM: 1}, securityContext={
+        "capabilities": {"add": ["NET_ADMIN"]}, "seccompProfile": {"type": "Localhost",
+                                                                   "localhostProfile": "x"}}))
+    assert validate(r, POLICY).allowed
+
+
 def test_requests_that_differ_from_limits_are_denied() -> None:
     msg = denied(pod(ctr(limits={MEM: 3000}, requests={MEM: "2000"})))
     assert "'main'" in msg and MEM in msg and "differ" in msg

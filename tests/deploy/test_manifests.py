@@ -530,7 +530,8 @@ def test_plugin_is_root_but_not_privileged() -> None:
     sc = M.container("DaemonSet", "plugin")["securityContext"]
     assert sc["privileged"] is False
     assert sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"] == {"drop": ["ALL"]}
+    # KILL alone: the watchdog's hard limit (overLimitAction: kill, the default)
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
     assert sc["runAsUser"] == 0
 
 
@@ -722,16 +723,18 @@ def _namespace(name: str, **labels: str) -> dict[str, str]:
     return {"kubernetes.io/metadata.name": name, **labels}  # the API server sets the first
 
 
-def test_webhook_spares_system_namespaces_and_opted_out_objects() -> None:
+def test_webhook_spares_system_and_opted_out_namespaces_but_no_pod_spares_itself() -> None:
+    """Issue 22, finding 18: a pod labelled vgpud.io/webhook=disabled skipped the checks
+    that keep a GPU container from lifting its limits; opting out is by namespace only."""
     for hook in webhook_configurations().values():
-        ns, obj = hook["namespaceSelector"], hook["objectSelector"]
+        ns = hook["namespaceSelector"]
         assert _selector_matches(ns, _namespace("ml-team"))
         assert _selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "enabled"}))
         assert not _selector_matches(ns, _namespace("kube-system"))
         assert not _selector_matches(ns, _namespace(NAMESPACE))  # the release namespace
         assert not _selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "disabled"}))
-        assert _selector_matches(obj, {"app": "train"})
-        assert not _selector_matches(obj, {"app": "train", "vgpud.io/webhook": "disabled"})
+        obj = hook.get("objectSelector", {})
+        assert _selector_matches(obj, {"app": "train", "vgpud.io/webhook": "disabled"})
 
 
 def test_webhook_sees_only_gpu_pods() -> None:

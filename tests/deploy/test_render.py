@@ -101,14 +101,17 @@ def test_reschedule_settings_grant_pod_delete_and_create_only_then(helm: Path) -
     assert not {"delete", "create"} & pod_verbs(off)
 
 
-def test_kill_on_over_limit_grants_the_kill_capability_only_then(helm: Path) -> None:
-    sc = template(helm).container("DaemonSet", "plugin")["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"]}
-    m = template(helm, "config.plugin.overLimitAction=kill")
+def test_kill_on_over_limit_is_the_default_and_grants_the_kill_capability_only_then(
+        helm: Path) -> None:
+    """Issue 22, finding 16: a hard limit kills by default; `warn` is the opt-out."""
+    m = template(helm)
     sc = m.container("DaemonSet", "plugin")["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
     settings = parse_settings(yaml.safe_load(m.configmap_file("vgpud-settings", "vgpud.yaml")))
     assert settings.plugin.overLimitAction == "kill"
+    warn = template(helm, "config.plugin.overLimitAction=warn")
+    sc = warn.container("DaemonSet", "plugin")["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_extender_election_adds_its_flag_and_its_lease(helm: Path) -> None:

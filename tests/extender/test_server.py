@@ -122,6 +122,23 @@ async def test_bad_quantities_fail_every_node_unresolvably(server: tuple[str, Al
     assert all(fragment in m for m in doc["FailedAndUnresolvableNodes"].values())
 
 
+async def test_filter_refuses_what_the_webhook_would_refuse(
+        server: tuple[str, Allocator]) -> None:
+    """Issue 22, finding 18, defence in depth: a GPU pod the webhook never saw (a
+    namespace it spares, a webhook down under failurePolicy Ignore) that could undo its
+    shim is refused on every node, with the webhook's reason; other pods are unaffected."""
+    url, _ = server
+    unsafe = pod("p", number=1)
+    unsafe["spec"]["securityContext"] = {"seccompProfile": {"type": "Unconfined"}}
+    _, doc = await post(f"{url}/filter", {"Pod": unsafe, "NodeNames": ["big", "small"]})
+    assert doc["NodeNames"] == []
+    reason = doc["FailedAndUnresolvableNodes"]["big"]
+    assert "seccompProfile is Unconfined" in reason and "/etc/ld.so.preload" in reason
+    plain = pod("q", containers=[{"name": "c", "securityContext": {"privileged": True}}])
+    _, doc = await post(f"{url}/filter", {"Pod": plain, "NodeNames": ["big"]})
+    assert doc["NodeNames"] == ["big"]  # no GPU asked: none of our business
+
+
 async def test_unknown_policy_name(server: tuple[str, Allocator]) -> None:
     url, _ = server
     p = pod("p", memory=1, annotations={"nvidia.com/node-scheduler-policy": "fastest"})

@@ -27,6 +27,14 @@ from vgpud.node.watchdog import Kill, Report, Usage, Watchdog, Watched, usage, v
 MIB = 1 << 20
 OWNER = Owner("k1", "ns", "p", "main", "1234-abcd")
 POD_CG = "0::/kubepods/besteffort/pod1234-abcd/ctr-1\n"
+ALLOC = Path("/var/lib/vgpud/allocations/k1/etc")
+# /proc/<pid>/mountinfo of a process of the allocation's container: /etc/vgpud is a bind
+# of the allocation's directory (its root is a path within the host filesystem)
+MOUNTINFO = ("22 1 0:21 / / rw - overlay overlay rw\n"
+             "23 22 8:1 /var/lib/vgpud/allocations/k1/etc /etc/vgpud ro - ext4 /dev/sda1 rw\n"
+             "24 22 8:1 /var/lib/vgpud/allocations/k1/state /var/run/vgpud rw - ext4 /dev/sda1 "
+             "rw\n")
+MINE = ("/", "/var/lib/vgpud/allocations/k1/etc", "/var/lib/vgpud/allocations/k1/state")
 
 
 def facts(pid: int = 42, cg: str = POD_CG, start: int = 7) -> procfs.ProcessFacts:
@@ -43,15 +51,43 @@ def test_claims_are_parsed_and_malformed_ones_named() -> None:
 
 def test_a_process_is_accepted_only_in_its_allocations_pod() -> None:
     claim = Claim(1, 7, 0, ())
-    ok = judge(OWNER, facts(), claim)
+    ok = judge(OWNER, facts(), claim, MINE, ALLOC)
     assert isinstance(ok, Registered) and ok.host_pid == 42 and ok.cgroup.endswith("ctr-1")
     systemd = "0::/kubepods.slice/kubepods-besteffort.slice/" \
               "kubepods-besteffort-pod1234_abcd.slice/cri-containerd-x.scope\n"
-    assert isinstance(judge(OWNER, facts(cg=systemd), claim), Registered)
-    other = judge(OWNER, facts(cg="0::/kubepods/besteffort/pod9999/ctr\n"), claim)
+    assert isinstance(judge(OWNER, facts(cg=systemd), claim, MINE, ALLOC), Registered)
+    other = judge(OWNER, facts(cg="0::/kubepods/besteffort/pod9999/ctr\n"), claim, MINE, ALLOC)
     assert isinstance(other, str) and "not in pod ns/p's cgroup" in other
-    assert "PreStartContainer" in str(judge(None, facts(), claim))
-    assert "gone" in str(judge(OWNER, None, claim))
+    assert "PreStartContainer" in str(judge(None, facts(), claim, MINE, ALLOC))
+    assert "gone" in str(judge(OWNER, None, claim, MINE, ALLOC))
+    assert "gone" in str(judge(OWNER, facts(), claim, None, ALLOC))
+
+
+def test_a_process_of_another_container_of_the_pod_is_refused() -> None:
+    """Issue 22, finding 17: a sidecar of the same pod (same pod cgroup) reaching the
+    socket through /proc/<pid>/root, with process namespace sharing, registered as the
+    GPU container. Its mount namespace has no bind of the allocation's directory."""
+    claim = Claim(1, 7, 0, ())
+    sidecar = ("/", "/var/lib/kubelet/pods/1234-abcd/volumes/kubernetes.io~empty-dir/x")
+    verdict = judge(OWNER, facts(cg="0::/kubepods/besteffort/pod1234-abcd/ctr-2\n"), claim,
+                    sidecar, ALLOC)
+    assert isinstance(verdict, str) and "not in container 'main' of pod ns/p" in verdict
+    other_alloc = ("/", "/var/lib/vgpud/allocations/k2/etc")  # another GPU container's
+    assert isinstance(judge(OWNER, facts(), claim, other_alloc, ALLOC), str)
+    # the root is a path within the filesystem the directory lives on (here a tmpfs
+    # mounted at /var/lib/vgpud): matched by the directory's last two names
+    assert isinstance(judge(OWNER, facts(), claim, ("/", "/allocations/k1/etc"), ALLOC),
+                      Registered)
+
+
+def test_mountinfo_is_read_with_its_escapes(tmp_path: Path) -> None:
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "mountinfo").write_text(
+        MOUNTINFO + "25 22 8:1 /a\\040dir/k1/etc /x ro - ext4 /dev/sda1 rw\n")
+    roots = procfs.mount_roots(7, tmp_path)
+    assert roots is not None and roots[:2] == ("/", "/var/lib/vgpud/allocations/k1/etc")
+    assert roots[-1] == "/a dir/k1/etc"
+    assert procfs.mount_roots(8, tmp_path) is None
 
 
 def test_the_registry_maps_gpu_processes_by_registration_then_cgroup() -> None:
@@ -99,18 +135,21 @@ async def test_registration_round_trip_uses_the_kernels_pid(tmp_path: Path) -> N
     (proc / str(me) / "stat").write_text(f"{me} (python) S " + " ".join(["0"] * 18) + " 5 0\n")
     (proc / str(me) / "cgroup").write_text(POD_CG)
     (proc / str(me) / "status").write_text(f"Name:\tpython\nNSpid:\t{me}\n")
+    alloc = tmp_path / "k1" / "etc"
+    alloc.mkdir(parents=True)
+    (proc / str(me) / "mountinfo").write_text(f"23 22 8:1 {alloc} /etc/vgpud ro - ext4 x rw\n")
     registry = Registry()
     registrar = Registrar(registry, proc=proc)
     async with anyio.create_task_group() as tg:
         await tg.start(registrar.run)
-        await registrar.open("k1", tmp_path, OWNER)
+        await registrar.open("k1", alloc, OWNER)
 
         def client(n: int) -> tuple[list[str], list[float]]:
             answers, times = [], []
             for _ in range(n):
                 t0 = time.perf_counter()
                 with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(str(tmp_path / "register.sock"))
+                    s.connect(str(alloc / "register.sock"))
                     s.sendall(b"vgpud-register 1 pid=1 start=1 slot=0 ignored=-\n")
                     answers.append(s.recv(100).decode())
                 times.append(time.perf_counter() - t0)

@@ -262,6 +262,54 @@ def _equal_parts(requests: Mapping[str, Any], limits: Mapping[str, Any], cname: 
     return None
 
 
+SYS_ADMIN = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"})
+
+
+def container_risk(spec: Mapping[str, Any], container: Mapping[str, Any]) -> str | None:
+    """Why a container asking for a vGPU could lift its own limits, or None.
+
+    Privileged, it sees every GPU of its node. With ``CAP_SYS_ADMIN`` it can mount over
+    ``/etc/ld.so.preload`` and run without the shim. With seccomp ``Unconfined`` (its own,
+    or the pod's when it sets none) it can create a user namespace and do the same mount
+    there. Checked by the webhook and again by the scheduler (a pod the webhook did not
+    see, or a webhook that was down under ``failurePolicy: Ignore``)."""
+    cname = str(container.get("name"))
+    why = "so its limits cannot hold (the cluster's allowPrivilegedGPUPods setting is off)"
+    sc = _map(container.get("securityContext")) or {}
+    if sc.get("privileged") is True:
+        return (f"container {cname!r}: securityContext.privileged is true and it asks for a "
+                f"vGPU: a privileged container sees every GPU of its node, {why}")
+    caps = _map(sc.get("capabilities")) or {}
+    added = caps.get("add")
+    granted = sorted({str(a) for a in added} & SYS_ADMIN) if isinstance(added, list) else []
+    if granted:
+        return (f"container {cname!r}: securityContext.capabilities.add has {granted[0]} and "
+                f"it asks for a vGPU: with it a process can mount over /etc/ld.so.preload and "
+                f"run without vgpud's shim, {why}")
+    own = sc.get("seccompProfile") is not None
+    pod_sc = _map(spec.get("securityContext")) or {}
+    profile = _map(sc.get("seccompProfile") if own else pod_sc.get("seccompProfile")) or {}
+    if profile.get("type") == "Unconfined":
+        where = "securityContext" if own else "the pod's securityContext"
+        return (f"container {cname!r}: {where}.seccompProfile is Unconfined and it asks for a "
+                f"vGPU: unconfined, a process can create a user namespace, mount over "
+                f"/etc/ld.so.preload there and run without vgpud's shim (use RuntimeDefault "
+                f"or a Localhost profile), {why}")
+    return None
+
+
+def pod_risk(pod: Mapping[str, Any], gpu_containers: Iterable[str]) -> str | None:
+    """:func:`container_risk` of the first of ``gpu_containers`` (names) that has one."""
+    spec = _map(pod.get("spec")) or {}
+    wanted = set(gpu_containers)
+    for _, _, c in _containers(spec):
+        if str(c.get("name")) in wanted:
+            risk = container_risk(spec, c)
+            if risk:
+                return risk
+    return None
+
+
 def validate(pod: object, policy: AdmissionPolicy, catalogue: Catalogue = EMPTY) -> Verdict:
     """Whether a new pod may be created, and if not, why, naming the container and field."""
     if not is_gpu_pod(pod, policy.defaults):
@@ -283,12 +331,10 @@ def validate(pod: object, policy: AdmissionPolicy, catalogue: Catalogue = EMPTY)
             problem = _equal_parts(*parts, cname, preset)
             if problem:
                 return Verdict(False, problem)
-            sc = _map(c.get("securityContext")) or {}
-            if sc.get("privileged") is True and not policy.allow_privileged:
-                return Verdict(False, (
-                    f"container {cname!r}: securityContext.privileged is true and it asks "
-                    "for a vGPU: a privileged container sees every GPU of its node, so its "
-                    "limits cannot hold (the cluster's allowPrivilegedGPUPods setting is off)"))
+            if not policy.allow_privileged:
+                risk = container_risk(spec, c)
+                if risk:
+                    return Verdict(False, risk)
     except RequestError as e:
         return Verdict(False, str(e))
     if catalogue.known:

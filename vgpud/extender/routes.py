@@ -20,6 +20,7 @@ import anyio
 import numpy as np
 import structlog
 
+from vgpud.core.admission import pod_risk
 from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, summarize
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.ledger import Entry
@@ -71,6 +72,7 @@ class Extender:
         spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None,
         budgets: Callable[[], Sequence[Budget]] = lambda: (),
         serial_binds: bool = False,
+        allow_privileged: bool = False,
     ) -> None:
         self.state = state
         self.alloc: Allocator = state.alloc
@@ -84,6 +86,8 @@ class Extender:
         # SerialBindNode: one bind at a time per node, for users who want the peers'
         # behaviour. Off by default: the ledger's assume makes concurrent binds safe.
         self.serial_binds = serial_binds
+        # the webhook's security refusals, again (a pod it did not see): allowPrivilegedGPUPods
+        self.allow_privileged = allow_privileged
         self._node_locks: dict[str, tuple[anyio.Lock, int]] = {}
         self.binds_in_flight = 0
 
@@ -117,6 +121,12 @@ class Extender:
             return filter_result(args, [], {}, dict.fromkeys(args.node_names, msg))
         if not req.wants_gpu:
             return filter_result(args, list(args.node_names), {}, {})
+        risk = None if self.allow_privileged else pod_risk(
+            args.pod, (c.name for c in req.containers))
+        if risk:
+            self.metrics.rejections.labels("unsafe-container").inc(len(args.node_names))
+            await self._event(args.pod, "UnsafeGPUContainer", risk, "Warning")
+            return filter_result(args, [], {}, dict.fromkeys(args.node_names, risk))
         self.state.remember(req)
         got = self.alloc.filter(req, args.node_names)
         failed: dict[str, str] = {}

@@ -103,7 +103,8 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                            is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
                            spawn=tg.start_soon,
                            budgets=lambda: [b for _, b in budgets.items()],
-                           serial_binds=sched.featureGates.SerialBindNode)
+                           serial_binds=sched.featureGates.SerialBindNode,
+                           allow_privileged=settings.allowPrivilegedGPUPods)
             def ready() -> bool:
                 return nodes.has_synced and pods.has_synced
 

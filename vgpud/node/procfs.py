@@ -64,3 +64,26 @@ def in_pod(cgroup_text: str, pod_uid: str) -> bool:
         if stem.rsplit("-", 1)[-1] in wanted or stem in wanted:
             return True
     return False
+
+
+def mount_roots(pid: int, proc: Path = PROC) -> tuple[str, ...] | None:
+    """What each mount of the process's mount namespace shows: ``/proc/<pid>/mountinfo``
+    field 4, the directory of its filesystem that is mounted (a bind mount's source, as
+    a path within that filesystem). ``None`` if the process is gone."""
+    try:
+        text = (proc / str(pid) / "mountinfo").read_text()
+    except OSError:
+        return None
+    out = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4:  # octal escapes: \040 space, \011 tab, \012 newline, \134 \\
+            out.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[3]))
+    return tuple(out)
+
+
+def mounts_dir(roots: tuple[str, ...], directory: Path) -> bool:
+    """One of ``roots`` is ``directory`` (matched by its last two names: the root is a
+    path within the filesystem the directory lives on, not a host path)."""
+    tail = "/" + "/".join(directory.parts[-2:])
+    return any(r.rstrip("/").endswith(tail) for r in roots)

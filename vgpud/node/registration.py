@@ -7,10 +7,15 @@ per process and says who it believes it is. None of that is believed:
 
 1. the kernel gives the peer's PID in the node's PID namespace (``SO_PEERCRED``; the
    plugin runs with ``hostPID: true``);
-2. that PID's cgroup (the host's ``/proc``) must be in the allocation's pod (the socket
-   is mounted into that allocation's container only; a restarted container comes back
-   in a new cgroup of the same pod, with the same allocation);
-3. only then is the PID recorded and answered: ``ok <host pid>``. Anything else is
+2. that PID's cgroup (the host's ``/proc``) must be in the allocation's pod (a restarted
+   container comes back in a new cgroup of the same pod, with the same allocation);
+3. and the process must be in the allocation's container: its mount namespace has the
+   allocation's directory mounted (``/proc/<pid>/mountinfo``). The socket is mounted
+   into that container only, but another container of the same pod reaches it through
+   ``/proc/<pid>/root`` when the pod shares its process namespace, and a process there
+   must not register as this container (a container cannot add a bind mount of a host
+   directory to its own namespace);
+4. only then is the PID recorded and answered: ``ok <host pid>``. Anything else is
    ``refused <why>``, with the reason logged.
 
 The socket of an allocation is reachable only from the container it is mounted into,
@@ -94,16 +99,21 @@ class Registered:
     claim: Claim
 
 
-def judge(owner: Owner | None, facts: procfs.ProcessFacts | None,
-          claim: Claim) -> Registered | str:
-    """Accept a peer, or say why not. Pure: the facts come from the kernel and /proc."""
+def judge(owner: Owner | None, facts: procfs.ProcessFacts | None, claim: Claim,
+          mounts: tuple[str, ...] | None, directory: Path) -> Registered | str:
+    """Accept a peer, or say why not. Pure: the facts come from the kernel and /proc
+    (``mounts``: :func:`procfs.mount_roots` of the peer; ``directory``: the allocation's
+    directory that holds the socket)."""
     if owner is None:
         return "this allocation has no container yet (PreStartContainer has not run)"
-    if facts is None:
+    if facts is None or mounts is None:
         return "the process is gone"
     where = f"pod {owner.namespace}/{owner.pod}"
     if not procfs.in_pod(facts.cgroup_text, owner.uid):
         return f"process {facts.pid} is not in {where}'s cgroup ({facts.cgroup})"
+    if not procfs.mounts_dir(mounts, directory):
+        return (f"process {facts.pid} is not in container {owner.container!r} of {where} "
+                f"(the allocation's directory is not mounted in its namespace)")
     return Registered(owner.key, facts.pid, facts.start_time, facts.cgroup, claim)
 
 
@@ -174,6 +184,7 @@ class Registrar:
         self.on_ignored_env = on_ignored_env
         self._owners: dict[str, Owner | None] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
+        self._dirs: dict[str, Path] = {}  # allocation key -> the directory of its socket
         self._tg: TaskGroup | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -188,6 +199,7 @@ class Registrar:
     async def open(self, key: str, directory: Path, owner: Owner | None) -> None:
         """Serve ``directory/register.sock`` for allocation ``key`` (again after a restart)."""
         self._owners[key] = owner
+        self._dirs[key] = directory
         if key in self._scopes or self._tg is None:
             return
         path = directory / SOCKET_NAME
@@ -209,6 +221,7 @@ class Registrar:
         if scope is not None:
             scope.cancel()
         self._owners.pop(key, None)
+        self._dirs.pop(key, None)
         self.registry.forget(key)
 
     async def _handle(self, key: str, stream: SocketStream) -> None:
@@ -225,7 +238,8 @@ class Registrar:
                 verdict: Registered | str = claim
             else:
                 facts = await anyio.to_thread.run_sync(procfs.read, pid, self.proc)
-                verdict = judge(owner, facts, claim)
+                mounts = await anyio.to_thread.run_sync(procfs.mount_roots, pid, self.proc)
+                verdict = judge(owner, facts, claim, mounts, self._dirs[key])
             if isinstance(verdict, str):
                 self.registry.refused += 1
                 log.warning("registration_refused", key=key, pid=pid, why=verdict)

@@ -8,8 +8,9 @@ is mapped to its allocation (its registration, else its container's cgroup,
 :class:`~vgpud.node.registration.Registry`); per container and GPU the sum is compared
 with the limit plus a tolerance (the driver rounds allocations to pages the shim does
 not see). A container over its limit for longer than the grace period gets an event on
-its pod and shows in the metrics, once per incident; with ``overLimitAction: kill`` its
-processes on that GPU are killed too, largest first, until it is back under its limit.
+its pod and shows in the metrics, once per incident, and (``overLimitAction: kill``, the
+default) its processes on that GPU are killed, largest first, until it is back under its
+limit; ``warn`` only reports.
 
 :func:`over_limits` and :meth:`Watchdog.decide` are pure; :meth:`Watchdog.run` does the
 I/O (NVML through the GPU source, ``/proc``, events, signals).
@@ -123,7 +124,7 @@ class GpuProcesses(Protocol):
 class Watchdog:
     registry: Registry
     watched: Callable[[], Mapping[str, Watched]]
-    action: Literal["warn", "kill"] = "warn"
+    action: Literal["warn", "kill"] = "kill"
     grace: float = 10.0
     tolerance: int = 32 * MIB
     interval: float = 2.0

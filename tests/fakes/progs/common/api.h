@@ -18,6 +18,7 @@
     X(cuDeviceGetAttribute, cuDeviceGetAttribute, 0, (int *, CUdevice_attribute, CUdevice))  \
     X(cuCtxCreate_v2, cuCtxCreate, 11000, (CUcontext *, unsigned int, CUdevice))             \
     X(cuCtxCreate_v4, cuCtxCreate, 0, (CUcontext *, CUctxCreateParams *, unsigned int, CUdevice)) \
+    X(cuCtxCreate, cuCtxCreate, 3010, (CUcontext *, unsigned int, CUdevice))                 \
     X(cuCtxDestroy_v2, cuCtxDestroy, 0, (CUcontext))                                         \
     X(cuCtxGetCurrent, cuCtxGetCurrent, 0, (CUcontext *))                                    \
     X(cuCtxSetCurrent, cuCtxSetCurrent, 0, (CUcontext))                                      \
@@ -25,6 +26,7 @@
     X(cuCtxPopCurrent_v2, cuCtxPopCurrent, 0, (CUcontext *))                                 \
     X(cuCtxGetDevice, cuCtxGetDevice, 0, (CUdevice *))                                       \
     X(cuCtxSynchronize, cuCtxSynchronize, 0, (void))                                         \
+    X(cuCtxSynchronize_v2, cuCtxSynchronize, 13000, (CUcontext))                             \
     X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 0, (CUcontext *, CUdevice))        \
     X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease, 0, (CUdevice))                \
     X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, 0, (CUdevice))                    \
@@ -34,6 +36,8 @@
     X(cuMemAlloc, cuMemAlloc, 3010, (CUdeviceptr_v1 *, unsigned int))                        \
     X(cuMemFree, cuMemFree, 3010, (CUdeviceptr_v1))                                          \
     X(cuMemAllocPitch_v2, cuMemAllocPitch, 0, (CUdeviceptr *, size_t *, size_t, size_t, unsigned int)) \
+    X(cuMemAllocPitch, cuMemAllocPitch, 3010,                                                \
+      (CUdeviceptr_v1 *, unsigned int *, unsigned int, unsigned int, unsigned int))          \
     X(cuMemAllocManaged, cuMemAllocManaged, 0, (CUdeviceptr *, size_t, unsigned int))        \
     X(cuMemAllocHost_v2, cuMemAllocHost, 0, (void **, size_t))                               \
     X(cuMemHostAlloc, cuMemHostAlloc, 0, (void **, size_t, unsigned int))                    \
@@ -43,6 +47,8 @@
     X(cuMemsetD8_v2, cuMemsetD8, 0, (CUdeviceptr, unsigned char, size_t))                    \
     X(cuArrayCreate_v2, cuArrayCreate, 0, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))        \
     X(cuArray3DCreate_v2, cuArray3DCreate, 0, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))  \
+    X(cuArrayCreate, cuArrayCreate, 3010, (CUarray *, const CUDA_ARRAY_DESCRIPTOR_v1 *))     \
+    X(cuArray3DCreate, cuArray3DCreate, 3010, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR_v1 *)) \
     X(cuArrayDestroy, cuArrayDestroy, 0, (CUarray))                                          \
     X(cuMipmappedArrayCreate, cuMipmappedArrayCreate, 0,                                     \
       (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int))                   \
@@ -92,6 +98,10 @@
       (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS_v2 *)) \
     X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 0,                           \
       (CUgraphExec *, CUgraph, unsigned long long))                                          \
+    X(cuGraphInstantiate, cuGraphInstantiate, 10020,                                         \
+      (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))                               \
+    X(cuGraphInstantiate_v2, cuGraphInstantiate, 11000,                                      \
+      (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))                               \
     X(cuGraphLaunch, cuGraphLaunch, 0, (CUgraphExec, CUstream))                              \
     X(cuGraphExecDestroy, cuGraphExecDestroy, 0, (CUgraphExec))                              \
     X(cuGraphDestroy, cuGraphDestroy, 0, (CUgraph))                                          \

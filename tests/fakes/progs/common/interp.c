@@ -198,6 +198,21 @@ static void op_pitch(char **a) {
          (unsigned long long)p, pitch, (uint64_t)pitch * h);
 }
 
+/* pitch1 D W H [ELEM]: the pre-3.2 entry point (32-bit pointer and sizes) */
+static void op_pitch1(char **a) {
+    int dev = dev_arg(a[0]);
+    unsigned w = (unsigned)parse_size(a[1]), h = (unsigned)parse_size(a[2]);
+    unsigned elem = a[3] ? (unsigned)atoi(a[3]) : 4;
+    CUdeviceptr_v1 p = 0;
+    unsigned pitch = 0;
+    int rc = ensure(dev);
+    if (!rc) rc = CALL(cuMemAllocPitch, &p, &pitch, w, h, elem);
+    int id = rc ? -1 : new_id((struct rec){.kind = R_ALLOC32, .ptr = p,
+                                           .size = (uint64_t)pitch * h});
+    emit("pitch1", rc, "\"id\":%d,\"ptr\":\"0x%x\",\"pitch\":%u,\"size\":%" PRIu64, id, p,
+         pitch, (uint64_t)pitch * h);
+}
+
 static void op_array(const char *op, char **a) {
     int dev = dev_arg(a[0]);
     int rc = ensure(dev);
@@ -210,6 +225,15 @@ static void op_array(const char *op, char **a) {
             CUDA_ARRAY_DESCRIPTOR d = {w, h, CU_AD_FORMAT_UNSIGNED_INT8,
                                        a[3] ? (unsigned)atoi(a[3]) : 1};
             rc = CALL(cuArrayCreate_v2, &arr, &d);
+        } else if (!strcmp(op, "array1")) { /* the pre-3.2 descriptor */
+            CUDA_ARRAY_DESCRIPTOR_v1 d = {(unsigned)w, (unsigned)h, CU_AD_FORMAT_UNSIGNED_INT8,
+                                          a[3] ? (unsigned)atoi(a[3]) : 1};
+            rc = CALL(cuArrayCreate, &arr, &d);
+        } else if (!strcmp(op, "array3d1")) {
+            CUDA_ARRAY3D_DESCRIPTOR_v1 d = {(unsigned)w, (unsigned)h, (unsigned)parse_size(a[3]),
+                                            CU_AD_FORMAT_UNSIGNED_INT8,
+                                            a[4] ? (unsigned)atoi(a[4]) : 1, 0};
+            rc = CALL(cuArray3DCreate, &arr, &d);
         } else if (!strcmp(op, "array3d")) {
             CUDA_ARRAY3D_DESCRIPTOR d = {w, h, parse_size(a[3]), CU_AD_FORMAT_UNSIGNED_INT8,
                                          a[4] ? (unsigned)atoi(a[4]) : 1, 0};
@@ -460,8 +484,10 @@ static void op_launchfor(char **a) {
 }
 
 /* ---- graph memory ---- */
-/* graphalloc D SIZE [FREE]: a graph with one mem alloc node on D (and a free node of it when
- * FREE=1), instantiated; the id frees both ("free ID"). */
+/* graphalloc D SIZE [FREE] [INST]: a graph with one mem alloc node on D (and a free node of
+ * it when FREE=1), instantiated through INST (flags: cuGraphInstantiateWithFlags, the
+ * default; v1: the unversioned cuGraphInstantiate; v2: cuGraphInstantiate_v2); the id
+ * frees both ("free ID"). */
 static void op_graphalloc(char **a) {
     int dev = dev_arg(a[0]);
     uint64_t size = parse_size(a[1]);
@@ -487,7 +513,10 @@ static void op_graphalloc(char **a) {
     if (!rc) rc = CALL(cuGraphGetNodes, g, NULL, &nodes);
     if (!rc) rc = CALL(cuGraphNodeGetType, an, &types[0]);
     if (!rc && fn) rc = CALL(cuGraphNodeGetType, fn, &types[1]);
-    if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
+    const char *inst = a[2] && a[3] ? a[3] : "flags";
+    if (!rc && !strcmp(inst, "v1")) rc = CALL(cuGraphInstantiate, &ex, g, NULL, NULL, 0);
+    else if (!rc && !strcmp(inst, "v2")) rc = CALL(cuGraphInstantiate_v2, &ex, g, NULL, NULL, 0);
+    else if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
     int id = -1;
     if (!rc) {
         id = new_id((struct rec){.kind = R_GRAPH, .graph = g, .exec = ex, .ptr = p.dptr, .size = size});
@@ -721,7 +750,9 @@ static void op_ctx(const char *op, char **a) {
         inited = !rc;
     }
     CUcontext c = NULL;
-    if (!rc) rc = !strcmp(op, "ctx4") ? CALL(cuCtxCreate_v4, &c, NULL, 0, dev) : CALL(cuCtxCreate_v2, &c, 0, dev);
+    if (!rc && !strcmp(op, "ctx4")) rc = CALL(cuCtxCreate_v4, &c, NULL, 0, dev);
+    else if (!rc && !strcmp(op, "ctx1")) rc = CALL(cuCtxCreate, &c, 0, dev); /* pre-3.2 */
+    else if (!rc) rc = CALL(cuCtxCreate_v2, &c, 0, dev);
     int id = rc ? -1 : new_id((struct rec){.kind = R_CTX, .ctx = c});
     emit(op, rc, "\"id\":%d,\"ctx\":\"%p\"", id, (void *)c);
 }
@@ -731,6 +762,10 @@ static void op_sync(const char *op, char **a) {
     double t0 = now_ms();
     if (!rc && !strcmp(op, "sync")) {
         rc = CALL(cuCtxSynchronize);
+    } else if (!rc && !strcmp(op, "sync2")) { /* CUDA 13: the context named */
+        CUcontext c = NULL;
+        rc = CALL(cuCtxGetCurrent, &c);
+        if (!rc) rc = CALL(cuCtxSynchronize_v2, c);
     } else if (!rc && !strcmp(op, "streamsync")) {
         struct rec *r = get_id(a[0]);
         rc = (r && r->kind == R_STREAM) ? CALL(cuStreamSynchronize, r->stream) : CUDA_ERROR_INVALID_HANDLE;
@@ -805,7 +840,7 @@ static void run_line(char *line) {
         cur_dev = dev_arg(a[0]);
         rc = ensure(cur_dev);
         emit(op, rc, "\"dev\":%d,\"ctx\":\"%p\"", cur_dev, (void *)prim[cur_dev & 63]);
-    } else if (!strcmp(op, "ctx") || !strcmp(op, "ctx4")) {
+    } else if (!strcmp(op, "ctx") || !strcmp(op, "ctx4") || !strcmp(op, "ctx1")) {
         op_ctx(op, a);
     } else if (!strcmp(op, "current")) {
         CUcontext c = NULL;
@@ -848,7 +883,10 @@ static void run_line(char *line) {
         op_alloc(op, a);
     } else if (!strcmp(op, "pitch")) {
         op_pitch(a);
-    } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
+    } else if (!strcmp(op, "pitch1")) {
+        op_pitch1(a);
+    } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap") ||
+               !strcmp(op, "array1") || !strcmp(op, "array3d1")) {
         op_array(op, a);
     } else if (!strcmp(op, "vmm") || !strcmp(op, "memcreate") || !strcmp(op, "memcreatehost")) {
         op_vmm(op, a);
@@ -941,7 +979,8 @@ static void run_line(char *line) {
         op_graph(a);
     } else if (!strcmp(op, "launchfor")) {
         op_launchfor(a);
-    } else if (!strcmp(op, "sync") || !strcmp(op, "streamsync") || !strcmp(op, "eventsync")) {
+    } else if (!strcmp(op, "sync") || !strcmp(op, "sync2") || !strcmp(op, "streamsync") ||
+               !strcmp(op, "eventsync")) {
         op_sync(op, a);
     } else if (!strcmp(op, "proc")) {
         op_proc(a);

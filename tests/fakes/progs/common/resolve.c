@@ -29,12 +29,19 @@ int api_resolve_proc(struct api *a, int version, cuuint64_t flags) {
         printf("{\"op\":\"resolve\",\"rc\":-1,\"name\":\"cuGetProcAddress_v2\"}\n");
         return -1;
     }
+    /* an entry point newer than the driver (cuCtxSynchronize_v2 is CUDA 13's) stays NULL
+     * without a word: its op answers -1 */
+    int driver = 0;
+    CUresult (*get_version)(int *) = (CUresult(*)(int *))dlsym(h, "cuDriverGetVersion");
+    if (get_version) get_version(&driver);
 #define BY_PROC(sym, base, ver, params)                                                     \
     do {                                                                                    \
         void *fn = NULL;                                                                    \
         CUdriverProcAddressQueryResult st;                                                  \
         int v = (ver) ? (ver) : version;                                                    \
-        CUresult r = a->cuGetProcAddress_v2(#base, &fn, v, flags, &st);                     \
+        CUresult r = v > driver && driver ? CUDA_ERROR_NOT_FOUND                            \
+                                          : a->cuGetProcAddress_v2(#base, &fn, v, flags, &st); \
+        if (v > driver && driver) break;                                                    \
         if (r != CUDA_SUCCESS || !fn)                                                       \
             printf("{\"op\":\"resolve\",\"rc\":%d,\"name\":\"%s\",\"version\":%d,\"status\":%d}\n", \
                    (int)r, #base, v, (int)st);                                              \

@@ -1,0 +1,102 @@
+"""Issue 22, finding 14: the node daemon reads each container's usage file
+(``usage.v1``, in a directory the container can write) as hostile input. A container
+truncating the file in a loop must not kill the reader (it mapped the file: SIGBUS), a
+FIFO put in its place must not hang it, and a link to another container's file must
+not be followed."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vgpud import shm
+
+
+def _valid_file(path: Path, used: int = 123 << 20) -> None:
+    buf = bytearray(shm.FILE_SIZE)
+    h = shm.HEADER_FIELDS
+    for name, value in (("magic", shm.MAGIC), ("version", shm.VERSION),
+                        ("header_size", shm.HEADER_SIZE), ("slot_size", shm.SLOT_SIZE),
+                        ("max_slots", shm.MAX_SLOTS), ("max_devices", shm.MAX_DEVICES),
+                        ("device_count", 1), ("generation", 2)):
+        struct.pack_into(h[name][1], buf, h[name][0], value)
+    struct.pack_into("<Q", buf, h["used"][0], used)
+    path.write_bytes(bytes(buf))
+
+
+def test_a_valid_file_reads(tmp_path: Path) -> None:
+    _valid_file(tmp_path / shm.STATE_FILE)
+    snap = shm.read_usage(tmp_path)
+    assert (snap.device_count, snap.devices[0].used) == (1, 123 << 20)
+
+
+def test_truncation_in_a_loop_never_kills_the_reader(tmp_path: Path) -> None:
+    """Run in a child: before the fix the reader died of SIGBUS (rc -7)."""
+    _valid_file(tmp_path / shm.STATE_FILE)
+    script = textwrap.dedent(f"""
+        import os, sys, threading
+        from pathlib import Path
+        from vgpud import shm
+        path = Path({str(tmp_path)!r}) / shm.STATE_FILE
+        good = path.read_bytes()
+        stop = threading.Event()
+        def hostile():
+            fd = os.open(path, os.O_RDWR)
+            while not stop.is_set():
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, good, 0)
+        t = threading.Thread(target=hostile); t.start()
+        ok = refused = 0
+        try:
+            for _ in range(3000):
+                try:
+                    shm.read_usage(path.parent); ok += 1
+                except shm.StateFileError:
+                    refused += 1
+        finally:
+            stop.set(); t.join()
+        print(ok, refused)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    ok, refused = map(int, p.stdout.split())
+    assert ok + refused == 3000 and refused > 0  # truncation was seen, and refused
+
+
+def test_a_fifo_in_its_place_is_refused_at_once(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / shm.STATE_FILE)
+    script = (f"from vgpud import shm\n"
+              f"try:\n    shm.read_usage({str(tmp_path)!r})\n"
+              f"except shm.StateFileError as e:\n    print(e)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=30)  # before the fix: blocked in open() forever
+    assert p.returncode == 0 and "not a regular file" in p.stdout
+
+
+def test_a_link_to_a_neighbours_file_is_not_followed(tmp_path: Path) -> None:
+    neighbour = tmp_path / "other"
+    neighbour.mkdir()
+    _valid_file(neighbour / shm.STATE_FILE)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / shm.STATE_FILE).symlink_to(neighbour / shm.STATE_FILE)
+    with pytest.raises(shm.StateFileError):
+        shm.read_usage(mine)
+
+
+@pytest.mark.parametrize("kind", ["directory", "short"])
+def test_anything_else_is_a_state_file_error(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / shm.STATE_FILE
+    if kind == "directory":
+        target.mkdir()
+    else:
+        target.write_bytes(b"\0" * 100)
+    with pytest.raises(shm.StateFileError):
+        shm.read_usage(tmp_path)

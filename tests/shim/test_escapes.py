@@ -1,0 +1,121 @@
+"""Issue 22: the ways past the limits that a review made as a hostile tenant found, each
+tried against the fake driver with the ASan/UBSan build of the shim. Every test here
+failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+from .conftest import ROOT, Registration, Shim
+
+OOM = 2
+MIB = 1 << 20
+GIB = 1 << 30
+NO_CTX = {"FAKECUDA_CTX_MIB": "0"}
+PROGS = ["direct", "viadlsym", "viaproc"]  # linked, dlsym, cuGetProcAddress_v2
+
+
+def rcs(out: list[dict], op: str) -> list[int]:
+    return [o["rc"] for o in out if o["op"] == op]
+
+
+def free_bytes(out: list[dict]) -> list[int]:
+    return [o["free"] for o in out if o["op"] == "info"]
+
+
+# Finding 1: the pre-3.2 entry points (32-bit sizes and descriptors) that every driver
+# still exports, and that cuGetProcAddress hands out for an old enough version. Each
+# asks 1.5 GiB on a 1 GiB limit, then a small block that must be charged and given back.
+LEGACY = {
+    "pitch1": ("pitch1 0 65536 24576", "pitch1 0 1000 10"),
+    "array1": ("array1 0 65536 24576", "array1 0 1000 10"),
+    "array3d1": ("array3d1 0 1024 1024 1536", "array3d1 0 100 10 10"),
+}
+
+
+@pytest.mark.parametrize("prog", PROGS)
+@pytest.mark.parametrize("op", sorted(LEGACY))
+def test_pre_3_2_allocation_entry_points_are_held_to_the_limit(shim: Shim, op: str,
+                                                               prog: str) -> None:
+    big, small = LEGACY[op]
+    shim.config(device__0__memory_limit=str(GIB))
+    out = shim.interp(f"use 0; {big}; {small}; info; free 0; info", prog=prog, env=NO_CTX)
+    assert rcs(out, op) == [OOM, 0], out
+    taken, back = free_bytes(out)
+    assert 0 < GIB - taken < MIB  # the small block is charged ...
+    assert back == GIB  # ... and given back when freed
+
+
+def test_pre_3_2_allocations_are_charged_as_their_current_forms_are(shim: Shim) -> None:
+    shim.config(device__0__memory_limit=str(GIB))
+    out = shim.interp("use 0; pitch 0 1000 10; info; pitch1 0 1000 10; info; "
+                      "array 0 1000 10; info; array1 0 1000 10; info; "
+                      "array3d 0 100 10 10; info; array3d1 0 100 10 10; info", env=NO_CTX)
+    f = [GIB, *free_bytes(out)]
+    steps = [f[i] - f[i + 1] for i in range(6)]
+    assert steps[0] == steps[1] > 0 and steps[2] == steps[3] > 0 and steps[4] == steps[5] > 0
+
+
+@pytest.mark.parametrize("prog", PROGS)
+def test_a_graph_instantiated_through_the_unversioned_name_is_charged(shim: Shim,
+                                                                      prog: str) -> None:
+    """cuGraphInstantiate (the CUDA 10 name, five arguments) recorded no graph memory:
+    a 2 GiB allocation node then launched on a 1 GiB limit."""
+    shim.config(device__0__memory_limit=str(GIB))
+    out = shim.interp("use 0; graphalloc 0 2g 1 v1; graphlaunch 0; "
+                      "graphalloc 0 512m 1 v2; graphlaunch 1", prog=prog, env=NO_CTX)
+    assert rcs(out, "graphalloc") == [0, 0]
+    assert rcs(out, "graphlaunch") == [OOM, 0]
+
+
+@pytest.mark.parametrize("prog", ["direct", "viaproc"])
+def test_a_context_created_through_the_unversioned_name_is_charged(
+        shim: Shim, registration: Registration, prog: str) -> None:
+    """cuCtxCreate (the pre-3.2 name) made contexts the shim never saw: their memory was
+    never measured."""
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    env = {"FAKECUDA_CTX_MIB": "300", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+    p = subprocess.run([str(shim.built.fakes / prog), "ctx1 0; alloc 0 1m; info"],
+                       env=shim.env(env), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(line) for line in p.stdout.splitlines()]
+    assert rcs(out, "ctx1") == [0]
+    assert free_bytes(out) == [GIB - 300 * MIB - MIB]
+
+
+def _hooked_families() -> set[str]:
+    text = (ROOT / "csrc/src/hooks.def").read_text()
+    return {re.sub(r"(_v\d+)?(_ptsz|_ptds)?$", "", n)
+            for n in re.findall(r"^HOOK\(CU, (\w+),", text, re.M)}
+
+
+def _driver_variants() -> list[tuple[str, int, int, str]]:
+    """(name, version, per-thread, symbol) for every entry point the fake driver hands
+    out through cuGetProcAddress: its table follows the real driver's."""
+    text = (ROOT / "tests/fakes/src/cu_proctable.c").read_text()
+    return [(b, int(v), int(pt), sym) for b, v, pt, sym in
+            re.findall(r"X\((\w+), (\d+), (\d), (\w+)\)", text)]
+
+
+def test_every_variant_the_driver_gives_for_a_hooked_name_is_the_shims(shim: Shim) -> None:
+    """Whatever version a caller asks (cudart 13 asks 13000: cuCtxSynchronize is then
+    cuCtxSynchronize_v2; old code asks 2000-3010: cuMemAllocPitch, cuArrayCreate,
+    cuCtxCreate; CUDA 10 asks cuGraphInstantiate), the address handed out for a name the
+    shim hooks is the shim's."""
+    shim.config(device__0__memory_limit=str(GIB))
+    families = _hooked_families()
+    rows = [r for r in _driver_variants() if r[0] in families]
+    assert len(rows) > 60
+    script = "; ".join(f"proc {b} {v}{' ptds' if pt else ''}" for b, v, pt, _ in rows)
+    out = shim.interp(script, env={**NO_CTX, "FAKECUDA_DRIVER_VERSION": "13000"})
+    procs = [o for o in out if o["op"] == "proc"]
+    assert len(procs) == len(rows)
+    escapes = [(b, v, sym) for (b, v, _, sym), o in zip(rows, procs, strict=True)
+               if o["rc"] != 0 or "libvgpu" not in o["lib"]]
+    assert escapes == []
