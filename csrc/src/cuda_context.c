@@ -24,6 +24,7 @@
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static int pending[VG_MAX_DEVICES];       /* contexts not measured yet, per device */
 static CUcontext primary[ORDINALS];       /* the primary context of each ordinal */
+static uint64_t largest[VG_MAX_DEVICES];  /* the largest single context measured */
 
 /* This process's device memory on config device dev as NVML sees it, or -1 when NVML
  * cannot tell yet (no host PID, not listed yet, no usage figure). */
@@ -66,6 +67,8 @@ void vg_context_charge(int dev)
         uint64_t ours = vg_state_own_used(dev);
         if (seen >= 0) {
             struct measure m = {dev, (uint64_t)seen > ours ? (uint64_t)seen - ours : 0, 0};
+            if (pending[dev] == 1 && m.bytes > largest[dev]) /* one context's size */
+                __atomic_store_n(&largest[dev], m.bytes, __ATOMIC_RELAXED);
             vg_each(VG_T_CTX, assign, &m);
             vg_state_charge(dev, m.bytes, VG_KIND_DEVICE, VG_CHARGE_FORCE | VG_CHARGE_CONTEXT);
             VG_DEBUG("charged %llu bytes of context memory on device %d",
@@ -117,32 +120,66 @@ static void teardown(CUcontext c)
     VG_DEBUG("context %p destroyed: its memory given back", (void *)c);
 }
 
-static CUresult created(CUresult r, CUcontext *pctx, CUdevice dev)
+/* A context of its own (cuCtxCreate*) is refused when it would not fit: its memory is
+ * not asked for, but it is taken all the same (20 contexts of 300 MiB fitted a 1 GiB
+ * limit). Before the driver is asked, against the largest context measured on the
+ * device so far; after, against what it was measured to take (then it is destroyed).
+ * A primary context is not refused: it is the one every runtime needs, the first and
+ * only one of most processes. */
+static int over_limit(int dev, uint64_t more)
 {
-    if (r == CUDA_SUCCESS && pctx) vg_context_created(*pctx, dev, 0);
+    uint64_t limit = vg_cfg.dev[dev].memory_limit;
+    return limit && vg_state_used(dev) + vg_state_spilled(dev) + more > limit;
+}
+
+static CUresult refuse_early(CUdevice ordinal)
+{
+    int dev = vg_dev_index(ordinal);
+    if (dev < 0) return CUDA_SUCCESS;
+    uint64_t est = __atomic_load_n(&largest[dev], __ATOMIC_RELAXED);
+    return est && over_limit(dev, est) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
+static CUresult created(CUresult r, CUcontext *pctx, CUdevice ordinal)
+{
+    if (r != CUDA_SUCCESS || !pctx || !*pctx) return r;
+    vg_context_created(*pctx, ordinal, 0);
+    int dev = vg_dev_index(ordinal);
+    if (dev < 0) return r;
+    if (over_limit(dev, 0)) {
+        CUcontext c = *pctx;
+        if (vg_real.cuCtxDestroy_v2(c) == CUDA_SUCCESS) teardown(c);
+        *pctx = NULL;
+        VG_INFO("a new context on device %d would pass the memory limit: refused", dev);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return r;
 }
 
 CUresult vg_impl_cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    return created(vg_real.cuCtxCreate(pctx, flags, dev), pctx, dev);
+    CUresult e = refuse_early(dev);
+    return e ? e : created(vg_real.cuCtxCreate(pctx, flags, dev), pctx, dev);
 }
 
 CUresult vg_impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    return created(vg_real.cuCtxCreate_v2(pctx, flags, dev), pctx, dev);
+    CUresult e = refuse_early(dev);
+    return e ? e : created(vg_real.cuCtxCreate_v2(pctx, flags, dev), pctx, dev);
 }
 
 CUresult vg_impl_cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags,
                                 CUdevice dev)
 {
-    return created(vg_real.cuCtxCreate_v3(pctx, p, n, flags, dev), pctx, dev);
+    CUresult e = refuse_early(dev);
+    return e ? e : created(vg_real.cuCtxCreate_v3(pctx, p, n, flags, dev), pctx, dev);
 }
 
 CUresult vg_impl_cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags,
                                 CUdevice dev)
 {
-    return created(vg_real.cuCtxCreate_v4(pctx, p, flags, dev), pctx, dev);
+    CUresult e = refuse_early(dev);
+    return e ? e : created(vg_real.cuCtxCreate_v4(pctx, p, flags, dev), pctx, dev);
 }
 
 CUresult vg_impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)

@@ -115,7 +115,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
 {
     CUdevice ordinal;
     int dev;
-    if (!dptr || a->bytes == 0 || !vg_current(&ordinal, &dev)) return do_async(dptr, a);
+    /* the stream's device: the driver allocates from the pool of the stream's device,
+     * whatever context is current */
+    if (!dptr || a->bytes == 0 || !vg_stream_device(a->s, &ordinal, &dev))
+        return do_async(dptr, a);
     CUmemoryPool pool = a->pool;
     if (!a->from_pool && (!vg_real.cuDeviceGetMemPool ||
                           vg_real.cuDeviceGetMemPool(&pool, ordinal) != CUDA_SUCCESS))

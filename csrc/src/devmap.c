@@ -95,3 +95,29 @@ int vg_current(CUdevice *ordinal, int *index)
     if (index) *index = vg_dev_index(d);
     return 1;
 }
+
+/* The special streams: the NULL stream and its two named forms run in the current context. */
+#define STREAM_LEGACY ((CUstream)0x1)
+#define STREAM_PER_THREAD ((CUstream)0x2)
+
+int vg_stream_device(CUstream s, CUdevice *ordinal, int *index)
+{
+    if (s == NULL || s == STREAM_LEGACY || s == STREAM_PER_THREAD) return vg_current(ordinal, index);
+    CUdevice d = -1;
+    CUcontext c = NULL, popped = NULL;
+    if (vg_real.cuStreamGetDevice && vg_real.cuStreamGetDevice(s, &d) == CUDA_SUCCESS) {
+        /* CUDA 12.8+: asked directly */
+    } else if (vg_real.cuStreamGetCtx && vg_real.cuStreamGetCtx(s, &c) == CUDA_SUCCESS && c &&
+               vg_real.cuCtxPushCurrent_v2 && vg_real.cuCtxPopCurrent_v2 &&
+               vg_real.cuCtxPushCurrent_v2(c) == CUDA_SUCCESS) {
+        /* older drivers: the stream's context, made current for a moment */
+        if (vg_real.cuCtxGetDevice(&d) != CUDA_SUCCESS) d = -1;
+        vg_real.cuCtxPopCurrent_v2(&popped);
+    } else {
+        return vg_current(ordinal, index); /* the driver will refuse the stream itself */
+    }
+    if (d < 0) return 0;
+    if (ordinal) *ordinal = d;
+    if (index) *index = vg_dev_index(d);
+    return 1;
+}

@@ -141,6 +141,8 @@ void vg_state_reclaim(void);
 int vg_dev_index(CUdevice ordinal);          /* config index, or -1: no device memory there */
 int vg_dev_ordinal(int index);               /* a CUDA ordinal of config device index, or -1 */
 int vg_current(CUdevice *ordinal, int *index); /* 1 when a context is current */
+/* the device a stream's work runs on (the current context's for the NULL stream) */
+int vg_stream_device(CUstream s, CUdevice *ordinal, int *index);
 
 /* ---- cuda_memory.c: this process's allocations ---- */
 enum { VG_T_PTR, VG_T_ARRAY, VG_T_HANDLE, VG_T_MAP, VG_T_POOL, VG_T_CTX, VG_T_GRAPH, VG_T_N };

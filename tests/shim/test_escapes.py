@@ -10,12 +10,13 @@ import subprocess
 
 import pytest
 
-from .conftest import ROOT, Registration, Shim
+from .conftest import ROOT, Registration, Shim, ask
 
 OOM = 2
 MIB = 1 << 20
 GIB = 1 << 30
 NO_CTX = {"FAKECUDA_CTX_MIB": "0"}
+UUID = "GPU-fa4ecda0-0000-4000-8000-{:012x}".format  # the fake driver's GPU n
 PROGS = ["direct", "viadlsym", "viaproc"]  # linked, dlsym, cuGetProcAddress_v2
 
 
@@ -119,3 +120,43 @@ def test_every_variant_the_driver_gives_for_a_hooked_name_is_the_shims(shim: Shi
     escapes = [(b, v, sym) for (b, v, _, sym), o in zip(rows, procs, strict=True)
                if o["rc"] != 0 or "libvgpu" not in o["lib"]]
     assert escapes == []
+
+
+def test_a_stream_ordered_allocation_is_charged_to_the_streams_gpu(shim: Shim) -> None:
+    """Finding 4: cuMemAllocAsync takes memory from the pool of the *stream's* device;
+    the shim charged the current context's. A stream made on GPU 1 used while GPU 0 is
+    current put 2 GiB on GPU 1 past its 1 GiB limit (and counted it against GPU 0)."""
+    shim.config(device__0__uuid=UUID(0), device__0__memory_limit=str(4 * GIB),
+                device__1__uuid=UUID(1), device__1__memory_limit=str(GIB))
+    p = shim.spawn(env=NO_CTX)
+    try:
+        assert ask(p, "use 1")["rc"] == 0
+        stream = ask(p, "stream")["id"]  # a stream of GPU 1
+        assert ask(p, "use 0")["rc"] == 0
+        assert ask(p, f"async 0 2g {stream}")["rc"] == OOM  # on GPU 1: over its limit
+        assert ask(p, f"async 0 512m {stream}")["rc"] == 0  # on GPU 1: within it
+        assert ask(p, "info")["free"] == 4 * GIB  # GPU 0 untouched
+        assert ask(p, "use 1")["rc"] == 0
+        assert ask(p, "info")["free"] == GIB - 512 * MIB
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("create", ["ctx", "ctx4", "ctx1"])
+def test_contexts_that_would_pass_the_limit_are_refused(
+        shim: Shim, registration: Registration, create: str) -> None:
+    """Finding 6: a context's memory is nobody's request but it is taken: 20 contexts of
+    300 MiB fitted a 1 GiB limit. Three fit; the fourth is refused, and what was charged
+    comes back as they are destroyed."""
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    env = {"FAKECUDA_CTX_MIB": "300", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+    script = "; ".join([f"{create} 0"] * 6 + ["info", "free 0", "free 1", "info"])
+    p = subprocess.run([str(shim.built.fakes / "viaproc"), script], env=shim.env(env),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(line) for line in p.stdout.splitlines()]
+    assert rcs(out, create) == [0, 0, 0, OOM, OOM, OOM]
+    assert free_bytes(out) == [GIB - 900 * MIB, GIB - 300 * MIB]

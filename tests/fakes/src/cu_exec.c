@@ -68,6 +68,26 @@ FC_API CUresult cuStreamDestroy_v2(CUstream hStream) {
 
 FC_API CUresult cuStreamDestroy(CUstream hStream) { return cuStreamDestroy_v2(hStream); }
 
+/* the stream's context (the current one for the NULL and special streams) */
+FC_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
+    struct fc_ctx *c;
+    CUresult r = fc_stream_ctx(hStream, &c, NULL);
+    if (r) return r;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = c->handle;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 12.8: the stream's device, as an ordinal */
+FC_API CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device) {
+    struct fc_ctx *c;
+    CUresult r = fc_stream_ctx(hStream, &c, NULL);
+    if (r) return r;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    *device = fc_ordinal(c->dev);
+    return CUDA_SUCCESS;
+}
+
 static uint64_t stream_end(struct fc_ctx *c, struct fc_stream *s) {
     return s ? load(&s->last_end) : load(&c->last_end);
 }

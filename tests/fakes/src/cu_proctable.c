@@ -94,6 +94,8 @@
     X(cuStreamCreateWithPriority, 5050, 0, cuStreamCreateWithPriority)  \
     X(cuStreamDestroy, 2000, 0, cuStreamDestroy)                        \
     X(cuStreamDestroy, 4000, 0, cuStreamDestroy_v2)                     \
+    X(cuStreamGetCtx, 9020, 0, cuStreamGetCtx)                          \
+    X(cuStreamGetDevice, 12080, 0, cuStreamGetDevice)                   \
     X(cuStreamSynchronize, 2000, 0, cuStreamSynchronize)                \
     X(cuStreamSynchronize, 7000, 1, cuStreamSynchronize_ptsz)           \
     X(cuStreamQuery, 2000, 0, cuStreamQuery)                            \

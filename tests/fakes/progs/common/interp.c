@@ -171,7 +171,7 @@ static void op_alloc(const char *op, char **a) {
             r = (struct rec){.kind = R_HOST, .ptr = (uint64_t)(uintptr_t)p, .size = size};
         } else if (!strcmp(op, "async")) {
             CUdeviceptr p = 0;
-            rc = CALL(cuMemAllocAsync, &p, size, NULL);
+            rc = CALL(cuMemAllocAsync, &p, size, stream_arg(a[2])); /* [STREAMID] */
             r = (struct rec){.kind = R_ASYNC, .ptr = p, .size = size};
         } else if (!strcmp(op, "defpoolalloc")) {
             CUmemoryPool pool = NULL;
