@@ -100,6 +100,12 @@ void vg_pools_reconcile(int dev)
 }
 
 /* ---- stream-ordered allocations ---- */
+static int over_limit(int dev)
+{
+    uint64_t limit = vg_cfg.dev[dev].memory_limit;
+    return limit && vg_state_used(dev) + vg_state_spilled(dev) > limit;
+}
+
 struct async_args { size_t bytes; CUstream s; CUmemoryPool pool; int ptsz; int from_pool; };
 
 static CUresult do_async(CUdeviceptr *dptr, struct async_args *a)
@@ -139,8 +145,24 @@ static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     p.bytes += growth;
+    uint64_t before = reserved;
     CUresult r = do_async(dptr, a);
     settle(&p);
+    if (r == CUDA_SUCCESS && over_limit(p.dev)) {
+        /* the pool grew more than its free reserve promised (a real pool fragments):
+         * the allocation goes back, the growth is trimmed, the caller is refused */
+        CUresult f = a->ptsz ? vg_real.cuMemFreeAsync_ptsz(*dptr, a->s)
+                             : vg_real.cuMemFreeAsync(*dptr, a->s);
+        if (f == CUDA_SUCCESS) {
+            if (a->ptsz) vg_real.cuStreamSynchronize_ptsz(a->s);
+            else vg_real.cuStreamSynchronize(a->s);
+            vg_real.cuMemPoolTrimTo(pool, before);
+            settle(&p);
+            VG_INFO("a pool on device %d grew past the memory limit: allocation refused", p.dev);
+            pthread_mutex_unlock(&pool_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
     if (r == CUDA_SUCCESS)
         vg_remember(VG_T_PTR, (vg_alloc){.key = *dptr, .bytes = a->bytes, .dev = p.dev,
                                          .kind = VG_KIND_POOL, .aux = p.key,

@@ -160,3 +160,25 @@ def test_contexts_that_would_pass_the_limit_are_refused(
     out = [json.loads(line) for line in p.stdout.splitlines()]
     assert rcs(out, create) == [0, 0, 0, OOM, OOM, OOM]
     assert free_bytes(out) == [GIB - 900 * MIB, GIB - 300 * MIB]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_fragmented_pool_that_grows_past_the_limit_is_refused(shim: Shim, keep: bool) -> None:
+    """Finding 5: growth was pre-charged only when the pool looked full. A real pool
+    fragments: three freed 256 MiB blocks cannot hold 512 MiB, so the pool grows by
+    512 MiB although it holds 768 MiB free, and the container held 1.25 GiB on a 1 GiB
+    limit. Now the allocation is given back, the growth trimmed, and the caller refused;
+    what fits still fits. ``keep``: the pool keeps its free reserve (a release threshold
+    above it, as PyTorch's cudaMallocAsync backend sets)."""
+    shim.config(device__0__memory_limit=str(GIB))
+    setup = "curpool 0; poolsetattr 0 threshold 1099511627776; " if keep else ""
+    first = 1 if keep else 0
+    frees = "; ".join(f"free {first + i}" for i in range(3))
+    out = shim.interp(f"use 0; {setup}async 0 256m; async 0 256m; async 0 256m; {frees}; "
+                      "info; async 0 512m; info; async 0 200m; info",
+                      env={**NO_CTX, "FAKECUDA_POOL_FRAGMENTS": "1"})
+    assert rcs(out, "async") == [0, 0, 0, OOM, 0]
+    if keep:  # the freed blocks stay reserved, the growth goes, a block takes the 200 MiB
+        assert free_bytes(out) == [GIB - 768 * MIB] * 3
+    else:  # the refusal synchronises: a pool at threshold 0 gives back what it does not use
+        assert free_bytes(out) == [GIB - 768 * MIB, GIB, GIB - 200 * MIB]

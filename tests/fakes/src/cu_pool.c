@@ -8,7 +8,13 @@
  * the pool, which keeps them reserved.  At synchronisation points a pool over its release
  * threshold releases unused reserve down to max(threshold, used); cuMemPoolTrimTo releases
  * down to max(minBytesToKeep, used); both in 2 MiB steps.  When the last context of this
- * process on a device goes, pools and graph memory of the device release all they can. */
+ * process on a device goes, pools and graph memory of the device release all they can.
+ *
+ * FAKECUDA_POOL_FRAGMENTS=1: the free reserve is a list of blocks that never merge (a
+ * real pool fragments). An allocation takes the first free block at least its size (the
+ * rest stays a block), else the reserve grows by its whole size, rounded up to 2 MiB,
+ * however much free reserve the pool holds; a trim releases whole free blocks, largest
+ * first, while the reserve is above its target. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +26,8 @@ struct fc_pool {
     int destroyed; /* cuMemPoolDestroy called: frees release at once */
     uint64_t used, used_high, reserved, reserved_high, threshold;
     int reuse[3]; /* the reuse-policy attributes: accepted, remembered, ignored */
+    uint64_t blocks[256]; /* FAKECUDA_POOL_FRAGMENTS: the free blocks */
+    int nblocks;
     CUmemoryPool handle;
     struct fc_pool *next; /* every pool of the process */
 };
@@ -60,13 +68,49 @@ static struct fc_pool *device_pool(int dev, int current) {
 static uint64_t trim_locked(struct fc_pool *p, uint64_t keep) {
     uint64_t target = fc_round_up(max64(keep, p->used), FC_GRANULARITY);
     if (p->reserved <= target) return 0;
+    if (fc_knobs()->pool_fragments) { /* whole blocks, largest first */
+        uint64_t released = 0;
+        while (p->reserved - released > target && p->nblocks) {
+            int big = 0;
+            for (int i = 1; i < p->nblocks; i++)
+                if (p->blocks[i] > p->blocks[big]) big = i;
+            released += p->blocks[big];
+            p->blocks[big] = p->blocks[--p->nblocks];
+        }
+        p->reserved -= released;
+        return released;
+    }
     uint64_t bytes = p->reserved - target;
     p->reserved = target;
     return bytes;
 }
 
+static CUresult take_fragmented(struct fc_pool *p, uint64_t size) {
+    for (int i = 0; i < p->nblocks; i++) {
+        if (p->blocks[i] < size) continue;
+        p->blocks[i] -= size;
+        if (!p->blocks[i]) p->blocks[i] = p->blocks[--p->nblocks];
+        p->used += size;
+        p->used_high = max64(p->used_high, p->used);
+        return CUDA_SUCCESS;
+    }
+    uint64_t grow = fc_round_up(size, FC_GRANULARITY);
+    if (fc_charge(p->dev, grow) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->reserved += grow;
+    p->reserved_high = max64(p->reserved_high, p->reserved);
+    if (grow > size && p->nblocks < 256) p->blocks[p->nblocks++] = grow - size;
+    p->used += size;
+    p->used_high = max64(p->used_high, p->used);
+    return CUDA_SUCCESS;
+}
+
 CUresult fc_pool_take(struct fc_pool *p, uint64_t size) {
     pthread_mutex_lock(&pool_mutex);
+    if (fc_knobs()->pool_fragments) {
+        CUresult r = take_fragmented(p, size);
+        pthread_mutex_unlock(&pool_mutex);
+        return r;
+    }
     uint64_t avail = p->reserved - p->used;
     if (avail < size) {
         uint64_t grow = fc_round_up(size - avail, FC_GRANULARITY);
@@ -86,6 +130,10 @@ CUresult fc_pool_take(struct fc_pool *p, uint64_t size) {
 void fc_pool_give(struct fc_pool *p, uint64_t size) {
     pthread_mutex_lock(&pool_mutex);
     p->used = p->used > size ? p->used - size : 0;
+    if (fc_knobs()->pool_fragments) {
+        if (p->nblocks < 256) p->blocks[p->nblocks++] = size;
+        else p->blocks[0] += size; /* the list is full: merged, as a last resort */
+    }
     uint64_t release = p->destroyed ? trim_locked(p, 0) : 0;
     if (release) fc_uncharge(p->dev, release);
     pthread_mutex_unlock(&pool_mutex);

@@ -28,6 +28,7 @@ struct fc_knobs {
     uint64_t sample_ns;    /* NVML utilisation sampling window */
     long host_pid_offset;
     int driver_version;
+    int pool_fragments;     /* FAKECUDA_POOL_FRAGMENTS=1: a pool's freed blocks do not merge */
     char nvml_driver_version[80]; /* nvmlSystemGetDriverVersion */
     int nvml_driver_major;        /* >= 560: process lists in the caller's PID namespace */
     const char *host_pid_sock;    /* FAKECUDA_HOST_PID_SOCK: NULL when unset */
