@@ -11,6 +11,7 @@ typedef enum nvmlReturn_enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_MEMORY = 20,
     NVML_ERROR_UNKNOWN = 999
 } nvmlReturn_t;
 

@@ -103,34 +103,111 @@ nvmlReturn_t vg_impl_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_
 /* The container's view of a device's process list, in a common form. */
 typedef struct { unsigned pid; unsigned long long mem; unsigned gi, ci; } proc_row;
 
-static int container_rows(nvmlDevice_t device, const proc_row *all, int n, proc_row *out)
-{
-    int dev = ordinal_of(device);
-    if (dev < 0 && !vg_cfg.kube) { /* not a device of ours, outside Kubernetes: as is */
-        memcpy(out, all, sizeof *out * (size_t)n);
-        return n;
-    }
+/* Which of a device's processes are the container's: its processes' host PIDs (or, with
+ * drivers that list namespace PIDs, their own PIDs) from the usage state. */
+typedef struct {
+    int all;   /* pass everything through (not a device of ours, outside Kubernetes) */
+    int by_ns; /* NVML lists PIDs of our namespace */
+    int m;
     int cp[VG_MAX_SLOTS], hp[VG_MAX_SLOTS];
     uint64_t used[VG_MAX_SLOTS];
-    int m = dev < 0 ? 0 : vg_state_processes(dev, cp, hp, used, VG_MAX_SLOTS), known = 0;
-    int by_ns = vg_nvml_namespace_pids();
-    for (int i = 0; i < m; i++) known += by_ns || hp[i] > 0;
-    if (known == 0 && !vg_cfg.kube) { /* standalone, nothing mapped: the driver's list */
+} view;
+
+static void container_view(nvmlDevice_t device, view *v)
+{
+    int dev = ordinal_of(device);
+    v->all = 0;
+    v->m = 0;
+    v->by_ns = vg_nvml_namespace_pids();
+    if (dev < 0 && !vg_cfg.kube) {
+        v->all = 1;
+        return;
+    }
+    v->m = dev < 0 ? 0 : vg_state_processes(dev, v->cp, v->hp, v->used, VG_MAX_SLOTS);
+    int known = 0;
+    for (int i = 0; i < v->m; i++) known += v->by_ns || v->hp[i] > 0;
+    v->all = known == 0 && !vg_cfg.kube; /* standalone, nothing mapped: the driver's list */
+}
+
+/* the slot of the container's process NVML names pid, or -1 */
+static int view_slot(const view *v, unsigned pid)
+{
+    for (int j = 0; j < v->m; j++)
+        if (v->by_ns ? (unsigned)v->cp[j] == pid : v->hp[j] > 0 && (unsigned)v->hp[j] == pid)
+            return j;
+    return -1;
+}
+
+static int container_rows(nvmlDevice_t device, const proc_row *all, int n, proc_row *out)
+{
+    view v;
+    container_view(device, &v);
+    if (v.all) {
         memcpy(out, all, sizeof *out * (size_t)n);
         return n;
     }
     int k = 0;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < m; j++)
-            if (by_ns ? (unsigned)cp[j] == all[i].pid
-                      : hp[j] > 0 && (unsigned)hp[j] == all[i].pid) {
-                out[k] = all[i];
-                out[k].pid = (unsigned)cp[j];
-                out[k].mem = used[j];
-                k++;
-                break;
-            }
+    for (int i = 0; i < n; i++) {
+        int j = view_slot(&v, all[i].pid);
+        if (j < 0) continue;
+        out[k] = all[i];
+        out[k].pid = (unsigned)v.cp[j];
+        out[k].mem = v.used[j];
+        k++;
+    }
     return k;
+}
+
+/* Per-process SM samples: the container's own only, under their own PIDs (another
+ * container's host PIDs and SM use are none of its business). */
+nvmlReturn_t vg_impl_nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                     nvmlProcessUtilizationSample_t *utilization,
+                                                     unsigned int *count,
+                                                     unsigned long long lastSeen)
+{
+    if (!count) return vg_real.nvmlDeviceGetProcessUtilization(device, utilization, count, lastSeen);
+    view v;
+    container_view(device, &v);
+    if (v.all) return vg_real.nvmlDeviceGetProcessUtilization(device, utilization, count, lastSeen);
+    /* every sample the driver has, however many processes there are (never the driver's
+     * unfiltered list for want of room) */
+    nvmlProcessUtilizationSample_t *buf = NULL;
+    unsigned n = 0;
+    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_SIZE;
+    for (int tries = 0; tries < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; tries++) {
+        unsigned room = n + 16;
+        nvmlProcessUtilizationSample_t *grown = realloc(buf, sizeof *buf * room);
+        if (!grown) {
+            free(buf);
+            return NVML_ERROR_MEMORY;
+        }
+        buf = grown;
+        n = room;
+        r = vg_real.nvmlDeviceGetProcessUtilization(device, buf, &n, lastSeen);
+    }
+    if (r != NVML_SUCCESS) {
+        free(buf);
+        return r == NVML_ERROR_INSUFFICIENT_SIZE ? NVML_ERROR_UNKNOWN : r;
+    }
+    unsigned k = 0;
+    for (unsigned i = 0; i < n; i++) {
+        int j = view_slot(&v, buf[i].pid);
+        if (j < 0) continue;
+        buf[k] = buf[i];
+        buf[k].pid = (unsigned)v.cp[j];
+        k++;
+    }
+    nvmlReturn_t out = NVML_SUCCESS;
+    if (k == 0) {
+        out = NVML_ERROR_NOT_FOUND; /* as the driver answers when it has no sample */
+    } else if (!utilization || *count < k) {
+        out = NVML_ERROR_INSUFFICIENT_SIZE;
+    } else {
+        memcpy(utilization, buf, sizeof *buf * k);
+    }
+    if (out != NVML_ERROR_NOT_FOUND) *count = k;
+    free(buf);
+    return out;
 }
 
 #define MAXROWS 256

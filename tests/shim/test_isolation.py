@@ -184,3 +184,29 @@ def test_nvml_lists_only_the_containers_own_processes(shim: Shim) -> None:
         holder.wait()
         ra.close()
         rb.close()
+
+
+def test_nvml_process_utilization_shows_only_the_containers_own(shim: Shim) -> None:
+    """Issue 22, finding 12: nvmlDeviceGetProcessUtilization was not filtered: a
+    container saw another container's host PIDs and their SM use."""
+    fake = {"FAKECUDA_STATE": str(shim.tmp / "gpu.state"), "FAKECUDA_CTX_MIB": "0"}
+    a, ra = _container(shim, "a", 100000)
+    b, rb = _container(shim, "b", 200000)
+    ea = {**fake, "FAKECUDA_HOST_PID_OFFSET": "100000"}
+    eb = {**fake, "FAKECUDA_HOST_PID_OFFSET": "200000"}
+    busy = subprocess.Popen(b.cmd("ctx", "launch", 4, 5, "kernel"), env=b.env(eb),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        p = subprocess.run(a.cmd("ctx", "launch", 4, "0.5", "kernel", "procutil"), env=a.env(ea),
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        util = [json.loads(x) for x in p.stdout.splitlines()][-1]
+        assert util["r1"] == 0, util
+        pids = [s[0] for s in util["samples"]]
+        assert util["need"] == 1 and len(pids) == 1, util  # b's process is not listed
+        assert pids[0] < 100000, pids  # its own PID, not its host PID (+100000)
+    finally:
+        busy.kill()
+        busy.wait()
+        ra.close()
+        rb.close()

@@ -74,7 +74,8 @@ typedef struct {
     X(nvmlDeviceGetHandleByIndex_v2, nvmlReturn_t, (unsigned, nvmlDevice_t *))           \
     X(nvmlDeviceGetMemoryInfo, nvmlReturn_t, (nvmlDevice_t, nvmlMemory_t *))             \
     X(nvmlDeviceGetMemoryInfo_v2, nvmlReturn_t, (nvmlDevice_t, nvmlMemory_v2_t *))       \
-    X(nvmlDeviceGetComputeRunningProcesses_v3, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *))
+    X(nvmlDeviceGetComputeRunningProcesses_v3, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetProcessUtilization, nvmlReturn_t, (nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *, unsigned long long))
 
 #ifdef DIRECT
 #define X(name, base, ret, params) extern ret name params;
@@ -412,6 +413,24 @@ int main(int argc, char **argv)
             for (unsigned k = 0; !r3 && k < n && len < 400; k++)
                 len += snprintf(buf + len, sizeof buf - (size_t)len, "%s[%u,%llu]", k ? "," : "",
                                 pi[k].pid, pi[k].usedGpuMemory);
+            snprintf(buf + len, sizeof buf - (size_t)len, "]");
+            out(op, (CUresult)r, buf);
+        } else if (!strcmp(op, "procutil")) {
+            /* nvmlDeviceGetProcessUtilization since 0: the count asked first, then the rows */
+            nvmlDevice_t h;
+            nvmlProcessUtilizationSample_t s[64];
+            unsigned n = 0;
+            nvmlReturn_t r = f.nvmlInit_v2();
+            if (!r) r = f.nvmlDeviceGetHandleByIndex_v2((unsigned)dev, &h);
+            nvmlReturn_t r0 = r ? r : f.nvmlDeviceGetProcessUtilization(h, NULL, &n, 0);
+            unsigned need = n;
+            n = 64;
+            nvmlReturn_t r1 = r ? r : f.nvmlDeviceGetProcessUtilization(h, s, &n, 0);
+            int len = snprintf(buf, sizeof buf, "\"r0\":%d,\"need\":%u,\"r1\":%d,\"samples\":[",
+                               r0, need, r1);
+            for (unsigned k = 0; !r1 && k < n && len < 400; k++)
+                len += snprintf(buf + len, sizeof buf - (size_t)len, "%s[%u,%u]", k ? "," : "",
+                                s[k].pid, s[k].smUtil);
             snprintf(buf + len, sizeof buf - (size_t)len, "]");
             out(op, (CUresult)r, buf);
         } else if (!strcmp(op, "nulls")) {
