@@ -44,6 +44,7 @@
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <string.h>
 #include <time.h>
@@ -293,15 +294,18 @@ static void tick(int d, int host_pid, int leader)
     if (!h || !vg_real.nvmlDeviceGetProcessUtilization) return;
     /* NVML's timestamps are CPU time (CLOCK_REALTIME us); the bins are monotonic */
     uint64_t mono = vg_now_ns(), real = vg_realtime_ns();
-    nvmlProcessUtilizationSample_t buf[256];
-    unsigned int n = 256;
-    nvmlReturn_t r = vg_real.nvmlDeviceGetProcessUtilization(h, buf, &n, s->last_seen_us);
+    /* every sample, however many processes share the GPU (a fixed 256 stopped the
+     * calibration past them) */
+    nvmlProcessUtilizationSample_t *buf = NULL;
+    unsigned int n = 0;
+    nvmlReturn_t r = vg_nvml_samples(h, s->last_seen_us, &buf, &n);
     if (s->last_seen_us == 0) { /* the first look: everything kept is history */
         unsigned long long newest = real / 1000;
         if (r == NVML_SUCCESS)
-            for (unsigned i = 0; i < n && i < 256; i++)
+            for (unsigned i = 0; i < n; i++)
                 if (buf[i].timeStamp > s->last_seen_us) newest = buf[i].timeStamp;
         s->last_seen_us = r == NVML_SUCCESS ? newest : real / 1000;
+        free(buf);
         return;
     }
     if (r == NVML_ERROR_NOT_FOUND) { /* nobody ran kernels since: were we charged much? */
@@ -313,19 +317,23 @@ static void tick(int d, int host_pid, int leader)
         }
         return;
     }
-    if (r != NVML_SUCCESS || n == 0) return;
+    if (r != NVML_SUCCESS || n == 0) {
+        free(buf);
+        return;
+    }
     s->misses = 0;
     unsigned long long newest = s->last_seen_us;
     unsigned own = 0, total = 0, container = 0;
     int cp[VG_MAX_SLOTS], hp[VG_MAX_SLOTS];
     int m = vg_state_processes(d, cp, hp, NULL, VG_MAX_SLOTS);
-    for (unsigned i = 0; i < n && i < 256; i++) {
+    for (unsigned i = 0; i < n; i++) {
         total += buf[i].smUtil;
         if (host_pid > 0 && (int)buf[i].pid == host_pid) own = buf[i].smUtil;
         for (int j = 0; j < m; j++)
             if (hp[j] > 0 && (unsigned)hp[j] == buf[i].pid) container += buf[i].smUtil;
         if (buf[i].timeStamp > newest) newest = buf[i].timeStamp;
     }
+    free(buf);
     if (newest <= s->last_seen_us) return;
     uint64_t t0 = (uint64_t)s->last_seen_us * 1000 + mono - real;
     uint64_t t1 = (uint64_t)newest * 1000 + mono - real;

@@ -16,6 +16,7 @@
  * again after a teardown (cuda_pool.c). */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -34,13 +35,17 @@ static int64_t nvml_process_bytes(int dev)
     if (!h || !vg_real.nvmlDeviceGetComputeRunningProcesses_v3) return -1;
     int want = vg_nvml_namespace_pids() ? getpid() : vg_host_pid();
     if (want <= 0) return -1;
-    nvmlProcessInfo_t infos[256];
-    unsigned int n = 256;
-    if (vg_real.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, infos) != NVML_SUCCESS) return -1;
-    for (unsigned i = 0; i < n && i < 256; i++)
-        if ((int)infos[i].pid == want && infos[i].usedGpuMemory != ~0ull)
-            return (int64_t)infos[i].usedGpuMemory;
-    return -1;
+    nvmlProcessInfo_t *infos;
+    unsigned int n;
+    if (vg_nvml_compute_processes(h, &infos, &n) != NVML_SUCCESS) return -1;
+    int64_t bytes = -1;
+    for (unsigned i = 0; i < n; i++)
+        if ((int)infos[i].pid == want && infos[i].usedGpuMemory != ~0ull) {
+            bytes = (int64_t)infos[i].usedGpuMemory;
+            break;
+        }
+    free(infos);
+    return bytes;
 }
 
 struct measure { int dev; uint64_t bytes; int done; };

@@ -158,6 +158,68 @@ static int container_rows(nvmlDevice_t device, const proc_row *all, int n, proc_
     return k;
 }
 
+/* Every row of a list NVML fills (room in, rows out), however many there are: the buffer
+ * grows until they fit (a few tries: processes come and go). *out is malloc'd, to free. */
+nvmlReturn_t vg_nvml_samples(nvmlDevice_t device, unsigned long long since,
+                             nvmlProcessUtilizationSample_t **out, unsigned *count)
+{
+    nvmlProcessUtilizationSample_t *buf = NULL;
+    unsigned n = 0;
+    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_SIZE;
+    for (int tries = 0; tries < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; tries++) {
+        unsigned room = n + 64;
+        nvmlProcessUtilizationSample_t *grown = realloc(buf, sizeof *buf * room);
+        if (!grown) {
+            r = NVML_ERROR_MEMORY;
+            break;
+        }
+        buf = grown;
+        n = room;
+        r = vg_real.nvmlDeviceGetProcessUtilization(device, buf, &n, since);
+    }
+    if (r != NVML_SUCCESS) {
+        free(buf);
+        return r == NVML_ERROR_INSUFFICIENT_SIZE ? NVML_ERROR_UNKNOWN : r;
+    }
+    *out = buf;
+    *count = n;
+    return r;
+}
+
+typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *);
+
+static nvmlReturn_t all_rows(list_fn fn, nvmlDevice_t device, nvmlProcessInfo_v2_t **out,
+                             unsigned *count)
+{
+    nvmlProcessInfo_v2_t *buf = NULL;
+    unsigned n = 0;
+    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_SIZE;
+    for (int tries = 0; tries < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; tries++) {
+        unsigned room = n + 64;
+        nvmlProcessInfo_v2_t *grown = realloc(buf, sizeof *buf * room);
+        if (!grown) {
+            r = NVML_ERROR_MEMORY;
+            break;
+        }
+        buf = grown;
+        n = room;
+        r = fn(device, &n, buf);
+    }
+    if (r != NVML_SUCCESS) {
+        free(buf);
+        return r == NVML_ERROR_INSUFFICIENT_SIZE ? NVML_ERROR_UNKNOWN : r;
+    }
+    *out = buf;
+    *count = n;
+    return r;
+}
+
+nvmlReturn_t vg_nvml_compute_processes(nvmlDevice_t device, nvmlProcessInfo_t **out,
+                                       unsigned *count)
+{
+    return all_rows(vg_real.nvmlDeviceGetComputeRunningProcesses_v3, device, out, count);
+}
+
 /* Per-process SM samples: the container's own only, under their own PIDs (another
  * container's host PIDs and SM use are none of its business). */
 nvmlReturn_t vg_impl_nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
@@ -173,22 +235,8 @@ nvmlReturn_t vg_impl_nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
      * unfiltered list for want of room) */
     nvmlProcessUtilizationSample_t *buf = NULL;
     unsigned n = 0;
-    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_SIZE;
-    for (int tries = 0; tries < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; tries++) {
-        unsigned room = n + 16;
-        nvmlProcessUtilizationSample_t *grown = realloc(buf, sizeof *buf * room);
-        if (!grown) {
-            free(buf);
-            return NVML_ERROR_MEMORY;
-        }
-        buf = grown;
-        n = room;
-        r = vg_real.nvmlDeviceGetProcessUtilization(device, buf, &n, lastSeen);
-    }
-    if (r != NVML_SUCCESS) {
-        free(buf);
-        return r == NVML_ERROR_INSUFFICIENT_SIZE ? NVML_ERROR_UNKNOWN : r;
-    }
+    nvmlReturn_t r = vg_nvml_samples(device, lastSeen, &buf, &n);
+    if (r != NVML_SUCCESS) return r;
     unsigned k = 0;
     for (unsigned i = 0; i < n; i++) {
         int j = view_slot(&v, buf[i].pid);
@@ -209,8 +257,6 @@ nvmlReturn_t vg_impl_nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     free(buf);
     return out;
 }
-
-#define MAXROWS 256
 
 static nvmlReturn_t finish(unsigned int *count, int k, void *infos, const proc_row *rows,
                            int version)
@@ -236,20 +282,27 @@ static nvmlReturn_t finish(unsigned int *count, int k, void *infos, const proc_r
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t list_v2(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *),
-                            nvmlDevice_t device, unsigned int *count, nvmlProcessInfo_v2_t *infos)
+static nvmlReturn_t list_v2(list_fn fn, nvmlDevice_t device, unsigned int *count,
+                            nvmlProcessInfo_v2_t *infos)
 {
     if (!count) return fn(device, count, infos);
-    nvmlProcessInfo_v2_t buf[MAXROWS];
-    unsigned int n = MAXROWS;
-    nvmlReturn_t r = fn(device, &n, buf);
-    if (r != NVML_SUCCESS) return fn(device, count, infos); /* the driver's own answer */
-    proc_row all[MAXROWS], rows[MAXROWS];
-    for (unsigned i = 0; i < n && i < MAXROWS; i++)
+    nvmlProcessInfo_v2_t *buf;
+    unsigned n;
+    nvmlReturn_t r = all_rows(fn, device, &buf, &n);
+    if (r != NVML_SUCCESS) return r; /* never the driver's own, unfiltered, list */
+    proc_row *all = malloc(sizeof *all * (n ? n : 1) * 2), *rows = all ? all + (n ? n : 1) : NULL;
+    if (!all) {
+        free(buf);
+        return NVML_ERROR_MEMORY;
+    }
+    for (unsigned i = 0; i < n; i++)
         all[i] = (proc_row){buf[i].pid, buf[i].usedGpuMemory, buf[i].gpuInstanceId,
                             buf[i].computeInstanceId};
-    int k = container_rows(device, all, (int)(n < MAXROWS ? n : MAXROWS), rows);
-    return finish(count, k, infos, rows, 2);
+    int k = container_rows(device, all, (int)n, rows);
+    r = finish(count, k, infos, rows, 2);
+    free(all);
+    free(buf);
+    return r;
 }
 
 nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
@@ -266,19 +319,38 @@ nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device
     return list_v2(vg_real.nvmlDeviceGetComputeRunningProcesses_v2, device, infoCount, infos);
 }
 
+static nvmlReturn_t v1_list(nvmlDevice_t device, unsigned int *n, nvmlProcessInfo_v2_t *out)
+{
+    /* the v1 rows, read through a v1 buffer, in the v2 form all_rows grows */
+    nvmlProcessInfo_v1_t *v1 = malloc(sizeof *v1 * (*n ? *n : 1));
+    if (!v1) return NVML_ERROR_MEMORY;
+    nvmlReturn_t r = vg_real.nvmlDeviceGetComputeRunningProcesses(device, n, v1);
+    if (r == NVML_SUCCESS)
+        for (unsigned i = 0; i < *n; i++)
+            out[i] = (nvmlProcessInfo_v2_t){.pid = v1[i].pid,
+                                            .usedGpuMemory = v1[i].usedGpuMemory};
+    free(v1);
+    return r;
+}
+
 nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
                                                           unsigned int *infoCount,
                                                           nvmlProcessInfo_v1_t *infos)
 {
     if (!infoCount) return vg_real.nvmlDeviceGetComputeRunningProcesses(device, infoCount, infos);
-    nvmlProcessInfo_v1_t buf[MAXROWS];
-    unsigned int n = MAXROWS;
-    nvmlReturn_t r = vg_real.nvmlDeviceGetComputeRunningProcesses(device, &n, buf);
-    if (r != NVML_SUCCESS)
-        return vg_real.nvmlDeviceGetComputeRunningProcesses(device, infoCount, infos);
-    proc_row all[MAXROWS], rows[MAXROWS];
-    for (unsigned i = 0; i < n && i < MAXROWS; i++)
-        all[i] = (proc_row){buf[i].pid, buf[i].usedGpuMemory, 0, 0};
-    int k = container_rows(device, all, (int)(n < MAXROWS ? n : MAXROWS), rows);
-    return finish(infoCount, k, infos, rows, 1);
+    nvmlProcessInfo_v2_t *buf;
+    unsigned n;
+    nvmlReturn_t r = all_rows(v1_list, device, &buf, &n);
+    if (r != NVML_SUCCESS) return r;
+    proc_row *all = malloc(sizeof *all * (n ? n : 1) * 2), *rows = all ? all + (n ? n : 1) : NULL;
+    if (!all) {
+        free(buf);
+        return NVML_ERROR_MEMORY;
+    }
+    for (unsigned i = 0; i < n; i++) all[i] = (proc_row){buf[i].pid, buf[i].usedGpuMemory, 0, 0};
+    int k = container_rows(device, all, (int)n, rows);
+    r = finish(infoCount, k, infos, rows, 1);
+    free(all);
+    free(buf);
+    return r;
 }

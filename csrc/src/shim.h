@@ -168,6 +168,11 @@ void vg_graph_launched(int ordinal);
 
 /* ---- nvml.c ---- */
 nvmlDevice_t vg_nvml_device(int dev);       /* NVML handle of config device dev, or NULL */
+/* every row NVML has (malloc'd, to free), however many processes there are */
+nvmlReturn_t vg_nvml_samples(nvmlDevice_t device, unsigned long long since,
+                             nvmlProcessUtilizationSample_t **out, unsigned *count);
+nvmlReturn_t vg_nvml_compute_processes(nvmlDevice_t device, nvmlProcessInfo_t **out,
+                                       unsigned *count);
 int vg_nvml_namespace_pids(void);           /* the driver's process lists use our PIDs (>= 560) */
 
 /* ---- pidmap.c ---- */

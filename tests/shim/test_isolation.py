@@ -210,3 +210,33 @@ def test_nvml_process_utilization_shows_only_the_containers_own(shim: Shim) -> N
         busy.wait()
         ra.close()
         rb.close()
+
+
+def test_past_256_processes_on_a_gpu_the_list_is_still_the_containers_own(shim: Shim) -> None:
+    """Issue 22, finding 13: the shim read NVML's process list into 256 rows; past that it
+    handed the caller the driver's own answer, unfiltered (or none at all)."""
+    fake = {"FAKECUDA_STATE": str(shim.tmp / "gpu.state"), "FAKECUDA_CTX_MIB": "0"}
+    a, ra = _container(shim, "a", 100000)
+    neighbours = []
+    try:
+        for _ in range(300):  # other tenants' processes: a context each, no shim
+            neighbours.append(subprocess.Popen(
+                a.cmd("ctx", "hold"), env=a.env({**fake, "FAKECUDA_HOST_PID_OFFSET": "300000"},
+                                                preload=False),
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        for n in neighbours:
+            assert n.stdout is not None
+            for line in n.stdout:
+                if '"hold"' in line:
+                    break
+        out, _ = a.run("ctx", "alloc", 32 * MIB, "nvml",
+                       env={**fake, "FAKECUDA_HOST_PID_OFFSET": "100000"}, timeout=120)
+        nvml = out[-1]
+        assert nvml["r3"] == 0, nvml
+        assert len(nvml["procs"]) == 1 and nvml["procs"][0][1] == 32 * MIB, nvml
+    finally:
+        for n in neighbours:
+            n.kill()
+        for n in neighbours:
+            n.wait()
+        ra.close()
