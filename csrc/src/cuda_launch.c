@@ -4,6 +4,7 @@
  * when the graph was instantiated). A graph with allocation nodes is also charged
  * the growth of its device's graph memory pool before it is launched (cuda_pool.c). */
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "shim.h"
 
@@ -74,22 +75,14 @@ static CUresult instantiated(CUresult r, CUgraphExec *exec, CUgraph graph)
 {
     if (r != CUDA_SUCCESS || !exec || !*exec) return r;
     size_t n = 0, kernels = 0;
-    if (vg_real.cuGraphGetNodes && vg_real.cuGraphGetNodes(graph, NULL, &n) == CUDA_SUCCESS) {
-        CUgraphNode nodes[512];
-        size_t m = n > 512 ? 512 : n;
-        if (vg_real.cuGraphNodeGetType &&
-            vg_real.cuGraphGetNodes(graph, nodes, &m) == CUDA_SUCCESS) {
-            for (size_t i = 0; i < m; i++) {
-                CUgraphNodeType t;
-                if (vg_real.cuGraphNodeGetType(nodes[i], &t) == CUDA_SUCCESS &&
-                    t == CU_GRAPH_NODE_TYPE_KERNEL)
-                    kernels++;
-            }
-            kernels += n - m;
-        } else {
-            kernels = n; /* node types unknown: every node is taken for a kernel */
-        }
+    CUgraphNode *nodes = vg_graph_nodes(graph, &n);
+    for (size_t i = 0; i < n; i++) {
+        CUgraphNodeType t;
+        if (!vg_real.cuGraphNodeGetType || vg_real.cuGraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS ||
+            t == CU_GRAPH_NODE_TYPE_KERNEL)
+            kernels++; /* a node of unknown type is taken for a kernel */
     }
+    free(nodes);
     uint64_t bytes;
     int ordinal;
     vg_graph_memory(graph, &bytes, &ordinal);

@@ -16,6 +16,7 @@
  * launch first, against the limit. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "shim.h"
 
@@ -289,18 +290,29 @@ CUresult vg_impl_cuEventSynchronize(CUevent e) { return synced(vg_real.cuEventSy
 
 /* ---- graph memory ---- */
 /* what a graph allocates, summed over its allocation nodes (one device: the first) */
+/* every node of a graph (malloc'd, to free), or NULL with *n = 0 */
+CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n)
+{
+    *n = 0;
+    if (!vg_real.cuGraphGetNodes || vg_real.cuGraphGetNodes(graph, NULL, n) != CUDA_SUCCESS ||
+        *n == 0)
+        return NULL;
+    CUgraphNode *nodes = malloc(sizeof *nodes * *n);
+    if (!nodes || vg_real.cuGraphGetNodes(graph, nodes, n) != CUDA_SUCCESS) {
+        free(nodes);
+        *n = 0;
+        return NULL;
+    }
+    return nodes;
+}
+
 void vg_graph_memory(CUgraph graph, uint64_t *bytes, int *ordinal)
 {
     *bytes = 0;
     *ordinal = -1;
-    size_t n = 0;
-    if (!vg_real.cuGraphGetNodes || !vg_real.cuGraphNodeGetType ||
-        !vg_real.cuGraphMemAllocNodeGetParams ||
-        vg_real.cuGraphGetNodes(graph, NULL, &n) != CUDA_SUCCESS || n == 0)
-        return;
-    CUgraphNode nodes[512];
-    if (n > 512) n = 512;
-    if (vg_real.cuGraphGetNodes(graph, nodes, &n) != CUDA_SUCCESS) return;
+    if (!vg_real.cuGraphNodeGetType || !vg_real.cuGraphMemAllocNodeGetParams) return;
+    size_t n;
+    CUgraphNode *nodes = vg_graph_nodes(graph, &n); /* all of them: the 513th too */
     for (size_t i = 0; i < n; i++) {
         CUgraphNodeType t;
         CUDA_MEM_ALLOC_NODE_PARAMS p;
@@ -311,6 +323,7 @@ void vg_graph_memory(CUgraph graph, uint64_t *bytes, int *ordinal)
         *bytes += p.bytesize;
         if (*ordinal < 0) *ordinal = p.poolProps.location.id;
     }
+    free(nodes);
 }
 
 /* before a launch of a graph that allocates: its pool's growth, against the limit */

@@ -167,6 +167,7 @@ CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal);
 void vg_graph_launched(int ordinal);
 
 /* ---- nvml.c ---- */
+CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n); /* every node, malloc'd; NULL if none */
 nvmlDevice_t vg_nvml_device(int dev);       /* NVML handle of config device dev, or NULL */
 /* every row NVML has (malloc'd, to free), however many processes there are */
 nvmlReturn_t vg_nvml_samples(nvmlDevice_t device, unsigned long long since,

@@ -182,3 +182,14 @@ def test_a_fragmented_pool_that_grows_past_the_limit_is_refused(shim: Shim, keep
         assert free_bytes(out) == [GIB - 768 * MIB] * 3
     else:  # the refusal synchronises: a pool at threshold 0 gives back what it does not use
         assert free_bytes(out) == [GIB - 768 * MIB, GIB, GIB - 200 * MIB]
+
+
+def test_an_allocation_node_past_the_512th_node_is_charged(shim: Shim) -> None:
+    """Finding 2: only a graph's first 512 nodes were read: a 2 GiB allocation node after
+    600 kernel nodes was launched on a 1 GiB limit."""
+    shim.config(device__0__memory_limit=str(GIB))
+    out = shim.interp("use 0; graphalloc 0 2g 1 flags 600; graphlaunch 0; "
+                      "graphalloc 0 512m 1 flags 600; graphlaunch 1", env=NO_CTX)
+    assert rcs(out, "graphalloc") == [0, 0]
+    assert [o["nodes"] for o in out if o["op"] == "graphalloc"] == [602, 602]
+    assert rcs(out, "graphlaunch") == [OOM, 0]

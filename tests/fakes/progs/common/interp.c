@@ -484,10 +484,10 @@ static void op_launchfor(char **a) {
 }
 
 /* ---- graph memory ---- */
-/* graphalloc D SIZE [FREE] [INST]: a graph with one mem alloc node on D (and a free node of
- * it when FREE=1), instantiated through INST (flags: cuGraphInstantiateWithFlags, the
- * default; v1: the unversioned cuGraphInstantiate; v2: cuGraphInstantiate_v2); the id
- * frees both ("free ID"). */
+/* graphalloc D SIZE [FREE] [INST] [PAD]: a graph with one mem alloc node on D (and a free
+ * node of it when FREE=1), after PAD kernel nodes, instantiated through INST (flags:
+ * cuGraphInstantiateWithFlags, the default; v1: the unversioned cuGraphInstantiate; v2:
+ * cuGraphInstantiate_v2); the id frees both ("free ID"). */
 static void op_graphalloc(char **a) {
     int dev = dev_arg(a[0]);
     uint64_t size = parse_size(a[1]);
@@ -506,6 +506,17 @@ static void op_graphalloc(char **a) {
     size_t nodes = 0;
     CUgraphNodeType types[2] = {99, 99};
     if (!rc) rc = CALL(cuGraphCreate, &g, 0);
+    int pad = a[2] && a[3] && a[4] ? atoi(a[4]) : 0;
+    if (!rc && pad > 0) rc = ensure_kernel();
+    for (int i = 0; !rc && i < pad; i++) {
+        CUDA_KERNEL_NODE_PARAMS_v2 kp;
+        memset(&kp, 0, sizeof kp);
+        kp.func = kernel;
+        kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+        kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
+        CUgraphNode kn;
+        rc = CALL(cuGraphAddKernelNode_v2, &kn, g, NULL, 0, &kp);
+    }
     if (!rc) rc = CALL(cuGraphAddMemAllocNode, &an, g, NULL, 0, &p);
     if (!rc) rc = CALL(cuGraphMemAllocNodeGetParams, an, &back);
     if (!rc && back.dptr != p.dptr) rc = CUDA_ERROR_UNKNOWN;
