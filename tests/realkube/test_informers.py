@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -86,6 +86,18 @@ def _ok(url: str) -> bool:
 def syncs(metrics: str) -> dict[tuple[str, str], float]:
     """``vgpud_scheduler_informer_syncs_total`` by (informer, mode)."""
     return {(m[1], m[2]): float(m[3]) for m in SYNCS.finditer(metrics)}
+
+
+def synced(metrics: Callable[[], str]) -> dict[tuple[str, str], float]:
+    """:func:`syncs` once every informer has synced. Readiness waits for the nodes and
+    pods only: the budgets informer may still be listing (seen on a loaded machine)."""
+    def done() -> bool:
+        counts = syncs(metrics())
+        return all(counts.get((i, "list"), 0) + counts.get((i, "watch-list"), 0) >= 1
+                   for i in INFORMERS)
+
+    wait_for("every informer to have synced", done, timeout=AT_ONCE, every=0.2)
+    return syncs(metrics())
 
 
 def watch_lists_served(cp: ControlPlane) -> dict[str, float]:
@@ -257,7 +269,7 @@ def test_the_schedulers_informers_sync_by_streaming_list(control_plane: ControlP
     served = watch_lists_served(control_plane)
     _, start = control_plane.audit()
     release.start_extender()
-    counts = syncs(release.extender_metrics())
+    counts = synced(release.extender_metrics)
     for informer in INFORMERS:
         assert counts[(informer, "watch-list")] == 1, counts
         assert counts[(informer, "list")] == 0, counts
@@ -282,7 +294,7 @@ def test_a_proxy_that_drops_the_parameters_is_harmless_in_front_of_1_37(
     schedulers.append(s)
     wait_for("the scheduler behind the proxy to be ready", s.ready, timeout=AT_ONCE,
              every=0.3, detail=lambda: s.proc.tail())
-    counts = syncs(s.metrics())
+    counts = synced(s.metrics)
     assert {i: counts[(i, "watch-list")] for i in INFORMERS} == dict.fromkeys(INFORMERS, 1.0)
     asked = proxy.requests(VGPUD_AGENT)
     assert sorted(r.path for r in asked if r.streaming_list) == sorted(PATHS.values())
@@ -570,7 +582,7 @@ def test_a_server_that_ignores_send_initial_events_is_found_out_at_its_first_boo
     assert [(r.path, r.status) for r in streamed] == [(PATHS["nodes"], 200)]
     listed = {r.path for r in asked if r.method == "GET" and not r.watch and "limit" in r.query}
     assert listed == set(PATHS.values())
-    counts = syncs(s.metrics())
+    counts = synced(s.metrics)
     by_mode = {i: (counts[(i, "watch-list")], counts[(i, "list")]) for i in INFORMERS}
     assert by_mode == dict.fromkeys(INFORMERS, (0.0, 1.0))
     assert "a bookmark without the initial-events-end mark" in s.proc.log_path.read_text()
@@ -591,7 +603,7 @@ def test_a_server_older_than_1_27_is_listed_at_once(
     asked = proxy.requests(VGPUD_AGENT)
     assert [r for r in asked if r.streaming_list] == []
     assert [r.path for r in asked if r.path == "/version"] == ["/version"]
-    counts = syncs(s.metrics())
+    counts = synced(s.metrics)
     assert all(counts[(i, "list")] == 1 and counts[(i, "watch-list")] == 0 for i in INFORMERS)
     _no_role_refused(feature_off)
 
@@ -612,7 +624,7 @@ def test_a_server_without_the_feature_refuses_and_each_informer_lists(
     for r in refusals:
         body = json.loads(r.error)
         assert (body["reason"], body["message"]) == ("Invalid", FEATURE_OFF), body
-    counts = syncs(s.metrics())
+    counts = synced(s.metrics)
     assert all(counts[(i, "list")] == 1 for i in INFORMERS)
     _no_role_refused(feature_off)
 
