@@ -160,22 +160,24 @@ static int container_rows(nvmlDevice_t device, const proc_row *all, int n, proc_
 
 /* Every row of a list NVML fills (room in, rows out), however many there are: the buffer
  * grows until they fit (a few tries: processes come and go). *out is malloc'd, to free. */
-nvmlReturn_t vg_nvml_samples(nvmlDevice_t device, unsigned long long since,
-                             nvmlProcessUtilizationSample_t **out, unsigned *count)
+typedef nvmlReturn_t (*fill_fn)(nvmlDevice_t device, const void *arg, void *buf, unsigned *n);
+
+static nvmlReturn_t read_whole(fill_fn fill, nvmlDevice_t device, const void *arg, size_t size,
+                               void **out, unsigned *count)
 {
-    nvmlProcessUtilizationSample_t *buf = NULL;
+    void *buf = NULL;
     unsigned n = 0;
     nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_SIZE;
     for (int tries = 0; tries < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; tries++) {
-        unsigned room = n + 64;
-        nvmlProcessUtilizationSample_t *grown = realloc(buf, sizeof *buf * room);
+        unsigned room = n + 64; /* NVML says how many it has when they do not fit */
+        void *grown = realloc(buf, size * room);
         if (!grown) {
             r = NVML_ERROR_MEMORY;
             break;
         }
         buf = grown;
         n = room;
-        r = vg_real.nvmlDeviceGetProcessUtilization(device, buf, &n, since);
+        r = fill(device, arg, buf, &n);
     }
     if (r != NVML_SUCCESS) {
         free(buf);
@@ -186,32 +188,29 @@ nvmlReturn_t vg_nvml_samples(nvmlDevice_t device, unsigned long long since,
     return r;
 }
 
+static nvmlReturn_t fill_samples(nvmlDevice_t device, const void *since, void *buf, unsigned *n)
+{
+    return vg_real.nvmlDeviceGetProcessUtilization(device, buf, n,
+                                                   *(const unsigned long long *)since);
+}
+
+nvmlReturn_t vg_nvml_samples(nvmlDevice_t device, unsigned long long since,
+                             nvmlProcessUtilizationSample_t **out, unsigned *count)
+{
+    return read_whole(fill_samples, device, &since, sizeof **out, (void **)out, count);
+}
+
 typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *);
+
+static nvmlReturn_t fill_list(nvmlDevice_t device, const void *fn, void *buf, unsigned *n)
+{
+    return (*(const list_fn *)fn)(device, n, buf);
+}
 
 static nvmlReturn_t all_rows(list_fn fn, nvmlDevice_t device, nvmlProcessInfo_v2_t **out,
                              unsigned *count)
 {
-    nvmlProcessInfo_v2_t *buf = NULL;
-    unsigned n = 0;
-    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_SIZE;
-    for (int tries = 0; tries < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; tries++) {
-        unsigned room = n + 64;
-        nvmlProcessInfo_v2_t *grown = realloc(buf, sizeof *buf * room);
-        if (!grown) {
-            r = NVML_ERROR_MEMORY;
-            break;
-        }
-        buf = grown;
-        n = room;
-        r = fn(device, &n, buf);
-    }
-    if (r != NVML_SUCCESS) {
-        free(buf);
-        return r == NVML_ERROR_INSUFFICIENT_SIZE ? NVML_ERROR_UNKNOWN : r;
-    }
-    *out = buf;
-    *count = n;
-    return r;
+    return read_whole(fill_list, device, &fn, sizeof **out, (void **)out, count);
 }
 
 nvmlReturn_t vg_nvml_compute_processes(nvmlDevice_t device, nvmlProcessInfo_t **out,

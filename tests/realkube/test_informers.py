@@ -577,12 +577,12 @@ def test_a_server_that_ignores_send_initial_events_is_found_out_at_its_first_boo
     schedulers.append(s)
     took = _ready_with_the_node(s, AFTER_THE_FIRST_BOOKMARK, kubelet=feature_off)
     print(f"ready {took:.1f} s after start, behind a proxy dropping sendInitialEvents")
+    counts = synced(s.metrics)
     asked = proxy.requests(VGPUD_AGENT)
     streamed = [r for r in asked if r.streaming_list]
     assert [(r.path, r.status) for r in streamed] == [(PATHS["nodes"], 200)]
     listed = {r.path for r in asked if r.method == "GET" and not r.watch and "limit" in r.query}
     assert listed == set(PATHS.values())
-    counts = synced(s.metrics)
     by_mode = {i: (counts[(i, "watch-list")], counts[(i, "list")]) for i in INFORMERS}
     assert by_mode == dict.fromkeys(INFORMERS, (0.0, 1.0))
     assert "a bookmark without the initial-events-end mark" in s.proc.log_path.read_text()
@@ -600,10 +600,10 @@ def test_a_server_older_than_1_27_is_listed_at_once(
     schedulers.append(s)
     took = _ready_with_the_node(s, AT_ONCE)
     print(f"ready {took:.1f} s after start, behind a proxy reporting v1.26.15")
+    counts = synced(s.metrics)
     asked = proxy.requests(VGPUD_AGENT)
     assert [r for r in asked if r.streaming_list] == []
     assert [r.path for r in asked if r.path == "/version"] == ["/version"]
-    counts = synced(s.metrics)
     assert all(counts[(i, "list")] == 1 and counts[(i, "watch-list")] == 0 for i in INFORMERS)
     _no_role_refused(feature_off)
 
@@ -618,13 +618,13 @@ def test_a_server_without_the_feature_refuses_and_each_informer_lists(
     s = start_scheduler(off_release, proxy.url, "vgpud-scheduler-refused")
     schedulers.append(s)
     _ready_with_the_node(s, AT_ONCE)
+    counts = synced(s.metrics)  # every informer, the budgets' too, is past its request
     refusals = [r for r in proxy.requests(VGPUD_AGENT) if r.streaming_list]
     assert sorted((r.path, r.status) for r in refusals) == sorted(
         (p, 422) for p in PATHS.values())
     for r in refusals:
         body = json.loads(r.error)
         assert (body["reason"], body["message"]) == ("Invalid", FEATURE_OFF), body
-    counts = synced(s.metrics)
     assert all(counts[(i, "list")] == 1 for i in INFORMERS)
     _no_role_refused(feature_off)
 
