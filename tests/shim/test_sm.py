@@ -71,9 +71,11 @@ class Container:
 def _judge(label: str, share: list[float], target: float,
            capacity: list[float] | None = None) -> None:
     """Within 3 points of the target, and never below 0.8 of it in any window but one,
-    wherever the process could launch clearly more than that: 15 % above the target and
-    3 points more, since the CPU's pace moves by up to 14 % between two runs on a 2-core
-    machine (the mean ratio ranged 0.86 to 1.07 over 16 runs), limited or not. Where it
+    wherever the process could launch clearly more than that in every window: 15 % above
+    the target and 3 points more, since the CPU's pace moves by up to 14 % between two
+    runs on a 2-core machine (the mean ratio ranged 0.86 to 1.07 over 16 runs), limited or
+    not. (Judged by the mean alone, a run whose unlimited windows ranged from 27.6 to
+    over 40 was held to 3 points at 30 % and failed with 3.47.) Where it
     could not (CPU-bound: ``capacity`` is what it reached per window with limits that
     never bind), never above the target, on average at least 0.7 of what it reached
     unlimited (or of the target, if lower), and in every window but one at least 0.7 of
@@ -87,7 +89,8 @@ def _judge(label: str, share: list[float], target: float,
     print(f"{label}: target {target:.0f}, can launch {can:.1f}, mean {mean:.1f}, "
           f"MAE {mae:.2f}, min {min(share):.1f}, next {low:.1f}"
           + (f", its lowest window unlimited {min(capacity):.1f}" if capacity else ""))
-    if can >= 1.15 * target + 3:
+    slowest = min(capacity) if capacity else 100.0
+    if slowest >= 1.15 * target + 3:
         assert mae <= 3.0, (label, share)
         assert low >= 0.8 * target, (label, share)
     else:
