@@ -269,22 +269,33 @@ CUresult vg_impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned 
     return r;
 }
 
+/* A free forgets the shim's record *before* the driver frees: the driver may hand the
+ * address to another thread's allocation the moment it is free (and a free can block),
+ * and a forget after it would take that allocation's record. The charge is given back
+ * once the driver has freed; a free the driver refuses gets its record back. */
 CUresult vg_impl_cuMemFree_v2(CUdeviceptr dptr)
 {
-    CUresult r = vg_real.cuMemFree_v2(dptr);
     vg_alloc a;
-    if (r == CUDA_SUCCESS && vg_forget(VG_T_PTR, dptr, &a)) {
-        vg_release(&a);
-        if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev); /* freed and synchronised */
+    int known = vg_forget(VG_T_PTR, dptr, &a);
+    CUresult r = vg_real.cuMemFree_v2(dptr);
+    if (!known) return r;
+    if (r != CUDA_SUCCESS) {
+        vg_remember(VG_T_PTR, a);
+        return r;
     }
+    vg_release(&a);
+    if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev); /* freed and synchronised */
     return r;
 }
 
 CUresult vg_impl_cuMemFree(unsigned int dptr)
 {
-    CUresult r = vg_real.cuMemFree(dptr);
     vg_alloc a;
-    if (r == CUDA_SUCCESS && vg_forget(VG_T_PTR, dptr, &a)) vg_release(&a);
+    int known = vg_forget(VG_T_PTR, dptr, &a);
+    CUresult r = vg_real.cuMemFree(dptr);
+    if (!known) return r;
+    if (r != CUDA_SUCCESS) vg_remember(VG_T_PTR, a);
+    else vg_release(&a);
     return r;
 }
 

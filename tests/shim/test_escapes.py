@@ -193,3 +193,18 @@ def test_an_allocation_node_past_the_512th_node_is_charged(shim: Shim) -> None:
     assert rcs(out, "graphalloc") == [0, 0]
     assert [o["nodes"] for o in out if o["op"] == "graphalloc"] == [602, 602]
     assert rcs(out, "graphlaunch") == [OOM, 0]
+
+
+def test_a_free_forgets_its_record_before_the_driver_can_hand_the_address_out(
+        shim: Shim) -> None:
+    """Finding 15: cuMemFree freed in the driver, then forgot the shim's record of the
+    address. A real driver hands a freed address out again at once, and a free can
+    block: another thread's allocation of that address was recorded in between, and
+    the late forget took *its* record (its charge then outlived it: 256 MiB leaked)."""
+    shim.config(device__0__memory_limit=str(GIB))
+    out = shim.interp("use 0; racefree 256m; info; free 0; info",
+                      env={**NO_CTX, "FAKECUDA_REUSE_ADDRESSES": "1",
+                           "FAKECUDA_FREE_PAUSE_MS": "300"})
+    race = out[1]
+    assert race["rc"] == 0 and race["free_rc"] == 0 and race["first"] == race["second"], race
+    assert free_bytes(out) == [GIB - 256 * MIB, GIB]

@@ -49,6 +49,7 @@ struct fc_alloc *fc_alloc_take(uint64_t key); /* removes it */
 /* Calls fn on every record (the table may be modified by fn via fc_alloc_take). */
 void fc_alloc_each(void (*fn)(struct fc_alloc *, void *), void *arg);
 uint64_t fc_addr_new(uint64_t size, uint64_t align, int low32);
+void fc_addr_free(uint64_t addr, uint64_t size, int low32);
 extern pthread_mutex_t fc_obj_mutex; /* guards handles and the allocation table */
 
 /* ---- devices (cu_device.c): CUdevice values are CUDA_VISIBLE_DEVICES ordinals; the

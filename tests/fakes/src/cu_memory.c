@@ -3,6 +3,7 @@
  * maps each returned address or handle to what it charged. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cu.h"
 
@@ -170,7 +171,14 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (dptr == 0) return CUDA_SUCCESS; /* freeing NULL is a no-op, as in the real driver */
     struct fc_alloc *a = take_kind(dptr, 1u << A_DEVICE | 1u << A_DEVICE32 | 1u << A_MANAGED);
     if (!a) return fc_graph_free_va(dptr); /* a graph allocation, or INVALID_VALUE */
+    uint64_t key = a->key, size = a->size;
+    int linear = (a->kind == A_DEVICE || a->kind == A_DEVICE32) && !a->pool;
+    int low32 = a->kind == A_DEVICE32;
     fc_free_record(a);
+    if (linear) fc_addr_free(key, size, low32);
+    /* a real free can block (it waits for the device); the address is free meanwhile */
+    uint64_t pause = fc_knobs()->free_pause_ms;
+    if (pause) usleep((useconds_t)(pause * 1000));
     return CUDA_SUCCESS;
 }
 

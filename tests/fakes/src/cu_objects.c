@@ -149,8 +149,44 @@ void fc_alloc_each(void (*fn)(struct fc_alloc *, void *), void *arg) {
     }
 }
 
-/* Fake device addresses: unique in this process, never dereferenced. */
+/* Freed linear addresses, handed out again to an allocation of the same size
+ * (FAKECUDA_REUSE_ADDRESSES=1), the most recent first, as a real driver's allocator does. */
+static struct { uint64_t addr, size; int low32; } freed[64];
+static int nfreed;
+static pthread_mutex_t freed_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+void fc_addr_free(uint64_t addr, uint64_t size, int low32) {
+    if (!fc_knobs()->reuse_addresses) return;
+    pthread_mutex_lock(&freed_mutex);
+    if (nfreed == 64) memmove(freed, freed + 1, sizeof freed[0] * 63), nfreed--;
+    freed[nfreed].addr = addr;
+    freed[nfreed].size = size;
+    freed[nfreed].low32 = low32;
+    nfreed++;
+    pthread_mutex_unlock(&freed_mutex);
+}
+
+static uint64_t reused(uint64_t size, int low32) {
+    uint64_t a = 0;
+    pthread_mutex_lock(&freed_mutex);
+    for (int i = nfreed - 1; i >= 0; i--) {
+        if (freed[i].size != size || freed[i].low32 != low32) continue;
+        a = freed[i].addr;
+        memmove(freed + i, freed + i + 1, sizeof freed[0] * (size_t)(nfreed - i - 1));
+        nfreed--;
+        break;
+    }
+    pthread_mutex_unlock(&freed_mutex);
+    return a;
+}
+
+/* Fake device addresses: unique in this process (unless reused, above), never
+ * dereferenced. */
 uint64_t fc_addr_new(uint64_t size, uint64_t align, int low32) {
+    if (fc_knobs()->reuse_addresses) {
+        uint64_t a = reused(size, low32);
+        if (a) return a;
+    }
     static uint64_t next = 0x7f0000000000ull, next32 = 0x10000000ull;
     uint64_t *n = low32 ? &next32 : &next;
     if (align < 512) align = 512;

@@ -192,6 +192,8 @@ static void knobs_read(void) {
     knobs.host_pid_offset = off ? strtol(off, NULL, 10) : 0;
     knobs.driver_version = (int)env_u64("FAKECUDA_DRIVER_VERSION", 12080);
     knobs.pool_fragments = env_u64("FAKECUDA_POOL_FRAGMENTS", 0) != 0;
+    knobs.reuse_addresses = env_u64("FAKECUDA_REUSE_ADDRESSES", 0) != 0;
+    knobs.free_pause_ms = env_u64("FAKECUDA_FREE_PAUSE_MS", 0);
     const char *sp = getenv("FAKECUDA_STATE");
     knobs.state_path = (sp && *sp) ? strdup(sp) : NULL;
     const char *nl = getenv("FAKECUDA_NVLINK");

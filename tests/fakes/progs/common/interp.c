@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -211,6 +212,36 @@ static void op_pitch1(char **a) {
                                            .size = (uint64_t)pitch * h});
     emit("pitch1", rc, "\"id\":%d,\"ptr\":\"0x%x\",\"pitch\":%u,\"size\":%" PRIu64, id, p,
          pitch, (uint64_t)pitch * h);
+}
+
+/* racefree SIZE: cuMemFree of a SIZE block in a second thread while this one allocates
+ * SIZE again 50 ms later (with FAKECUDA_REUSE_ADDRESSES and FAKECUDA_FREE_PAUSE_MS the
+ * driver hands out the freed address while the free has not returned); the id is the
+ * second block's. */
+struct race { CUdeviceptr p; int rc; };
+
+static void *race_free(void *arg) {
+    struct race *r = arg;
+    r->rc = CALL(cuMemFree_v2, r->p);
+    return NULL;
+}
+
+static void op_racefree(char **a) {
+    uint64_t size = parse_size(a[0]);
+    CUdeviceptr second = 0;
+    struct race r = {0, -1};
+    int rc = ensure(cur_dev);
+    if (!rc) rc = CALL(cuMemAlloc_v2, &r.p, size);
+    pthread_t t;
+    if (!rc && pthread_create(&t, NULL, race_free, &r) != 0) rc = CUDA_ERROR_UNKNOWN;
+    if (!rc) {
+        usleep(50000);
+        rc = CALL(cuMemAlloc_v2, &second, size);
+        pthread_join(t, NULL);
+    }
+    int id = rc ? -1 : new_id((struct rec){.kind = R_ALLOC, .ptr = second, .size = size});
+    emit("racefree", rc, "\"id\":%d,\"first\":\"0x%llx\",\"second\":\"0x%llx\",\"free_rc\":%d",
+         id, (unsigned long long)r.p, (unsigned long long)second, r.rc);
 }
 
 static void op_array(const char *op, char **a) {
@@ -894,6 +925,8 @@ static void run_line(char *line) {
         op_alloc(op, a);
     } else if (!strcmp(op, "pitch")) {
         op_pitch(a);
+    } else if (!strcmp(op, "racefree")) {
+        op_racefree(a);
     } else if (!strcmp(op, "pitch1")) {
         op_pitch1(a);
     } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap") ||
