@@ -59,18 +59,24 @@ class PodResourcesClient:
     async def live(self) -> set[tuple[str, frozenset[str]]]:
         """``(resource, IDs)`` of every container holding devices, of every resource
         (what allocation directories, of any resource, are still in use)."""
-        out = set()
+        return (await self.snapshot())[0]
+
+    async def pods(self) -> set[tuple[str, str]]:
+        """``(namespace, name)`` of every active pod kubelet lists."""
+        return (await self.snapshot())[1]
+
+    async def snapshot(self) -> tuple[set[tuple[str, frozenset[str]]], set[tuple[str, str]]]:
+        """:meth:`live` and :meth:`pods` from one List call (one instant of kubelet's view)."""
+        live: set[tuple[str, frozenset[str]]] = set()
+        pods: set[tuple[str, str]] = set()
         for p in await self._pods():
+            pods.add((p.namespace, p.name))
             for c in p.containers:
                 by: dict[str, set[str]] = {}
                 for d in c.devices:
                     by.setdefault(d.resource_name, set()).update(d.device_ids)
-                out |= {(r, frozenset(ids)) for r, ids in by.items() if ids}
-        return out
-
-    async def pods(self) -> set[tuple[str, str]]:
-        """``(namespace, name)`` of every active pod kubelet lists."""
-        return {(p.namespace, p.name) for p in await self._pods()}
+                live |= {(r, frozenset(ids)) for r, ids in by.items() if ids}
+        return live, pods
 
     async def _pods(self) -> tuple[pr.PodResources, ...]:
         channel = Channel(path=self.socket)

@@ -399,8 +399,7 @@ class PluginService(pb.DevicePluginBase):
         containers live). kubelet lists no regular init container, so an allocation
         stays while the pod that owns it is listed."""
         try:
-            live = await self.podresources.live()
-            listed = await self.podresources.pods()
+            live, listed = await self.podresources.snapshot()  # one List: one instant
         except PodResourcesError as e:
             log.warning("collect_skipped", error=str(e))
             return 0
