@@ -161,17 +161,21 @@ def read_usage(path: str | os.PathLike[str], attempts: int = 20) -> UsageSnapsho
             raise StateFileError(f"{p}: not a regular file")
         if st.st_size < FILE_SIZE:
             raise StateFileError(f"{p}: shorter than {FILE_SIZE} bytes")
-        snap = _parse(_copy(fd, p))
-        for _ in range(attempts):
-            again = _parse(_copy(fd, p))
-            if again.generation == snap.generation:
-                return again
-            snap = again
-        return snap
+        buf = _copy(fd, p)
+        for _ in range(attempts):  # parsed once: the generation alone tells a torn copy
+            again = _copy(fd, p)
+            if _generation(again) == _generation(buf):
+                return _parse(again)
+            buf = again
+        return _parse(buf)
     except OSError as e:
         raise StateFileError(f"{p}: {e.strerror}") from e
     finally:
         os.close(fd)
+
+
+def _generation(buf: bytes) -> int:
+    return _field(buf, 0, HEADER_FIELDS["generation"])[0]
 
 
 def _copy(fd: int, p: Path) -> bytes:

@@ -131,18 +131,12 @@ static void teardown(CUcontext c)
  * device so far; after, against what it was measured to take (then it is destroyed).
  * A primary context is not refused: it is the one every runtime needs, the first and
  * only one of most processes. */
-static int over_limit(int dev, uint64_t more)
-{
-    uint64_t limit = vg_cfg.dev[dev].memory_limit;
-    return limit && vg_state_used(dev) + vg_state_spilled(dev) + more > limit;
-}
-
 static CUresult refuse_early(CUdevice ordinal)
 {
     int dev = vg_dev_index(ordinal);
     if (dev < 0) return CUDA_SUCCESS;
     uint64_t est = __atomic_load_n(&largest[dev], __ATOMIC_RELAXED);
-    return est && over_limit(dev, est) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    return est && vg_state_over_limit(dev, est) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
 static CUresult created(CUresult r, CUcontext *pctx, CUdevice ordinal)
@@ -151,7 +145,7 @@ static CUresult created(CUresult r, CUcontext *pctx, CUdevice ordinal)
     vg_context_created(*pctx, ordinal, 0);
     int dev = vg_dev_index(ordinal);
     if (dev < 0) return r;
-    if (over_limit(dev, 0)) {
+    if (vg_state_over_limit(dev, 0)) {
         CUcontext c = *pctx;
         if (vg_real.cuCtxDestroy_v2(c) == CUDA_SUCCESS) teardown(c);
         *pctx = NULL;

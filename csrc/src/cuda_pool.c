@@ -101,12 +101,6 @@ void vg_pools_reconcile(int dev)
 }
 
 /* ---- stream-ordered allocations ---- */
-static int over_limit(int dev)
-{
-    uint64_t limit = vg_cfg.dev[dev].memory_limit;
-    return limit && vg_state_used(dev) + vg_state_spilled(dev) > limit;
-}
-
 struct async_args { size_t bytes; CUstream s; CUmemoryPool pool; int ptsz; int from_pool; };
 
 static CUresult do_async(CUdeviceptr *dptr, struct async_args *a)
@@ -149,7 +143,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
     uint64_t before = reserved;
     CUresult r = do_async(dptr, a);
     settle(&p);
-    if (r == CUDA_SUCCESS && over_limit(p.dev)) {
+    if (r == CUDA_SUCCESS && vg_state_over_limit(p.dev, 0)) {
         /* the pool grew more than its free reserve promised (a real pool fragments):
          * the allocation goes back, the growth is trimmed, the caller is refused */
         CUresult f = a->ptsz ? vg_real.cuMemFreeAsync_ptsz(*dptr, a->s)
@@ -289,7 +283,6 @@ CUresult vg_impl_cuCtxSynchronize_v2(CUcontext ctx)
 CUresult vg_impl_cuEventSynchronize(CUevent e) { return synced(vg_real.cuEventSynchronize(e)); }
 
 /* ---- graph memory ---- */
-/* what a graph allocates, summed over its allocation nodes (one device: the first) */
 /* every node of a graph (malloc'd, to free), or NULL with *n = 0 */
 CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n)
 {
@@ -306,6 +299,7 @@ CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n)
     return nodes;
 }
 
+/* what a graph allocates, summed over its allocation nodes (one device: the first) */
 void vg_graph_memory(CUgraph graph, uint64_t *bytes, int *ordinal)
 {
     *bytes = 0;

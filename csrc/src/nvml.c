@@ -281,14 +281,15 @@ static nvmlReturn_t finish(unsigned int *count, int k, void *infos, const proc_r
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t list_v2(list_fn fn, nvmlDevice_t device, unsigned int *count,
-                            nvmlProcessInfo_v2_t *infos)
+/* The container's rows of a process list, in the caller's form (version 1 or 2/3); fn
+ * reads the driver's rows in the v2 form. Never the driver's own, unfiltered, list. */
+static nvmlReturn_t list_rows(list_fn fn, nvmlDevice_t device, unsigned int *count, void *infos,
+                              int version)
 {
-    if (!count) return fn(device, count, infos);
     nvmlProcessInfo_v2_t *buf;
     unsigned n;
     nvmlReturn_t r = all_rows(fn, device, &buf, &n);
-    if (r != NVML_SUCCESS) return r; /* never the driver's own, unfiltered, list */
+    if (r != NVML_SUCCESS) return r;
     proc_row *all = malloc(sizeof *all * (n ? n : 1) * 2), *rows = all ? all + (n ? n : 1) : NULL;
     if (!all) {
         free(buf);
@@ -298,7 +299,7 @@ static nvmlReturn_t list_v2(list_fn fn, nvmlDevice_t device, unsigned int *count
         all[i] = (proc_row){buf[i].pid, buf[i].usedGpuMemory, buf[i].gpuInstanceId,
                             buf[i].computeInstanceId};
     int k = container_rows(device, all, (int)n, rows);
-    r = finish(count, k, infos, rows, 2);
+    r = finish(count, k, infos, rows, version);
     free(all);
     free(buf);
     return r;
@@ -308,14 +309,16 @@ nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device
                                                              unsigned int *infoCount,
                                                              nvmlProcessInfo_t *infos)
 {
-    return list_v2(vg_real.nvmlDeviceGetComputeRunningProcesses_v3, device, infoCount, infos);
+    list_fn fn = vg_real.nvmlDeviceGetComputeRunningProcesses_v3;
+    return infoCount ? list_rows(fn, device, infoCount, infos, 2) : fn(device, infoCount, infos);
 }
 
 nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                              unsigned int *infoCount,
                                                              nvmlProcessInfo_v2_t *infos)
 {
-    return list_v2(vg_real.nvmlDeviceGetComputeRunningProcesses_v2, device, infoCount, infos);
+    list_fn fn = vg_real.nvmlDeviceGetComputeRunningProcesses_v2;
+    return infoCount ? list_rows(fn, device, infoCount, infos, 2) : fn(device, infoCount, infos);
 }
 
 static nvmlReturn_t v1_list(nvmlDevice_t device, unsigned int *n, nvmlProcessInfo_v2_t *out)
@@ -337,19 +340,5 @@ nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
                                                           nvmlProcessInfo_v1_t *infos)
 {
     if (!infoCount) return vg_real.nvmlDeviceGetComputeRunningProcesses(device, infoCount, infos);
-    nvmlProcessInfo_v2_t *buf;
-    unsigned n;
-    nvmlReturn_t r = all_rows(v1_list, device, &buf, &n);
-    if (r != NVML_SUCCESS) return r;
-    proc_row *all = malloc(sizeof *all * (n ? n : 1) * 2), *rows = all ? all + (n ? n : 1) : NULL;
-    if (!all) {
-        free(buf);
-        return NVML_ERROR_MEMORY;
-    }
-    for (unsigned i = 0; i < n; i++) all[i] = (proc_row){buf[i].pid, buf[i].usedGpuMemory, 0, 0};
-    int k = container_rows(device, all, (int)n, rows);
-    r = finish(infoCount, k, infos, rows, 1);
-    free(all);
-    free(buf);
-    return r;
+    return list_rows(v1_list, device, infoCount, infos, 1);
 }

@@ -128,6 +128,7 @@ void vg_state_uncharge(int dev, uint64_t bytes, int kind);
 void vg_state_uncharge_context(int dev, uint64_t bytes); /* context memory given back */
 uint64_t vg_state_used(int dev);             /* device bytes, all processes */
 uint64_t vg_state_spilled(int dev);          /* spilled bytes, all processes */
+int vg_state_over_limit(int dev, uint64_t more); /* used + spilled + more past the limit */
 uint64_t vg_state_own_used(int dev);         /* device bytes charged to this process */
 int vg_state_processes(int dev, int *cpids, int *hpids, uint64_t *used, int max);
 void vg_state_set_host_pid(int host_pid);

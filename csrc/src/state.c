@@ -324,6 +324,12 @@ int vg_state_attach(const vg_config *cfg)
 
 static uint64_t limit_of(int dev) { return vg_cfg.dev[dev].memory_limit; }
 
+int vg_state_over_limit(int dev, uint64_t more)
+{
+    uint64_t limit = dev < 0 || dev >= VG_MAX_DEVICES ? 0 : limit_of(dev);
+    return limit && vg_state_used(dev) + vg_state_spilled(dev) + more > limit;
+}
+
 int vg_state_charge(int dev, uint64_t bytes, int kind, int flags)
 {
     if (dev < 0 || dev >= VG_MAX_DEVICES || !st) return (flags & VG_CHARGE_FORCE) ? 0 : -1;

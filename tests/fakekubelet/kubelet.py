@@ -399,11 +399,7 @@ class FakeKubelet:
         """kubelet restarts: plugin sockets removed, ``kubelet.sock`` new, allocations kept,
         every resource known but without devices until its plugin registers again.
         (:meth:`go_down` and :meth:`come_up` do the same in two steps.)"""
-        self._close_plugins()
-        with self._cond:
-            for r in self._resources.values():  # readCheckpoint: a stopped endpoint each
-                r.primary, r.devices, r.healthy, r.unhealthy = None, {}, set(), set()
-            self._cond.notify_all()
+        self._forget_plugins()
         # As the new kubelet does at its start (CleanupPluginDirectory, then Listen), with
         # no pause between: grpcio removes kubelet.sock when its server stops, and a plugin
         # that noticed that and served its socket anew must not see the new one deleted
@@ -418,14 +414,19 @@ class FakeKubelet:
         kubelet.unlink(missing_ok=True)
         self._serve_registration()
 
-    def go_down(self) -> None:
-        """The old kubelet stops: its streams end and ``kubelet.sock`` goes (grpcio removes
-        it). Plugins may notice and serve their sockets anew before :meth:`come_up`."""
+    def _forget_plugins(self) -> None:
+        """The plugins' streams end; every resource stays known, without devices until its
+        plugin registers again (readCheckpoint: a stopped endpoint each)."""
         self._close_plugins()
         with self._cond:
             for r in self._resources.values():
                 r.primary, r.devices, r.healthy, r.unhealthy = None, {}, set(), set()
             self._cond.notify_all()
+
+    def go_down(self) -> None:
+        """The old kubelet stops: its streams end and ``kubelet.sock`` goes (grpcio removes
+        it). Plugins may notice and serve their sockets anew before :meth:`come_up`."""
+        self._forget_plugins()
         if self._reg_server is not None:
             self._reg_server.stop(None)
             self._reg_server = None
