@@ -337,7 +337,12 @@ def test_a_watch_too_old_after_compaction_resyncs_and_the_view_follows(
     def followed() -> bool:
         nodes = {g["node"] for g in gpus_of(release, s).values()}
         pods = [p["name"] for p in status(release, "pods", namespace=s.ns)]
-        return nodes == {a, c} and pods == []
+        # and both informers resynced: the view can drop the held pod with its node
+        # before the pods informer's own resync is counted (seen in a full run)
+        now = syncs(release.extender_metrics())
+        resynced = all(now.get((i, "watch-list"), 0) > before[(i, "watch-list")]
+                       for i in ("nodes", "pods"))
+        return nodes == {a, c} and pods == [] and resynced
     wait_for("the scheduler's view to drop b and the held pod, and to add c", followed,
              timeout=90, detail=lambda: release.tails())
     after = syncs(release.extender_metrics())
