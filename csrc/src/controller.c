@@ -2,12 +2,20 @@
  *
  * Enforcement: a token bucket per device, shared by every process of the container
  * (header.sm_tokens / sm_refill in the usage state), counted in nanoseconds of device
- * time and refilled at the container's rate (header.sm_rate, permille of the device).
- * Every launch takes its estimated device time before it reaches the driver; a launch
- * that leaves the bucket more than SLEEP_MIN_NS in debt sleeps until the refill has
- * covered it. The debt is bounded (DEBT_DEPTHS bucket depths) and so, therefore, is any
- * one sleep: a wrong estimate can slow a workload, never stall it. The work a container
- * can enqueue is paced at its rate whether it is alone on the device or not.
+ * time and refilled at the container's rate (permille of the device). Every launch takes
+ * its estimated device time before it reaches the driver; a launch that leaves the
+ * bucket more than SLEEP_MIN_NS in debt sleeps until the refill has covered it. The debt
+ * is bounded (DEBT_DEPTHS bucket depths) and so, therefore, is any one sleep: a wrong
+ * estimate can slow a workload, never stall it. The work a container can enqueue is
+ * paced at its rate whether it is alone on the device or not.
+ *
+ * What the container can write decides nothing. The usage state is the container's to
+ * write (any of its processes can map it), so the rate is each process's own, derived
+ * from the read-only config and the node's read-only arbitration record: header.sm_rate
+ * is only a report of it. A forged shared bucket (tokens written full in a loop) is met
+ * by a second bucket, private to the process, at the same rate: no process launches
+ * faster than its container may, whatever the shared state says; forged tokens are
+ * clamped to the bucket's depth.
  *
  * Estimation: a launch costs waves x ns_per_wave, with waves = ceil(blocks / SMs) (at
  * least 1): a grid's blocks run in parallel on the SMs, so its time grows with its waves,
@@ -28,13 +36,13 @@
  * NVML names processes by host PID; without one no calibration is possible and the
  * shim says so once.
  *
- * Policies (one rate per container and device, adjusted by one leader process):
+ * Policies (one rate per container and device, each process computing it alike):
  *   fixed    rate = limit, alone or shared.
  *   balance  rate grows into idle capacity (device utilisation < 90 %) and falls back
  *            towards the limit, never below it, when the device saturates.
  *   none     no pacing.
  * Priority across containers (arbiter.c): the plugin publishes, per GPU, the highest
- * priority active there. While it is higher than this container's, the leader holds
+ * priority active there. While it is higher than this container's, each process holds
  * the rate at the record's floor (a few per cent: zero would starve the container's
  * heartbeats and collective timeouts, and it must still make progress); when it
  * drops, the rate returns at once to the policy's value. A container with no SM limit
@@ -66,9 +74,12 @@ int vg_sm_any_limited;
 #define BINS 512                    /* ... for the last 5 s */
 
 typedef struct sm_dev {
+    uint32_t rate;                  /* this process's rate, permille (0: unpaced) */
+    int64_t tokens;                 /* the private bucket (this process alone) */
+    uint64_t refill;
     int active;                     /* paced: limited, or following the arbiter */
     int limited;                    /* has an SM limit of its own (fixed / balance) */
-    int held;                       /* the leader holds it at the arbiter's floor */
+    int held;                       /* held at the arbiter's floor */
     int sms;                        /* multiprocessors, for waves; 0 until known */
     uint64_t ps_per_wave;           /* estimate, picoseconds of device time per wave */
     uint64_t waves, launches;       /* for the graph estimate */
@@ -95,13 +106,9 @@ void vg_sm_setup(void)
         if (!devs[d].limited && !vg_arbiter_present(d)) continue;
         devs[d].active = 1;
         any = 1;
-        if (h) {
-            uint32_t want = devs[d].limited ? c->core_limit * 10 : 1000;
-            uint32_t cur = __atomic_load_n(&h->sm_rate[d], __ATOMIC_ACQUIRE);
-            /* first process, or a leftover rate outside what the policy allows */
-            if (cur == 0 || (c->core_policy == VG_POLICY_FIXED && cur > want))
-                __atomic_store_n(&h->sm_rate[d], want, __ATOMIC_RELEASE);
-        }
+        uint32_t want = devs[d].limited ? c->core_limit * 10 : 1000;
+        __atomic_store_n(&devs[d].rate, want, __ATOMIC_RELEASE);
+        if (h) __atomic_store_n(&h->sm_rate[d], want, __ATOMIC_RELEASE); /* a report */
     }
     __atomic_store_n(&vg_sm_any_limited, any, __ATOMIC_RELEASE);
 }
@@ -113,29 +120,28 @@ static void sleep_ns(uint64_t ns)
     }
 }
 
-/* take cost_ns from the shared bucket at time now; returns how long to wait (ns) */
-static uint64_t bucket_take(int d, uint64_t cost_ns, uint64_t now)
+/* take cost_ns from the bucket (tokens, refill) at time now, refilled at rate permille;
+ * returns how long to wait (ns) */
+static uint64_t bucket_take(int64_t *tokens, uint64_t *refill, uint32_t rate, uint64_t cost_ns,
+                            uint64_t now)
 {
-    vg_state_header *h = hdr();
-    uint32_t rate = __atomic_load_n(&h->sm_rate[d], __ATOMIC_ACQUIRE);
-    if (rate == 0 || rate >= 1000) return 0;
     int64_t cap = (int64_t)(DEPTH_NS * rate / 1000), floor = -DEBT_DEPTHS * cap;
-    uint64_t last = __atomic_load_n(&h->sm_refill[d], __ATOMIC_ACQUIRE);
+    uint64_t last = __atomic_load_n(refill, __ATOMIC_ACQUIRE);
     if (now > last + REFILL_NS && /* one shared write per launch, not three */
-        __atomic_compare_exchange_n(&h->sm_refill[d], &last, now, 0, __ATOMIC_ACQ_REL,
-                                    __ATOMIC_ACQUIRE)) {
+        __atomic_compare_exchange_n(refill, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         uint64_t el = now - last;
         int64_t add = el > 10000000000ull ? cap : (int64_t)(el * rate / 1000);
-        int64_t t = __atomic_load_n(&h->sm_tokens[d], __ATOMIC_ACQUIRE), nt;
-        do {
-            nt = t + add > cap ? cap : t + add;
-        } while (!__atomic_compare_exchange_n(&h->sm_tokens[d], &t, nt, 0, __ATOMIC_ACQ_REL,
+        int64_t t = __atomic_load_n(tokens, __ATOMIC_ACQUIRE), nt;
+        do { /* a credit past the depth (forged, or left by a higher rate) is cut to it */
+            nt = t > cap - add ? cap : t + add;
+        } while (!__atomic_compare_exchange_n(tokens, &t, nt, 0, __ATOMIC_ACQ_REL,
                                               __ATOMIC_ACQUIRE));
     }
-    int64_t left = __atomic_sub_fetch(&h->sm_tokens[d], (int64_t)cost_ns, __ATOMIC_ACQ_REL);
+    int64_t left = __atomic_sub_fetch(tokens, (int64_t)cost_ns, __ATOMIC_ACQ_REL);
+    if (left > cap) left = cap; /* written since the refill: never more than the depth */
     if (left < floor) { /* a debt past the floor is forgiven, not waited for */
         int64_t t = left;
-        while (t < floor && !__atomic_compare_exchange_n(&h->sm_tokens[d], &t, floor, 0,
+        while (t < floor && !__atomic_compare_exchange_n(tokens, &t, floor, 0,
                                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         }
         left = floor;
@@ -201,7 +207,12 @@ static void charge_waves(int d, uint64_t waves)
         __atomic_store_n(slot, bin, __ATOMIC_RELEASE);
     }
     __atomic_add_fetch(&s->bin_ns[bin % BINS], cost, __ATOMIC_RELAXED);
-    uint64_t wait = bucket_take(d, cost, now);
+    uint32_t rate = __atomic_load_n(&s->rate, __ATOMIC_ACQUIRE);
+    if (rate == 0 || rate >= 1000) return;
+    vg_state_header *h = hdr();
+    uint64_t shared = bucket_take(&h->sm_tokens[d], &h->sm_refill[d], rate, cost, now);
+    uint64_t own = bucket_take(&s->tokens, &s->refill, rate, cost, now);
+    uint64_t wait = shared > own ? shared : own;
     if (wait) sleep_ns(wait);
 }
 
@@ -241,8 +252,9 @@ static uint64_t charged_between(const sm_dev *s, uint64_t t0, uint64_t t1)
     return (uint64_t)sum;
 }
 
-/* the rate leader: one process per container adjusts sm_rate */
-static int am_leader(void)
+/* the reporter: one process per container writes its rate into the usage state for the
+ * node's metrics (a report; no process reads it back) */
+static int am_reporter(void)
 {
     vg_state_header *h = hdr();
     int me = getpid();
@@ -253,12 +265,13 @@ static int am_leader(void)
                                        __ATOMIC_ACQUIRE);
 }
 
+/* the policy's rate from this process's own view of the device (every process of the
+ * container computes it alike from NVML; none takes it from the shared state) */
 static void adjust_rate(int d, unsigned total_util, unsigned container_util)
 {
     const vg_device_config *c = &vg_cfg.dev[d];
-    vg_state_header *h = hdr();
     double target = c->core_limit * 10.0;
-    double rate = __atomic_load_n(&h->sm_rate[d], __ATOMIC_ACQUIRE);
+    double rate = __atomic_load_n(&devs[d].rate, __ATOMIC_ACQUIRE);
     int saturated = total_util >= 95;
     if (c->core_policy == VG_POLICY_BALANCE) {
         if (total_util < 90) rate += (90 - total_util) * 10.0 / 2;
@@ -270,7 +283,7 @@ static void adjust_rate(int d, unsigned total_util, unsigned container_util)
     if (rate > 1000) rate = 1000;
     VG_DEBUG("sm dev %d: device %u%%, container %u%%, rate %.0f permille", d, total_util,
              container_util, rate);
-    __atomic_store_n(&h->sm_rate[d], (uint32_t)rate, __ATOMIC_RELEASE);
+    __atomic_store_n(&devs[d].rate, (uint32_t)rate, __ATOMIC_RELEASE);
 }
 
 static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
@@ -287,7 +300,7 @@ static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
     __atomic_store_n(&s->ps_per_wave, (uint64_t)ps, __ATOMIC_RELAXED);
 }
 
-static void tick(int d, int host_pid, int leader)
+static void tick(int d, int host_pid)
 {
     sm_dev *s = &devs[d];
     nvmlDevice_t h = vg_nvml_device(d);
@@ -346,15 +359,14 @@ static void tick(int d, int host_pid, int leader)
                  (unsigned long long)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED));
         calibrate(s, (uint64_t)own * (t1 - t0) / 100, ch);
     }
-    if (leader && s->limited && !s->held) adjust_rate(d, total, container);
+    if (s->limited && !s->held) adjust_rate(d, total, container);
 }
 
-/* the leader follows the node's arbitration record: held at its floor while a higher
- * priority is active on the GPU, back to the policy's rate at once when not */
+/* the node's arbitration record (read-only in the container): held at its floor while a
+ * higher priority is active on the GPU, back to the policy's rate at once when not */
 static void arbitrate(int d)
 {
     sm_dev *s = &devs[d];
-    vg_state_header *h = hdr();
     const vg_device_config *c = &vg_cfg.dev[d];
     uint32_t floor = 0;
     uint32_t own = s->limited ? c->core_limit * 10 : 1000;
@@ -364,11 +376,11 @@ static void arbitrate(int d)
         if (!s->held) VG_DEBUG("sm dev %d: a higher priority is active, held at %u permille",
                                d, floor);
         s->held = 1;
-        __atomic_store_n(&h->sm_rate[d], floor, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->rate, floor, __ATOMIC_RELEASE);
     } else if (s->held) {
         s->held = 0;
         VG_DEBUG("sm dev %d: released, back to %u permille", d, own);
-        __atomic_store_n(&h->sm_rate[d], own, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->rate, own, __ATOMIC_RELEASE);
     }
 }
 
@@ -385,11 +397,14 @@ static void *controller_main(void *arg)
                     "limit runs on uncalibrated estimates");
             warned = 1;
         }
-        int leader = am_leader();
+        int reporter = am_reporter();
         for (int d = 0; d < VG_MAX_DEVICES; d++) {
             if (!devs[d].active) continue;
-            if (leader) arbitrate(d);
-            tick(d, hp, leader);
+            arbitrate(d);
+            tick(d, hp);
+            if (reporter)
+                __atomic_store_n(&hdr()->sm_rate[d], __atomic_load_n(&devs[d].rate,
+                                 __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
         }
         sleep_ns(TICK_NS);
     }

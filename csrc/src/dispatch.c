@@ -10,6 +10,7 @@
  * not overridden, so this never recurses into our own dlsym. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,7 +78,14 @@ static void do_init(void)
     nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NODELETE);
     if (nvml_handle) resolve(nvml_handle, 1);
     vg_config_load(&vg_cfg);
-    vg_state_attach(&vg_cfg);
+    /* a container whose usage state cannot be shared would have each process hold its
+     * own limit: named but unusable, the state refuses the GPU instead */
+    if (vg_state_attach(&vg_cfg) != 0 && vg_cfg.state_dir[0] && !vg_cfg.deny) {
+        VG_ERROR("usage state in %s unusable: GPU memory allocations are refused (the "
+                 "container's limit cannot be shared between its processes)", vg_cfg.state_dir);
+        vg_cfg.deny = 1;
+        snprintf(vg_cfg.error, sizeof vg_cfg.error, "usage state unusable");
+    }
     if (vg_cfg.register_path[0]) vg_host_pid(); /* register now: the plugin sees us at once */
     vg_sm_setup();
     vg_tls_guard = saved;

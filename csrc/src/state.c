@@ -204,9 +204,17 @@ static vg_state_file *map_shared(const char *dir)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/%s", dir, VG_STATE_FILE);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    /* the container can write here: a link (to anywhere, or to a file of its own per
+     * process), a FIFO or a directory in the file's place is refused, not followed */
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
     if (fd < 0) {
         VG_ERROR("cannot open usage state %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat first;
+    if (fstat(fd, &first) != 0 || !S_ISREG(first.st_mode)) {
+        VG_ERROR("usage state %s is not a regular file", path);
+        close(fd);
         return NULL;
     }
     if (ofd_lock(fd, F_WRLCK) != 0) {
@@ -301,7 +309,7 @@ int vg_state_attach(const vg_config *cfg)
         if (m == MAP_FAILED) return -1;
         st = m;
         init_header(st, 0);
-        if (cfg->source == VG_SRC_FILE && !cfg->deny)
+        if (cfg->source == VG_SRC_FILE && !cfg->deny && !cfg->state_dir[0])
             VG_WARN("no shared usage state: limits apply to this process alone");
     }
     /* the limits are informational in the file (each process enforces its own
