@@ -72,6 +72,12 @@ int vg_sm_any_limited;
 #define REFILL_NS 20000ull          /* the bucket is refilled at most every 20 us */
 #define BIN_NS 10000000ull          /* charged device time is kept in 10 ms bins ... */
 #define BINS 512                    /* ... for the last 5 s */
+#define LONG_SEEN_NS 5000000ull     /* 5 ms seen on the GPU: a measure, not noise */
+#define SPAN_LAUNCHES 4             /* calibrate over at least 4 launches ... */
+#define SPAN_MIN_NS 150000000ull    /* ... and 150 ms, */
+#define SPAN_MAX_NS 2000000000ull   /* or 2 s whatever was launched */
+#define STEP_MAX 1000.0             /* the largest step up, over a whole span */
+#define OWN_COST_MAX_NS 1000000000ull /* one launch's own cost is paid up to 1 s */
 
 typedef struct sm_dev {
     uint32_t rate;                  /* this process's rate, permille (0: unpaced) */
@@ -85,6 +91,8 @@ typedef struct sm_dev {
     uint64_t waves, launches;       /* for the graph estimate */
     uint64_t bin_index[BINS];       /* which 10 ms bin each slot holds */
     uint64_t bin_ns[BINS];          /* device ns charged in it (this process) */
+    uint64_t bin_n[BINS];           /* launches in it */
+    uint64_t span_seen, span_charged, span_launches, span_ns; /* calibration's evidence */
     unsigned long long last_seen_us;/* NVML: the end of the interval measured last */
     int misses;                     /* consecutive ticks of NOT_FOUND while charging */
 } sm_dev;
@@ -126,6 +134,10 @@ static uint64_t bucket_take(int64_t *tokens, uint64_t *refill, uint32_t rate, ui
                             uint64_t now)
 {
     int64_t cap = (int64_t)(DEPTH_NS * rate / 1000), floor = -DEBT_DEPTHS * cap;
+    /* the debt past the floor is forgiven, but never a launch's own cost: a kernel
+     * longer than the floor would otherwise run at more than its rate */
+    int64_t own = -(int64_t)(cost_ns < OWN_COST_MAX_NS ? cost_ns : OWN_COST_MAX_NS);
+    if (own < floor) floor = own;
     uint64_t last = __atomic_load_n(refill, __ATOMIC_ACQUIRE);
     if (now > last + REFILL_NS && /* one shared write per launch, not three */
         __atomic_compare_exchange_n(refill, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
@@ -204,9 +216,11 @@ static void charge_waves(int d, uint64_t waves)
     uint64_t *slot = &s->bin_index[bin % BINS];
     if (__atomic_load_n(slot, __ATOMIC_RELAXED) != bin) { /* a new bin: start it at 0 */
         __atomic_store_n(&s->bin_ns[bin % BINS], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->bin_n[bin % BINS], 0, __ATOMIC_RELAXED);
         __atomic_store_n(slot, bin, __ATOMIC_RELEASE);
     }
     __atomic_add_fetch(&s->bin_ns[bin % BINS], cost, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->bin_n[bin % BINS], 1, __ATOMIC_RELAXED);
     uint32_t rate = __atomic_load_n(&s->rate, __ATOMIC_ACQUIRE);
     if (rate == 0 || rate >= 1000) return;
     vg_state_header *h = hdr();
@@ -239,16 +253,19 @@ void vg_sm_charge_graph(CUdevice dev, uint64_t kernel_nodes)
     charge_waves(dev, kernel_nodes * (mean ? mean : 1));
 }
 
-/* device ns this process was charged in [t0, t1) of CLOCK_MONOTONIC */
-static uint64_t charged_between(const sm_dev *s, uint64_t t0, uint64_t t1)
+/* device ns this process was charged in [t0, t1) of CLOCK_MONOTONIC (and, if asked, how
+ * many launches took it) */
+static uint64_t charged_between(const sm_dev *s, uint64_t t0, uint64_t t1, uint64_t *launches)
 {
-    double sum = 0;
+    double sum = 0, n = 0;
     for (uint64_t b = t0 / BIN_NS; b * BIN_NS < t1; b++) {
         if (__atomic_load_n(&s->bin_index[b % BINS], __ATOMIC_ACQUIRE) != b) continue;
         uint64_t lo = b * BIN_NS > t0 ? b * BIN_NS : t0, hi = (b + 1) * BIN_NS < t1 ? (b + 1) * BIN_NS : t1;
-        sum += (double)__atomic_load_n(&s->bin_ns[b % BINS], __ATOMIC_RELAXED) *
-               (double)(hi - lo) / (double)BIN_NS;
+        double part = (double)(hi - lo) / (double)BIN_NS;
+        sum += (double)__atomic_load_n(&s->bin_ns[b % BINS], __ATOMIC_RELAXED) * part;
+        n += (double)__atomic_load_n(&s->bin_n[b % BINS], __ATOMIC_RELAXED) * part;
     }
+    if (launches) *launches = (uint64_t)(n + 0.5);
     return (uint64_t)sum;
 }
 
@@ -288,10 +305,16 @@ static void adjust_rate(int d, unsigned total_util, unsigned container_util)
 
 static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
 {
-    if (charged < 100000) return; /* too little charged (< 0.1 ms) to tell anything */
+    /* too little charged (< 0.1 ms) to tell anything, unless the GPU saw this process
+     * busy for far longer: kernels so long that a span of launches charged microseconds
+     * at the starting estimate (100 ms kernels ran unlimited). The span covers several
+     * launches, so the whole step is taken at once (bounded), not four-fold a tick. */
+    int long_kernels = charged > 0 && measured >= LONG_SEEN_NS && measured > 4 * charged;
+    if (charged < 100000 && !long_kernels) return;
     double ratio = (double)measured / (double)charged;
     if (ratio < 0.25) ratio = 0.25;
-    if (ratio > 4) ratio = 4;
+    if (ratio > 4 && !long_kernels) ratio = 4;
+    if (ratio > STEP_MAX) ratio = STEP_MAX;
     /* far off (start-up, a new kernel mix): the whole step; close: half steps */
     double step = ratio > 1.5 || ratio < 0.67 ? ratio : sqrt(ratio);
     double ps = (double)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED) * step;
@@ -323,7 +346,7 @@ static void tick(int d, int host_pid)
     }
     if (r == NVML_ERROR_NOT_FOUND) { /* nobody ran kernels since: were we charged much? */
         uint64_t since = (uint64_t)s->last_seen_us * 1000 + mono - real;
-        if (host_pid > 0 && charged_between(s, since, mono - 2 * TICK_NS) > 2 * TICK_NS / 100 &&
+        if (host_pid > 0 && charged_between(s, since, mono - 2 * TICK_NS, NULL) > 2 * TICK_NS / 100 &&
             ++s->misses >= 3) {
             calibrate(s, 0, 1 << 30); /* the GPU saw nothing of it: far too high */
             s->misses = 0;
@@ -353,11 +376,21 @@ static void tick(int d, int host_pid)
     s->last_seen_us = newest;
     if (total > 100) total = 100;
     if (host_pid > 0) { /* our share of the interval, as the GPU saw it, vs what we charged */
-        uint64_t ch = charged_between(s, t0, t1);
+        uint64_t nl = 0, ch = charged_between(s, t0, t1, &nl);
         VG_DEBUG("sm dev %d: interval %.0f ms, NVML %u%%, charged %.1f%%, ps/wave %llu", d,
                  (double)(t1 - t0) / 1e6, own, 100.0 * (double)ch / (double)(t1 - t0),
                  (unsigned long long)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED));
-        calibrate(s, (uint64_t)own * (t1 - t0) / 100, ch);
+        /* a span of several launches: a long kernel charged at its launch runs in the
+         * next interval, and one interval alone would credit it to the wrong one */
+        s->span_seen += (uint64_t)own * (t1 - t0) / 100;
+        s->span_charged += ch;
+        s->span_launches += nl;
+        s->span_ns += t1 - t0;
+        if ((s->span_launches >= SPAN_LAUNCHES && s->span_ns >= SPAN_MIN_NS) ||
+            s->span_ns >= SPAN_MAX_NS) {
+            calibrate(s, s->span_seen, s->span_charged);
+            s->span_seen = s->span_charged = s->span_launches = s->span_ns = 0;
+        }
     }
     if (s->limited && !s->held) adjust_rate(d, total, container);
 }

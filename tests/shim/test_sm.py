@@ -27,6 +27,8 @@ RUN_S = 3.0
 # name -> (blocks, work ns per block per wave): with 128 threads a block, 1728 blocks a
 # wave on the fake's 108 SMs; 100 + 6 x 166650 ns ~ 1 ms
 KERNELS = {"100ns": (1, 0), "10us": (100, 9900), "1ms": (10000, 166650)}
+# kernels longer than a sampling window (finding 10 of issue 22): 6 waves of 8.3 / 16.7 ms
+LONG_KERNELS = {"50ms": (10000, 8333317), "100ms": (10000, 16666650)}
 
 
 class Container:
@@ -45,7 +47,7 @@ class Container:
 
     def start(self, kernel: str = "10us", kind: str = "kernel",
               seconds: float = RUN_S) -> subprocess.Popen[str]:
-        blocks, ns = KERNELS[kernel]
+        blocks, ns = (KERNELS | LONG_KERNELS)[kernel]
         return subprocess.Popen(
             self.shim.cmd("ctx", "launch", blocks, seconds, kind, ns, via="proc"),
             env=self.shim.env(self.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -199,3 +201,22 @@ def test_balance_never_below_limit_under_contention(built: Built, tmp_path: Path
     b.share(pb)
     print("balance 40 vs greedy:", [round(u, 1) for u in share])
     assert statistics.mean(share) >= 40 - 3.0
+
+
+@pytest.mark.parametrize(("kernel", "limit"), [("50ms", 30), ("50ms", 5), ("100ms", 30)])
+def test_kernels_longer_than_a_window_are_held_to_the_limit(built: Built, tmp_path: Path,
+                                                            gpu: Path, kernel: str,
+                                                            limit: int) -> None:
+    """Finding 10: at the starting estimate (1 us a wave) a 100 ms kernel charged 6 us,
+    calibration waited for 0.1 ms charged in one NVML interval, and the debt floor forgave
+    all but four bucket depths of a launch: 50 ms kernels ran at 25 % under a 5 % limit,
+    100 ms ones at 50-100 % under 30 %. Calibration now weighs spans of several launches
+    and a launch's own cost is never forgiven. A window holds a few kernels at most, so
+    the mean over the run is judged, within 3 points and one kernel's share of the run."""
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit=str(limit))
+    share = a.share(a.start(kernel, seconds=5.0))
+    mean = statistics.mean(share)
+    one_kernel = 100.0 * int(kernel.removesuffix("ms")) / (len(share) * 200)
+    print(f"{kernel} fixed {limit}: mean {mean:.1f} (one kernel {one_kernel:.1f}), "
+          f"{[round(s, 1) for s in share]}")
+    assert abs(mean - limit) <= 3.0 + one_kernel, (kernel, limit, share)
