@@ -208,3 +208,20 @@ def test_a_free_forgets_its_record_before_the_driver_can_hand_the_address_out(
     race = out[1]
     assert race["rc"] == 0 and race["free_rc"] == 0 and race["first"] == race["second"], race
     assert free_bytes(out) == [GIB - 256 * MIB, GIB]
+
+
+@pytest.mark.parametrize("via", ["dlmopen", "nextdlmopen"])
+def test_a_second_driver_in_a_namespace_of_its_own_is_refused(shim: Shim, via: str) -> None:
+    """Finding 8: dlmopen(LM_ID_NEWLM, "libcuda.so.1") loads a copy of the driver that the
+    preload never reaches (2 GiB on a 1 GiB limit); dlsym(RTLD_NEXT, "dlmopen") is the
+    usual way round an override. The load is undone and refused, and dlerror says why;
+    the driver in the base namespace is as limited as ever."""
+    shim.config(device__0__memory_limit=str(GIB))
+    p = subprocess.run(shim.cmd("ctx", "alloc", 2 * GIB, via=via), env=shim.env(NO_CTX),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, (p.stdout, p.stderr)  # drv: the load was refused
+    refused = json.loads(p.stdout.splitlines()[-1])["refused"]
+    assert "link namespace of its own" in refused and "libcuda.so" in refused, refused
+    assert "refused" in p.stderr
+    out, _ = shim.run("ctx", "alloc", 2 * GIB, env=NO_CTX)
+    assert rcs(out, "alloc") == [OOM]

@@ -12,6 +12,9 @@
  *   --via ptsz     cuGetProcAddress_v2(base name, 12080, per-thread default stream)
  *   --via proc1    cuGetProcAddress (the 11.x entry point), cudaVersion 11030
  *   --via procself cuGetProcAddress_v2 obtained from cuGetProcAddress_v2 itself
+ *   --via dlmopen  a second copy of the driver, dlmopen(LM_ID_NEWLM) + dlsym on it
+ *                  (exit 3 with the dlerror text when the load is refused)
+ *   --via nextdlmopen  the same through dlsym(RTLD_NEXT, "dlmopen")
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -141,8 +144,22 @@ static void setup(const char *via)
 #undef X
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
 #else
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    void *nh = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
+    void *h, *nh;
+    if (!strcmp(via, "dlmopen") || !strcmp(via, "nextdlmopen")) {
+        void *(*open_in)(Lmid_t, const char *, int) = dlmopen;
+        if (!strcmp(via, "nextdlmopen")) *(void **)&open_in = dlsym(RTLD_NEXT, "dlmopen");
+        h = open_in(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW);
+        if (!h) {
+            const char *e = dlerror();
+            printf("{\"op\":\"setup\",\"refused\":\"%s\"}\n", e ? e : "(no dlerror)");
+            exit(3);
+        }
+        nh = NULL;
+        via = "dlsym";
+    } else {
+        h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        nh = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
+    }
     if (!h) {
         printf("{\"op\":\"setup\",\"error\":\"%s\"}\n", dlerror());
         exit(2);
