@@ -35,7 +35,7 @@ static const volatile vg_arbiter_record *record(int d)
     const volatile vg_arbiter_record *r = __atomic_load_n(&rec[d], __ATOMIC_ACQUIRE);
     if (r || !vg_arbiter_present(d)) return r;
     uint64_t now = vg_now_ns();
-    pthread_mutex_lock(&mu);
+    vg_lock(&mu);
     if (!rec[d] && now >= next_try[d]) {
         next_try[d] = now + RETRY_NS;
         char path[700];
@@ -64,7 +64,7 @@ static const volatile vg_arbiter_record *record(int d)
             }
         }
     }
-    pthread_mutex_unlock(&mu);
+    vg_unlock(&mu);
     return rec[d];
 }
 

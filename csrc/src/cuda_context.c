@@ -66,7 +66,7 @@ void vg_context_charge(int dev)
 {
     if (dev < 0 || dev >= VG_MAX_DEVICES || !__atomic_load_n(&pending[dev], __ATOMIC_ACQUIRE))
         return;
-    pthread_mutex_lock(&ctx_mu);
+    vg_lock(&ctx_mu);
     if (pending[dev]) {
         int64_t seen = nvml_process_bytes(dev);
         uint64_t ours = vg_state_own_used(dev);
@@ -81,21 +81,21 @@ void vg_context_charge(int dev)
             __atomic_store_n(&pending[dev], 0, __ATOMIC_RELEASE);
         }
     }
-    pthread_mutex_unlock(&ctx_mu);
+    vg_unlock(&ctx_mu);
 }
 
 void vg_context_created(CUcontext ctx, CUdevice ordinal, int is_primary)
 {
     int dev = vg_dev_index(ordinal);
     if (!ctx || dev < 0) return;
-    pthread_mutex_lock(&ctx_mu);
+    vg_lock(&ctx_mu);
     if (is_primary && ordinal < ORDINALS) primary[ordinal] = ctx;
     if (!vg_peek(VG_T_CTX, (uint64_t)(uintptr_t)ctx, NULL)) {
         vg_remember(VG_T_CTX, (vg_alloc){.key = (uint64_t)(uintptr_t)ctx, .dev = dev,
                                          .flags = VG_F_PENDING | (is_primary ? VG_F_PRIMARY : 0)});
         __atomic_add_fetch(&pending[dev], 1, __ATOMIC_ACQ_REL);
     }
-    pthread_mutex_unlock(&ctx_mu);
+    vg_unlock(&ctx_mu);
     vg_context_charge(dev);
 }
 
@@ -112,13 +112,13 @@ static void teardown(CUcontext c)
     if (!ctx) return;
     vg_alloc rec;
     int dev = -1;
-    pthread_mutex_lock(&ctx_mu);
+    vg_lock(&ctx_mu);
     if (vg_forget(VG_T_CTX, ctx, &rec)) {
         dev = rec.dev;
         if (rec.flags & VG_F_PENDING) __atomic_sub_fetch(&pending[dev], 1, __ATOMIC_ACQ_REL);
         else vg_state_uncharge_context(dev, rec.bytes);
     }
-    pthread_mutex_unlock(&ctx_mu);
+    vg_unlock(&ctx_mu);
     vg_each(VG_T_PTR, made_in, &ctx);
     vg_each(VG_T_ARRAY, made_in, &ctx);
     vg_pools_reconcile(dev);
@@ -205,9 +205,9 @@ CUresult vg_impl_cuCtxDestroy(CUcontext ctx)
 static CUcontext primary_of(CUdevice ordinal)
 {
     if (ordinal < 0 || ordinal >= ORDINALS) return NULL;
-    pthread_mutex_lock(&ctx_mu);
+    vg_lock(&ctx_mu);
     CUcontext c = primary[ordinal];
-    pthread_mutex_unlock(&ctx_mu);
+    vg_unlock(&ctx_mu);
     return c;
 }
 

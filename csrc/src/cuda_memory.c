@@ -24,26 +24,26 @@ static vg_alloc_table tables[VG_T_N];
 
 void vg_remember(int table, vg_alloc a)
 {
-    pthread_mutex_lock(&table_mu);
+    vg_lock(&table_mu);
     int r = vg_table_put(&tables[table], a);
-    pthread_mutex_unlock(&table_mu);
+    vg_unlock(&table_mu);
     if (r) VG_ERROR("allocation table full: %llu bytes will stay charged",
                     (unsigned long long)a.bytes);
 }
 
 int vg_forget(int table, uint64_t key, vg_alloc *out)
 {
-    pthread_mutex_lock(&table_mu);
+    vg_lock(&table_mu);
     int r = vg_table_take(&tables[table], key, out);
-    pthread_mutex_unlock(&table_mu);
+    vg_unlock(&table_mu);
     return r;
 }
 
 int vg_peek(int table, uint64_t key, vg_alloc *out)
 {
-    pthread_mutex_lock(&table_mu);
+    vg_lock(&table_mu);
     int r = vg_table_peek(&tables[table], key, out);
-    pthread_mutex_unlock(&table_mu);
+    vg_unlock(&table_mu);
     return r;
 }
 
@@ -51,12 +51,12 @@ void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg)
 {
     /* a snapshot: fn may call back into the tables */
     vg_alloc_table *t = &tables[table];
-    pthread_mutex_lock(&table_mu);
+    vg_lock(&table_mu);
     size_t n = 0;
     vg_alloc *copy = t->len ? malloc(t->len * sizeof *copy) : NULL;
     for (size_t i = 0; copy && i < t->cap; i++)
         if (t->slots[i].key) copy[n++] = t->slots[i];
-    pthread_mutex_unlock(&table_mu);
+    vg_unlock(&table_mu);
     if (t->len && !copy) VG_ERROR("out of memory walking the allocation table");
     for (size_t i = 0; i < n; i++)
         if (fn(&copy[i], arg)) vg_forget(table, copy[i].key, NULL);

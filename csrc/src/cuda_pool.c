@@ -95,9 +95,9 @@ void vg_pools_reconcile(int dev)
 {
     __atomic_store_n(&vg_pools_dirty, 0, __ATOMIC_RELEASE);
     struct reconcile r = {dev};
-    pthread_mutex_lock(&pool_mu);
+    vg_lock(&pool_mu);
     vg_each(VG_T_POOL, settle_each, &r);
-    pthread_mutex_unlock(&pool_mu);
+    vg_unlock(&pool_mu);
 }
 
 /* ---- stream-ordered allocations ---- */
@@ -124,10 +124,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
     if (!a->from_pool && (!vg_real.cuDeviceGetMemPool ||
                           vg_real.cuDeviceGetMemPool(&pool, ordinal) != CUDA_SUCCESS))
         return do_async(dptr, a);
-    pthread_mutex_lock(&pool_mu);
+    vg_lock(&pool_mu);
     vg_alloc p = pool_record((uint64_t)(uintptr_t)pool, dev, 0, ordinal);
     if (p.dev < 0) {
-        pthread_mutex_unlock(&pool_mu);
+        vg_unlock(&pool_mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     vg_context_charge(p.dev);
@@ -136,7 +136,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
     if (pool_now(&p, &reserved, &used) == 0)
         growth = reserved - used >= a->bytes ? 0 : round_up(a->bytes - (reserved - used));
     if (growth && vg_state_charge(p.dev, growth, VG_KIND_DEVICE, 0) != 0) {
-        pthread_mutex_unlock(&pool_mu);
+        vg_unlock(&pool_mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     p.bytes += growth;
@@ -154,7 +154,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
             vg_real.cuMemPoolTrimTo(pool, before);
             settle(&p);
             VG_INFO("a pool on device %d grew past the memory limit: allocation refused", p.dev);
-            pthread_mutex_unlock(&pool_mu);
+            vg_unlock(&pool_mu);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
@@ -162,7 +162,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, struct async_args *a)
         vg_remember(VG_T_PTR, (vg_alloc){.key = *dptr, .bytes = a->bytes, .dev = p.dev,
                                          .kind = VG_KIND_POOL, .aux = p.key,
                                          .ctx = vg_current_ctx()});
-    pthread_mutex_unlock(&pool_mu);
+    vg_unlock(&pool_mu);
     return r;
 }
 
@@ -227,11 +227,11 @@ CUresult vg_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
     CUresult r = vg_real.cuMemPoolCreate(pool, props);
     if (r == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         int dev = vg_dev_index(props->location.id);
-        pthread_mutex_lock(&pool_mu);
+        vg_lock(&pool_mu);
         pool_record((uint64_t)(uintptr_t)*pool, dev, 0, props->location.id);
         if (dev < 0) /* remembered so that allocations from it are refused */
             vg_remember(VG_T_POOL, (vg_alloc){.key = (uint64_t)(uintptr_t)*pool, .dev = -1});
-        pthread_mutex_unlock(&pool_mu);
+        vg_unlock(&pool_mu);
     }
     return r;
 }
@@ -239,13 +239,13 @@ CUresult vg_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
 static CUresult after_pool(CUresult r, CUmemoryPool pool, int gone)
 {
     vg_alloc p;
-    pthread_mutex_lock(&pool_mu);
+    vg_lock(&pool_mu);
     if (r == CUDA_SUCCESS && vg_peek(VG_T_POOL, (uint64_t)(uintptr_t)pool, &p) && p.dev >= 0) {
         settle(&p);
         if (gone && vg_forget(VG_T_POOL, p.key, &p)) vg_state_uncharge(p.dev, p.bytes,
                                                                       VG_KIND_DEVICE);
     }
-    pthread_mutex_unlock(&pool_mu);
+    vg_unlock(&pool_mu);
     return r;
 }
 
@@ -326,7 +326,7 @@ CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal)
     if (!bytes || ordinal < 0) return CUDA_SUCCESS;
     int dev = vg_dev_index(ordinal);
     if (dev < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&pool_mu);
+    vg_lock(&pool_mu);
     vg_alloc p = pool_record(GRAPH_POOL(ordinal), dev, 1, ordinal);
     uint64_t reserved = 0, used = 0, growth = round_up(bytes);
     if (pool_now(&p, &reserved, &used) == 0)
@@ -335,16 +335,16 @@ CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal)
     if (growth && vg_state_charge(dev, growth, VG_KIND_DEVICE, 0) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
     else p.bytes += growth;
     vg_remember(VG_T_POOL, p);
-    pthread_mutex_unlock(&pool_mu);
+    vg_unlock(&pool_mu);
     return r;
 }
 
 void vg_graph_launched(int ordinal)
 {
     vg_alloc p;
-    pthread_mutex_lock(&pool_mu);
+    vg_lock(&pool_mu);
     if (ordinal >= 0 && vg_peek(VG_T_POOL, GRAPH_POOL(ordinal), &p)) settle(&p);
-    pthread_mutex_unlock(&pool_mu);
+    vg_unlock(&pool_mu);
 }
 
 CUresult vg_impl_cuDeviceGraphMemTrim(CUdevice device)

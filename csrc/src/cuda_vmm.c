@@ -34,7 +34,7 @@ CUresult vg_impl_cuMemRelease(CUmemGenericAllocationHandle handle)
     CUresult r = vg_real.cuMemRelease(handle);
     if (r != CUDA_SUCCESS) return r;
     vg_alloc a;
-    pthread_mutex_lock(&vmm_mu);
+    vg_lock(&vmm_mu);
     int gone = 0;
     if (vg_peek(VG_T_HANDLE, handle, &a)) {
         if (a.refs > 0) { /* still mapped: the memory lives until the last unmap */
@@ -44,7 +44,7 @@ CUresult vg_impl_cuMemRelease(CUmemGenericAllocationHandle handle)
             gone = vg_forget(VG_T_HANDLE, handle, &a);
         }
     }
-    pthread_mutex_unlock(&vmm_mu);
+    vg_unlock(&vmm_mu);
     if (gone) vg_release(&a);
     return r;
 }
@@ -55,14 +55,14 @@ CUresult vg_impl_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     CUresult r = vg_real.cuMemMap(ptr, size, offset, handle, flags);
     if (r != CUDA_SUCCESS) return r;
     vg_alloc a;
-    pthread_mutex_lock(&vmm_mu);
+    vg_lock(&vmm_mu);
     if (vg_peek(VG_T_HANDLE, handle, &a)) {
         a.refs++;
         vg_remember(VG_T_HANDLE, a);
         vg_remember(VG_T_MAP, (vg_alloc){.key = ptr, .bytes = size, .aux = handle,
                                          .dev = a.dev});
     }
-    pthread_mutex_unlock(&vmm_mu);
+    vg_unlock(&vmm_mu);
     return r;
 }
 
@@ -90,8 +90,8 @@ CUresult vg_impl_cuMemUnmap(CUdeviceptr ptr, size_t size)
     CUresult r = vg_real.cuMemUnmap(ptr, size);
     if (r != CUDA_SUCCESS) return r;
     struct unmap u = {ptr, ptr + size > ptr ? ptr + size : UINT64_MAX};
-    pthread_mutex_lock(&vmm_mu);
+    vg_lock(&vmm_mu);
     vg_each(VG_T_MAP, unmapped, &u);
-    pthread_mutex_unlock(&vmm_mu);
+    vg_unlock(&vmm_mu);
     return r;
 }

@@ -67,23 +67,23 @@ int vg_dev_index(CUdevice ordinal)
 {
     if (ordinal < 0 || ordinal >= ORDINALS) return -1;
     if (__atomic_load_n(&resolved[ordinal], __ATOMIC_ACQUIRE)) return index_of[ordinal];
-    pthread_mutex_lock(&mu);
+    vg_lock(&mu);
     if (!resolved[ordinal]) {
         int idx = resolve(ordinal);
         index_of[ordinal] = idx;
         if (idx >= 0) ordinal_of[idx] = ordinal + 1;
         __atomic_store_n(&resolved[ordinal], 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&mu);
+    vg_unlock(&mu);
     return index_of[ordinal];
 }
 
 int vg_dev_ordinal(int index)
 {
     if (index < 0 || index >= VG_MAX_DEVICES) return -1;
-    pthread_mutex_lock(&mu);
+    vg_lock(&mu);
     int o = ordinal_of[index] - 1;
-    pthread_mutex_unlock(&mu);
+    vg_unlock(&mu);
     return o;
 }
 

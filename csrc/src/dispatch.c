@@ -10,6 +10,7 @@
  * not overridden, so this never recurses into our own dlsym. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 
 struct vg_real_table vg_real;
 VG_TLS int vg_tls_guard;
+VG_TLS int vg_tls_locks;
 
 typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn real_dlsym_ptr;
@@ -54,6 +56,8 @@ VG_NO_SANITIZE void *vg_real_dlsym(void *handle, const char *name)
 }
 
 void *vg_cuda_handle(void) { return cuda_handle; }
+static void find_own_ranges(void);
+static int init_done;
 
 static void resolve(void *handle, int want_nvml)
 {
@@ -88,6 +92,8 @@ static void do_init(void)
     }
     if (vg_cfg.register_path[0]) vg_host_pid(); /* register now: the plugin sees us at once */
     vg_sm_setup();
+    find_own_ranges();
+    __atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
     vg_tls_guard = saved;
 }
 
@@ -95,6 +101,55 @@ void vg_init(void)
 {
     pthread_once(&init_once, do_init);
 }
+
+/* The executable segments of the driver, NVML (and the driver's own helper libraries)
+ * and the shim: a hook called from there while this thread is inside the shim is their
+ * own call to an exported name. Written once, by do_init, before own_ready is set. */
+#define OWN_RANGES 32
+static uintptr_t own_lo[OWN_RANGES], own_hi[OWN_RANGES];
+static int own_count, own_ready;
+
+static int own_object(const char *path, const char *shim)
+{
+    if (!path || !*path) return 0;
+    if (shim && !strcmp(path, shim)) return 1;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    return !strncmp(base, "libcuda.so", 10) || !strncmp(base, "libnvidia-", 10);
+}
+
+static int add_ranges(struct dl_phdr_info *info, size_t size, void *shim)
+{
+    (void)size;
+    if (!own_object(info->dlpi_name, shim)) return 0;
+    for (int i = 0; i < info->dlpi_phnum && own_count < OWN_RANGES; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X)) continue;
+        own_lo[own_count] = info->dlpi_addr + ph->p_vaddr;
+        own_hi[own_count] = own_lo[own_count] + ph->p_memsz;
+        own_count++;
+    }
+    return 0;
+}
+
+static void find_own_ranges(void)
+{
+    Dl_info me;
+    const char *shim = dladdr((void *)vg_init, &me) ? me.dli_fname : NULL;
+    dl_iterate_phdr(add_ranges, (void *)shim);
+    __atomic_store_n(&own_ready, 1, __ATOMIC_RELEASE);
+}
+
+int vg_own_caller(const void *ret)
+{
+    if (!__atomic_load_n(&own_ready, __ATOMIC_ACQUIRE)) return 1;
+    uintptr_t a = (uintptr_t)ret;
+    for (int i = 0; i < own_count; i++)
+        if (a >= own_lo[i] && a < own_hi[i]) return 1;
+    return 0;
+}
+
+int vg_init_done(void) { return __atomic_load_n(&init_done, __ATOMIC_ACQUIRE); }
 
 static void do_nvml(void)
 {

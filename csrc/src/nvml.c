@@ -24,7 +24,7 @@ nvmlDevice_t vg_nvml_device(int dev)
     if (dev < 0 || dev >= VG_MAX_DEVICES) return NULL;
     if (__atomic_load_n(&resolved[dev], __ATOMIC_ACQUIRE)) return handles[dev];
     if (!vg_nvml_ready()) return NULL;
-    pthread_mutex_lock(&mu);
+    vg_lock(&mu);
     if (!resolved[dev]) {
         nvmlDevice_t h = NULL;
         const char *uuid = vg_cfg.dev[dev].uuid;
@@ -37,7 +37,7 @@ nvmlDevice_t vg_nvml_device(int dev)
         handles[dev] = h;
         __atomic_store_n(&resolved[dev], 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&mu);
+    vg_unlock(&mu);
     return handles[dev];
 }
 

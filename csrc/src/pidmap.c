@@ -78,7 +78,7 @@ int vg_host_pid(void)
     if (__atomic_load_n(&host_pid_of, __ATOMIC_ACQUIRE) == me &&
         now < __atomic_load_n(&host_pid_next_try, __ATOMIC_ACQUIRE))
         return 0;
-    pthread_mutex_lock(&host_pid_mu);
+    vg_lock(&host_pid_mu);
     if (host_pid_of != me) { /* first call, or a forked child */
         host_pid_cache = 0;
         host_pid_next_try = 0;
@@ -95,6 +95,6 @@ int vg_host_pid(void)
             VG_INFO("host pid %d", hp);
         }
     }
-    pthread_mutex_unlock(&host_pid_mu);
+    vg_unlock(&host_pid_mu);
     return __atomic_load_n(&host_pid_cache, __ATOMIC_ACQUIRE);
 }

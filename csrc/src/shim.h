@@ -4,6 +4,7 @@
 #ifndef VGPU_SHIM_H
 #define VGPU_SHIM_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,10 @@
 
 #define VG_MISSING_CU CUDA_ERROR_NOT_FOUND
 #define VG_MISSING_NVML NVML_ERROR_FUNCTION_NOT_FOUND
+/* a hooked call that cannot be served safely (foreign code re-entering while this
+ * thread holds one of the shim's locks, or before the shim is initialised) */
+#define VG_REFUSED_CU CUDA_ERROR_NOT_PERMITTED
+#define VG_REFUSED_NVML NVML_ERROR_NO_PERMISSION
 
 /* ---- dispatch.c: the real entry points ---- */
 struct vg_real_table {
@@ -29,6 +34,15 @@ struct vg_real_table {
 };
 extern struct vg_real_table vg_real;
 extern VG_TLS int vg_tls_guard;      /* set while this thread runs inside the shim */
+extern VG_TLS int vg_tls_locks;      /* how many of the shim's locks this thread holds */
+/* the shim's locks, counted: a hook entered again while one is held must not run */
+static inline void vg_lock(pthread_mutex_t *m) { pthread_mutex_lock(m); vg_tls_locks++; }
+static inline void vg_unlock(pthread_mutex_t *m) { vg_tls_locks--; pthread_mutex_unlock(m); }
+/* 1 when a hook's return address lies in the driver, NVML or the shim (their own calls
+ * to exported names), or before those are known; 0 for any other code (a signal
+ * handler or a profiler's callback that runs while this thread is inside the driver) */
+int vg_own_caller(const void *ret);
+int vg_init_done(void);
 
 void vg_init(void);                  /* lazy, once; safe to call from any hook */
 void *vg_real_dlsym(void *handle, const char *name);

@@ -152,6 +152,7 @@ static int lock_state(void)
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += 5;
     int r = pthread_mutex_timedlock(m, &dl);
+    if (r == 0 || r == EOWNERDEAD) vg_tls_locks++;
     if (r == EOWNERDEAD) {
         VG_WARN("a process died holding the usage-state lock: rebuilding totals");
         repair_locked();
@@ -167,6 +168,7 @@ static int lock_state(void)
 
 static void unlock_state(void)
 {
+    vg_tls_locks--;
     pthread_mutex_unlock((pthread_mutex_t *)st->header.lock);
 }
 
@@ -271,7 +273,7 @@ static void after_fork_child(void)
 static void take_slot(void)
 {
     if (my_slot >= 0 || !st) return;
-    pthread_mutex_lock(&slot_mu);
+    vg_lock(&slot_mu);
     if (my_slot < 0 && lock_state() == 0) {
         reclaim_locked();
         for (int i = 0; i < VG_MAX_SLOTS; i++) {
@@ -292,7 +294,7 @@ static void take_slot(void)
         if (my_slot < 0)
             VG_ERROR("usage state full (%d processes): allocations are refused", VG_MAX_SLOTS);
     }
-    pthread_mutex_unlock(&slot_mu);
+    vg_unlock(&slot_mu);
 }
 
 int vg_state_attach(const vg_config *cfg)

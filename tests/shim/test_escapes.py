@@ -225,3 +225,21 @@ def test_a_second_driver_in_a_namespace_of_its_own_is_refused(shim: Shim, via: s
     assert "refused" in p.stderr
     out, _ = shim.run("ctx", "alloc", 2 * GIB, env=NO_CTX)
     assert rcs(out, "alloc") == [OOM]
+
+
+@pytest.mark.parametrize("via", ["direct", "dlsym", "proc"])
+def test_an_allocation_from_a_signal_handler_inside_the_driver_is_held(shim: Shim,
+                                                                      via: str) -> None:
+    """Finding 7: the re-entry guard was held across the forwarded driver call, so a
+    signal handler (or a profiler's callback) that allocated while the thread was inside
+    the driver went straight to it: 2 GiB on a 1 GiB limit, uncounted. Re-entry is passed
+    through only for the driver's, NVML's and the shim's own calls; foreign code is
+    hooked (or refused while a shim lock is held)."""
+    shim.config(device__0__memory_limit=str(GIB))
+    out, _ = shim.run("ctx", "sigalloc", 2 * GIB, "sigalloc", 256 * MIB, "info", via=via,
+                      env={**NO_CTX, "FAKECUDA_FREE_PAUSE_MS": "400"})
+    big, small = [o for o in out if o["op"] == "sigalloc"]
+    assert big["ran"] == 1 and big["free"] == 0
+    assert big["rc"] == OOM, out  # past the limit: refused as any allocation
+    assert small["rc"] == 0, out  # within it: served, and charged
+    assert free_bytes(out) == [GIB - 256 * MIB]

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -275,6 +276,18 @@ static void launch_loop(unsigned blocks, double seconds, const char *kind, const
     out("launch", r, buf);
 }
 
+static volatile sig_atomic_t sig_ran;
+static volatile CUresult sig_rc;
+static size_t sig_bytes;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    CUdeviceptr p = 0;
+    sig_rc = f.cuMemAlloc_v2(&p, sig_bytes);
+    sig_ran = 1;
+}
+
 static void nulls(void)
 {
     char buf[512];
@@ -455,6 +468,25 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "physical")) {
             snprintf(buf, sizeof buf, "\"bytes\":%llu", fake_used ? fake_used(dev) : 0ull);
             out(op, CUDA_SUCCESS, buf);
+        } else if (!strcmp(op, "sigalloc")) {
+            /* sigalloc SIZE: a SIGALRM handler asks SIZE bytes while this thread is
+             * inside the driver (a free that blocks: FAKECUDA_FREE_PAUSE_MS); the
+             * handler's answer is the op's rc */
+            sig_bytes = (size_t)ARG(1);
+            i += 1;
+            CUdeviceptr p = 0;
+            CUresult r = f.cuMemAlloc_v2(&p, 1 << 20);
+            if (r == CUDA_SUCCESS) {
+                struct sigaction sa = {0};
+                sa.sa_handler = on_alarm;
+                sigaction(SIGALRM, &sa, NULL);
+                struct itimerval it = {{0, 0}, {0, 50000}};
+                setitimer(ITIMER_REAL, &it, NULL);
+                r = f.cuMemFree_v2(p);
+            }
+            snprintf(buf, sizeof buf, "\"free\":%d,\"ran\":%d,\"bytes\":%zu", (int)r,
+                     sig_ran, sig_bytes);
+            out("sigalloc", sig_ran ? sig_rc : CUDA_ERROR_UNKNOWN, buf);
         } else if (!strcmp(op, "launch")) {
             unsigned blocks = (unsigned)ARG(1);
             double secs = atof(i + 2 < argc ? argv[i + 2] : "1");
