@@ -71,6 +71,7 @@ def test_alert_rules_have_what_alertmanager_routes_and_people_read() -> None:
     doc = yaml.safe_load(RULES.read_text())
     alerts = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
     assert {a["alert"] for a in alerts} == {"VgpudGpuUnhealthy", "VgpudContainerOverLimit",
+                                            "VgpudContainerOverSmLimit",
                                             "VgpudExtenderErrors", "VgpudGpuPodPending"}
     for a in alerts:
         assert a["labels"]["severity"] in ("warning", "critical"), a["alert"]

@@ -70,9 +70,12 @@ async def test_shim_enforces_a_limits_file_the_plugin_wrote(tmp_path: Path) -> N
         a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))
         alloc = AllocationStore(h.state_dir).path(a.ids["main"])
         config = alloc / "etc" / "config"
-        # the container sees its state directory at the config's state_dir; point it here
-        text = config.read_text().replace("state_dir=/var/run/vgpud",
-                                          f"state_dir={alloc / 'state'}")
+        # the container sees its state directory at the config's state_dir; point it at
+        # one of the test's (the harness's goes with it; a state directory named but
+        # missing refuses the GPU)
+        state = tmp_path / "state"
+        state.mkdir()
+        text = config.read_text().replace("state_dir=/var/run/vgpud", f"state_dir={state}")
         local = tmp_path / "config"
         local.write_text(text)
     env = {**os.environ, "LD_LIBRARY_PATH": str(fakes), "LD_PRELOAD": str(lib),

@@ -85,6 +85,7 @@ class Allocation:
     written: float = 0.0  # time the record was last written
     resource: str = DEFAULT_RESOURCE  # the kubelet resource the IDs are of
     priority: int = 0  # the container's nvidia.com/vgpu-priority (for the arbiter)
+    policy: str = "fixed"  # how its SM limit is enforced: fixed, balance or none
 
     @property
     def etc(self) -> Path:
@@ -149,7 +150,7 @@ class AllocationStore:
 
     def configure(self, ids: Iterable[str], owner: Owner, config_text: str,
                   devices: tuple[DeviceGrant, ...], resource: str = DEFAULT_RESOURCE,
-                  priority: int = 0) -> Allocation:
+                  priority: int = 0, policy: str = "fixed") -> Allocation:
         """Write the limits file, the owner and what was granted. A new owner gets a
         fresh state directory."""
         alloc = self.prepare(ids, resource)
@@ -163,14 +164,15 @@ class AllocationStore:
         write_atomic(alloc.config, config_text)
         done = Allocation(key=alloc.key, ids=alloc.ids, dir=alloc.dir, owner=owner,
                           configured=time.time(), devices=devices, resource=resource,
-                          priority=priority)
+                          priority=priority, policy=policy)
         return self._write_record(done)
 
     def _write_record(self, a: Allocation) -> Allocation:
         doc: dict[str, Any] = {"v": RECORD_VERSION, "resource": a.resource, "ids": list(a.ids),
                                "configured": a.configured, "owner": None,
                                "devices": [{"uuid": d.uuid, "memory": d.memory, "cores": d.cores}
-                                           for d in a.devices], "priority": a.priority}
+                                           for d in a.devices], "priority": a.priority,
+                               "policy": a.policy}
         if a.owner is not None:
             doc["owner"] = {"namespace": a.owner.namespace, "pod": a.owner.pod,
                             "container": a.owner.container, "uid": a.owner.uid}
@@ -205,7 +207,8 @@ class AllocationStore:
             a = Allocation(key=d.name, ids=ids, dir=d, owner=owner,
                            configured=float(doc.get("configured", 0.0)), devices=devices,
                            written=path.stat().st_mtime, resource=resource,
-                           priority=int(doc.get("priority", 0)))
+                           priority=int(doc.get("priority", 0)),
+                           policy=str(doc.get("policy", "fixed")))
         except (OSError, ValueError, KeyError, TypeError):
             return None
         self._index(a)

@@ -156,9 +156,14 @@ async def run_arbiter(
     wall_ns: Callable[[], int] = time.time_ns,
     on_round: Callable[[Mapping[str, Record]], None] | None = None,
     observed: Observed | None = None,
+    on_sm: Callable[[float, Mapping[tuple[str, str], int],
+                     Mapping[tuple[str, str], tuple[int, ...]]], None] | None = None,
 ) -> None:
     """Measure, decide, publish, every ``period`` seconds, until cancelled; ``observed``
-    (if given) keeps each round's figures for metrics."""
+    (if given) keeps each round's figures for metrics; ``on_sm`` (if given) gets each
+    round's SM percent and PIDs per (container, GPU) counting only the processes
+    ``owner_of`` names (registration, cgroup): what a container wrote in its own usage
+    file may help arbitrate, never decide what is held against it."""
     period_ms = max(1, round(period * 1000))
     while True:
         try:
@@ -172,12 +177,18 @@ async def run_arbiter(
             unknown = {pid for rows in used.values() for pid, _ in rows if owner_of(pid) is None}
             declared = await anyio.to_thread.run_sync(declared_pids, ms) if unknown else {}
             samples: list[Contender] = []
+            trusted: dict[tuple[str, str], int] = {}
+            pids: dict[tuple[str, str], list[int]] = {}
             for uuid, rows in used.items():
                 totals: dict[str, int] = {}
                 for pid, pct in rows:
-                    key = owner_of(pid) or declared.get(pid)
+                    owner = owner_of(pid)
+                    key = owner or declared.get(pid)
                     if key is not None and key in prio:
                         totals[key] = totals.get(key, 0) + pct
+                    if owner is not None:
+                        trusted[(owner, uuid)] = trusted.get((owner, uuid), 0) + pct
+                        pids.setdefault((owner, uuid), []).append(pid)
                 samples += [Contender(k, uuid, prio[k], v) for k, v in totals.items()]
             gpus = [*publisher.files, *(u for u in per_gpu if u not in publisher.files)]
             records = arbiter.decide(clock(), gpus, per_gpu, samples)
@@ -186,6 +197,8 @@ async def run_arbiter(
                 observed.update(ms, samples, records)
             if on_round is not None:
                 on_round(records)
+            if on_sm is not None:
+                on_sm(clock(), trusted, {k: tuple(v) for k, v in pids.items()})
         except Exception as e:  # one bad round must not end arbitration
             log.error("arbiter_round_failed", error=str(e) or type(e).__name__)
         await anyio.sleep(period)

@@ -12,14 +12,27 @@ its pod and shows in the metrics, once per incident, and (``overLimitAction: kil
 default) its processes on that GPU are killed, largest first, until it is back under its
 limit; ``warn`` only reports.
 
-:func:`over_limits` and :meth:`Watchdog.decide` are pure; :meth:`Watchdog.run` does the
-I/O (NVML through the GPU source, ``/proc``, events, signals).
+The SM limit is watched the same way. The shim paces a container's launches from inside
+it, where a hostile workload can undo it (forge its usage state, launch through a path
+the shim does not see, run one persistent kernel). The arbiter's rounds measure every
+container's SM use from NVML on the host, its processes named by registration or
+cgroup only (never by the container's own file); :meth:`Watchdog.record_sm` keeps each
+round, and a container under a ``fixed`` SM limit whose mean over ``sm_window`` seconds
+passes its limit by :func:`sm_margin` (20 points, or half the limit if more: an honest
+shim overshoots by a few points, a lifted limit by tens) is an incident like memory's:
+reported once, and its processes on that GPU killed under ``kill``. ``balance`` may use
+idle capacity by design and is not watched.
+
+:func:`over_limits`, :meth:`Watchdog.decide` and :meth:`Watchdog.decide_sm` are pure;
+:meth:`Watchdog.run` does the I/O (NVML through the GPU source, ``/proc``, events,
+signals).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +54,7 @@ class Watched:
 
     owner: Owner
     limits: Mapping[str, int]
+    sm: Mapping[str, int] = field(default_factory=dict)  # fixed SM limits, percent per uuid
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +101,26 @@ def over_limits(found: Iterable[Usage], tolerance: int) -> list[Usage]:
     return [u for u in found if u.limit and u.over > tolerance]
 
 
+@dataclass(frozen=True, slots=True)
+class SmUsage:
+    """One container's SM use of one GPU, its mean over the watchdog's window."""
+
+    key: str
+    uuid: str
+    percent: float
+    limit: int
+    pids: tuple[int, ...]  # its processes NVML saw on that GPU in the window
+
+    @property
+    def over(self) -> float:
+        return self.percent - self.limit
+
+
+def sm_margin(limit: int) -> float:
+    """How far past its SM limit a container's mean may go before it is an incident."""
+    return max(20.0, 0.5 * limit)
+
+
 def victims(u: Usage) -> list[int]:
     """The processes to kill to bring ``u`` under its limit: largest first."""
     out, left = [], u.used
@@ -111,7 +145,18 @@ class Kill:
     pids: tuple[int, ...]
 
 
-Action = Report | Kill
+@dataclass(frozen=True, slots=True)
+class SmReport:
+    usage: SmUsage
+
+
+@dataclass(frozen=True, slots=True)
+class SmKill:
+    usage: SmUsage
+    pids: tuple[int, ...]
+
+
+Action = Report | Kill | SmReport | SmKill
 
 
 class GpuProcesses(Protocol):
@@ -135,6 +180,13 @@ class Watchdog:
     over: list[Usage] = field(default_factory=list)  # over past the grace, last round
     reports: int = 0
     kills: int = 0
+    sm_window: float = 20.0
+    # per (key, uuid): the arbiter's rounds in the window, (time, percent, pids)
+    sm_rounds: dict[tuple[str, str], deque[tuple[float, int, tuple[int, ...]]]] = field(
+        default_factory=dict)
+    sm_since: dict[tuple[str, str], float] = field(default_factory=dict)
+    sm_reported: set[tuple[str, str]] = field(default_factory=set)
+    sm_over: list[SmUsage] = field(default_factory=list)  # past the grace, last round
 
     def decide(self, now: float, found: list[Usage]) -> list[Action]:
         """What to do about this round's usages; remembers incidents across rounds."""
@@ -158,8 +210,62 @@ class Watchdog:
                 actions.append(Kill(u, tuple(victims(u))))
         return actions
 
+    def record_sm(self, now: float, percent: Mapping[tuple[str, str], int],
+                  pids: Mapping[tuple[str, str], tuple[int, ...]]) -> None:
+        """One arbiter round: per (container key, GPU uuid), the SM percent NVML saw its
+        processes (named by registration or cgroup) use, and which they were. A pair
+        missing from a round used nothing in it."""
+        watched = self.watched()
+        for key, w in watched.items():
+            for uuid in w.sm:
+                rounds = self.sm_rounds.setdefault((key, uuid), deque())
+                rounds.append((now, percent.get((key, uuid), 0), pids.get((key, uuid), ())))
+                while rounds and rounds[0][0] < now - self.sm_window:
+                    rounds.popleft()
+        for k in [k for k in self.sm_rounds if k[0] not in watched
+                  or k[1] not in watched[k[0]].sm]:
+            del self.sm_rounds[k]
+
+    def sm_usage(self, now: float) -> list[SmUsage]:
+        """Every watched SM limit's mean over a full window (pairs seen for less than
+        nine tenths of the window are not judged yet)."""
+        watched = self.watched()
+        out = []
+        for (key, uuid), rounds in sorted(self.sm_rounds.items()):
+            w = watched.get(key)
+            if w is None or uuid not in w.sm or not rounds:
+                continue
+            if now - rounds[0][0] < 0.9 * self.sm_window:
+                continue
+            mean = sum(p for _, p, _ in rounds) / len(rounds)
+            pids = tuple(sorted({pid for _, _, ps in rounds for pid in ps}))
+            out.append(SmUsage(key, uuid, mean, w.sm[uuid], pids))
+        return out
+
+    def decide_sm(self, now: float, found: list[SmUsage]) -> list[Action]:
+        """What to do about this round's SM means; remembers incidents across rounds."""
+        over = {(u.key, u.uuid): u for u in found if u.over > sm_margin(u.limit)}
+        for k in list(self.sm_since):
+            if k not in over:
+                del self.sm_since[k]
+                self.sm_reported.discard(k)
+        actions: list[Action] = []
+        self.sm_over = []
+        for k, u in over.items():
+            first = self.sm_since.setdefault(k, now)
+            if now - first < self.grace:
+                continue
+            self.sm_over.append(u)
+            if k not in self.sm_reported:
+                self.sm_reported.add(k)
+                actions.append(SmReport(u))
+            if self.action == "kill" and u.pids:
+                actions.append(SmKill(u, u.pids))
+        return actions
+
     async def step(self, source: GpuProcesses, now: float,
-                   report: Callable[[Usage, Owner], Awaitable[None]]) -> list[Action]:
+                   report: Callable[[Usage | SmUsage, Owner], Awaitable[None]]
+                  ) -> list[Action]:
         procs = [GpuProcess(uuid, pid, b) for uuid, rows in (await source.processes()).items()
                  for pid, b in rows]
         facts = {}
@@ -168,6 +274,7 @@ class Watchdog:
         watched = self.watched()
         actions = self.decide(now, usage(
             watched, procs, lambda pid: self.registry.allocation_of(pid, facts.get(pid))))
+        actions += self.decide_sm(now, self.sm_usage(now))
         for a in actions:
             owner = watched[a.usage.key].owner
             where = f"{owner.namespace}/{owner.pod} container {owner.container!r}"
@@ -176,13 +283,20 @@ class Watchdog:
                 log.warning("over_limit", container=where, gpu=a.usage.uuid,
                             used=a.usage.used, limit=a.usage.limit, action=self.action)
                 await report(a.usage, owner)
+            elif isinstance(a, SmReport):
+                self.reports += 1
+                log.warning("over_sm_limit", container=where, gpu=a.usage.uuid,
+                            percent=round(a.usage.percent, 1), limit=a.usage.limit,
+                            window=self.sm_window, action=self.action)
+                await report(a.usage, owner)
             else:
                 for pid in a.pids:
                     try:
                         os.kill(pid, signal.SIGKILL)
                         self.kills += 1
                         log.warning("over_limit_killed", container=where, pid=pid,
-                                    gpu=a.usage.uuid)
+                                    gpu=a.usage.uuid,
+                                    limit="sm" if isinstance(a, SmKill) else "memory")
                     except ProcessLookupError:
                         pass
                     except PermissionError as e:
@@ -191,7 +305,7 @@ class Watchdog:
         return actions
 
     async def run(self, source: GpuProcesses, clock: Callable[[], float],
-                  report: Callable[[Usage, Owner], Awaitable[None]]) -> None:
+                  report: Callable[[Usage | SmUsage, Owner], Awaitable[None]]) -> None:
         while True:
             try:
                 await self.step(source, clock(), report)

@@ -189,17 +189,24 @@ class PluginCollector(Collector):
                 "vgpud_container_over_limit",
                 "1 while a container is over its memory limit past the grace period",
                 labels=cl)
+            over_sm = GaugeMetricFamily(
+                "vgpud_container_over_sm_limit",
+                "1 while a container's SM use, by NVML on the host over the watchdog's "
+                "window, is past its fixed SM limit by the margin, past the grace period",
+                labels=cl)
             seen = {(u.key, u.uuid): u.used for u in self.watchdog.last}
             over_now = {(u.key, u.uuid) for u in self.watchdog.over}
+            over_sm_now = {(u.key, u.uuid) for u in self.watchdog.sm_over}
             for k, lab in containers.items():
                 device.add_metric(lab, seen.get(k, 0))
                 over.add_metric(lab, 1 if k in over_now else 0)
+                over_sm.add_metric(lab, 1 if k in over_sm_now else 0)
             actions = CounterMetricFamily("vgpud_watchdog_actions",
                                           "Over-limit incidents reported, and processes killed",
                                           labels=["node", "action"])
             actions.add_metric([self.node, "report"], self.watchdog.reports)
             actions.add_metric([self.node, "kill"], self.watchdog.kills)
-            yield from (device, over, actions)
+            yield from (device, over, over_sm, actions)
         changes = CounterMetricFamily(
             "vgpud_gpu_changes", "GPUs (and MIG instances) found after start (added), "
             "dropped after leaving the node (removed, the old board of a swap included), and "

@@ -43,7 +43,7 @@ from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
 from vgpud.node.inventory import publish_inventory
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
-from vgpud.node.watchdog import Usage, Watchdog, Watched
+from vgpud.node.watchdog import SmUsage, Usage, Watchdog, Watched
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.kubelet import serve_plugin
 from vgpud.plugin.metrics import PluginCollector, metrics_app
@@ -234,7 +234,16 @@ async def run_plugin(
                         tolerance=plug.overLimitToleranceMiB << 20,
                         interval=plug.watchdogIntervalSeconds)
 
-    async def over_limit(u: Usage, owner: Owner) -> None:
+    async def over_limit(u: Usage | SmUsage, owner: Owner) -> None:
+        if isinstance(u, SmUsage):
+            await cluster.pod_event(
+                _pod_of(owner), "VgpuOverSmLimit",
+                f"container {owner.container!r} used {u.percent:.0f} % of the SMs of GPU "
+                f"{u.uuid} over {watchdog.sm_window:.0f} s, past its limit of {u.limit} % "
+                f"(the shim's pacing was undone or bypassed)"
+                + (": killing its processes there" if plug.overLimitAction == "kill"
+                   else ""))
+            return
         await cluster.pod_event(
             _pod_of(owner), "VgpuOverLimit",
             f"container {owner.container!r} uses {u.used >> 20} MiB of GPU {u.uuid}, over "
@@ -286,7 +295,8 @@ async def run_plugin(
                                      hold=plug.priorityHoldSeconds),
                 publisher, source.utilisation, lambda: _members(store),
                 lambda pid: registry.allocation_of(pid, procfs.read(pid)),
-                period=plug.arbitrationPeriodSeconds, observed=observed))
+                period=plug.arbitrationPeriodSeconds, observed=observed,
+                on_sm=watchdog.record_sm))
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
                 memory=gates.MemoryPlugin))
@@ -330,13 +340,16 @@ def _members(store: AllocationStore) -> list[Member]:
 
 
 def _watched(store: AllocationStore) -> dict[str, Watched]:
-    """What the watchdog compares: every configured container's limits, in bytes."""
+    """What the watchdog compares: every configured container's memory limits, in bytes,
+    and its SM limits where they are fixed."""
     out = {}
     for a in store.configured():
         if a.owner is None:
             continue
         owner = Owner(a.key, a.owner.namespace, a.owner.pod, a.owner.container, a.owner.uid)
-        out[a.key] = Watched(owner, {d.uuid: d.memory << 20 for d in a.devices})
+        sm = ({d.uuid: d.cores for d in a.devices if 0 < d.cores < 100}
+              if a.policy == "fixed" else {})
+        out[a.key] = Watched(owner, {d.uuid: d.memory << 20 for d in a.devices}, sm)
     return out
 
 

@@ -308,9 +308,11 @@ class PluginService(pb.DevicePluginBase):
             text = render(step.limits)
             order = {u: i for i, u in enumerate(step.limits.visible_uuids)}
             devices = tuple(sorted(step.grant.devices, key=lambda d: order[d.uuid]))
+            policy = (step.limits.devices[0].core_policy.value if step.limits.devices
+                      else "fixed")
             alloc = await anyio.to_thread.run_sync(self.store.configure, ids, owner, text,
                                                    devices, self.resource.name,
-                                                   step.limits.priority)
+                                                   step.limits.priority, policy)
         except LimitsError as e:
             raise AllocationFailed(f"{where}: {e}", pod) from None
         except OSError as e:
