@@ -94,5 +94,22 @@ int main(void) {
     O(nvmlComputeInstanceInfo_t, placement)
     S(nvmlDeviceAttributes_t) O(nvmlDeviceAttributes_t, gpuInstanceSliceCount)
     O(nvmlDeviceAttributes_t, computeInstanceSliceCount) O(nvmlDeviceAttributes_t, memorySizeMB)
+    /* process detail lists, processes' utilisation info, accounting */
+    V(NVML_PROCESS_MODE_COMPUTE) V(NVML_PROCESS_MODE_GRAPHICS) V(NVML_PROCESS_MODE_MPS)
+    V(NVML_PROCESS_MODE_ALL) V(NVML_PROCESS_MODE_MAX)
+    V(nvmlProcessDetailList_v1) V(nvmlProcessesUtilizationInfo_v1)
+    S(nvmlProcessDetail_v1_t) O(nvmlProcessDetail_v1_t, gpuInstanceId)
+    O(nvmlProcessDetail_v1_t, computeInstanceId) O(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory)
+    S(nvmlProcessDetailList_t) O(nvmlProcessDetailList_t, mode)
+    O(nvmlProcessDetailList_t, numProcArrayEntries) O(nvmlProcessDetailList_t, procArray)
+    S(nvmlProcessUtilizationInfo_v1_t) O(nvmlProcessUtilizationInfo_v1_t, pid)
+    O(nvmlProcessUtilizationInfo_v1_t, smUtil) O(nvmlProcessUtilizationInfo_v1_t, memUtil)
+    O(nvmlProcessUtilizationInfo_v1_t, encUtil) O(nvmlProcessUtilizationInfo_v1_t, decUtil)
+    O(nvmlProcessUtilizationInfo_v1_t, jpgUtil) O(nvmlProcessUtilizationInfo_v1_t, ofaUtil)
+    S(nvmlProcessesUtilizationInfo_t) O(nvmlProcessesUtilizationInfo_t, processSamplesCount)
+    O(nvmlProcessesUtilizationInfo_t, lastSeenTimeStamp) O(nvmlProcessesUtilizationInfo_t, procUtilArray)
+    S(nvmlAccountingStats_t) O(nvmlAccountingStats_t, maxMemoryUsage) O(nvmlAccountingStats_t, time)
+    O(nvmlAccountingStats_t, startTime) O(nvmlAccountingStats_t, isRunning)
+    O(nvmlAccountingStats_t, reserved)
     return 0;
 }

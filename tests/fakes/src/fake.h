@@ -15,6 +15,7 @@
 #define FC_MIB (1024ull * 1024ull)
 #define FC_MIG_GI 15 /* GPU instance ids 0..14: the A100's partition (swizzle) ids */
 #define FC_MIG_CI 8  /* compute instance ids per GPU instance */
+#define FC_ACCT 4000 /* accounting records per device (the real default buffer size) */
 
 /* ---- knobs (knobs.c) ---- */
 struct fc_knobs {
@@ -56,6 +57,8 @@ struct fc_knobs {
     /* FAKECUDA_MIG ("0,1"): devices in MIG mode at start; FAKECUDA_MIG_LAYOUT */
     int mig[FC_MAX_DEV];
     const char *mig_layout;
+    int mps;        /* FAKECUDA_MPS=1: this process is an MPS client (FC_PROC_MPS) */
+    int accounting; /* FAKECUDA_ACCOUNTING (default 1): NVML accounting mode enabled */
 };
 const struct fc_knobs *fc_knobs(void);
 
@@ -68,6 +71,7 @@ struct fc_seg {
 
 #define FC_PROC_HOSTPID_REAL 1u /* host_pid came from the FAKECUDA_HOST_PID_SOCK oracle */
 #define FC_PROC_MIG 2u          /* its CUDA device mig_dev is MIG instance (mig_gi, mig_ci) */
+#define FC_PROC_MPS 4u          /* an MPS client (FAKECUDA_MPS=1 in its environment) */
 
 struct fc_proc {
     int32_t pid; /* getpid() of the process, in its own PID namespace; 0: free slot */
@@ -83,6 +87,24 @@ struct fc_proc {
     int32_t mig_dev; /* with FC_PROC_MIG: the physical device whose MIG instance it uses */
     uint32_t mig_gi, mig_ci;
     uint32_t reserved2;
+    uint32_t acct[FC_MAX_DEV]; /* 1 + index of its accounting record per device (0: none) */
+};
+
+/* NVML accounting: one record per process and device, opened when the process first holds
+ * a context or memory there (or launches), closed when it exits or is found dead; a ring
+ * of FC_ACCT per device whose oldest closed records are overwritten. */
+struct fc_acct {
+    uint32_t host_pid; /* 0: an empty record */
+    int32_t pid;       /* in its own PID namespace */
+    uint64_t ns_ino;   /* its namespace, as fc_proc's */
+    int64_t ns_offset;
+    uint32_t running;
+    uint32_t reserved;
+    uint64_t start_ns; /* CLOCK_MONOTONIC: its first use of the device */
+    uint64_t start_us; /* the same as CLOCK_REALTIME microseconds */
+    uint64_t end_ns;   /* CLOCK_MONOTONIC: when it was seen to end (0 while running) */
+    uint64_t busy_ns;  /* device time of its kernels there */
+    uint64_t max_used; /* the most device memory it held there */
 };
 
 /* One completed NVML sampling window: [index * sample_ns, (index + 1) * sample_ns) of
@@ -146,11 +168,13 @@ struct fc_dev {
     struct fc_mig mig;
     struct fc_sample samples[FC_SAMPLES];
     struct fc_window_acc acc[FC_SAMPLES];
+    uint64_t acct_next; /* accounting records ever opened; slot = n % FC_ACCT */
+    struct fc_acct acct[FC_ACCT];
     struct fc_seg seg[FC_SEGS];
 };
 
 #define FC_MAGIC 0x46414b43u /* "FAKC" */
-#define FC_VERSION 5u
+#define FC_VERSION 6u
 
 struct fc_shared {
     uint32_t magic, version, ndev, reserved;
@@ -192,6 +216,8 @@ void fc_ctx_count(int dev, int delta);
 uint64_t fc_enqueue(int dev, uint64_t dur_ns);
 uint64_t fc_busy_locked(int dev, long host_pid, uint64_t t0, uint64_t t1);
 uint64_t fc_oldest_locked(int dev);
+/* The accounting record of this process (slot) on dev, opened if it has none; under the lock. */
+struct fc_acct *fc_acct_locked(int slot, int dev);
 /* Completes the sampling windows of dev that ended before now (lazy, from the timeline). */
 void fc_sample_locked(int dev, uint64_t now);
 uint64_t fc_sample_ns(void);

@@ -523,39 +523,53 @@ struct proc_row {
     unsigned int gi, ci; /* NVML_VALUE_NOT_AVAILABLE_UINT: not on a MIG device */
 };
 
-/* The pid under which the caller sees process p.  Drivers before 560 report host pids
- * whatever the caller's PID namespace; from 560 on, the pid as seen from the caller's
- * namespace, and nothing for processes not visible there.  A namespace here is the pair
- * (inode of /proc/self/ns/pid, FAKECUDA_HOST_PID_OFFSET); the host namespace (host pid ==
- * pid, offset 0) sees every process by its host pid. */
-static int pid_seen(const struct fc_proc *p, const struct fc_ident *me, unsigned int *pid) {
+/* Which processes a list shows.  The fake is compute-only: no process has a graphics
+ * context; MPS clients (FAKECUDA_MPS=1 in their environment) are compute processes too,
+ * as a real MPS client is listed by both (nvidia-smi's "M+C"). */
+enum proc_kind { KIND_COMPUTE, KIND_GRAPHICS, KIND_MPS };
+
+/* The pid under which the caller sees a process (host_pid, pid in namespace (ino, off)).
+ * Drivers before 560 report host pids whatever the caller's PID namespace; from 560 on,
+ * the pid as seen from the caller's namespace, and nothing for processes not visible
+ * there.  A namespace here is the pair (inode of /proc/self/ns/pid,
+ * FAKECUDA_HOST_PID_OFFSET); the host namespace (host pid == pid, offset 0) sees every
+ * process by its host pid. */
+static int pid_seen_of(uint32_t host_pid, int32_t pid, uint64_t ino, int64_t off,
+                       const struct fc_ident *me, unsigned int *out) {
     if (fc_knobs()->nvml_driver_major < 560) {
-        *pid = p->host_pid;
+        *out = host_pid;
         return 1;
     }
-    if (p->ns_ino == me->ns_ino && p->ns_offset == me->offset) {
-        *pid = (unsigned int)p->pid;
+    if (ino == me->ns_ino && off == me->offset) {
+        *out = (unsigned int)pid;
         return 1;
     }
     if (me->is_host) {
-        *pid = p->host_pid;
+        *out = host_pid;
         return 1;
     }
     return 0;
 }
 
-/* Processes with a context or memory on device i (mig: only those on its MIG device
- * (gi, ci)). */
-static int processes_on(int i, int mig, int gi, int ci, struct proc_row *rows, int max) {
+static int pid_seen(const struct fc_proc *p, const struct fc_ident *me, unsigned int *pid) {
+    return pid_seen_of(p->host_pid, p->pid, p->ns_ino, p->ns_offset, me, pid);
+}
+
+/* Processes of a kind with a context or memory on device i (mig: only those on its MIG
+ * device (gi, ci)). */
+static int processes_on(int i, int mig, int gi, int ci, enum proc_kind kind,
+                        struct proc_row *rows, int max) {
     struct fc_shared *s = fc_state();
     const struct fc_ident *me = fc_ident();
     int n = 0;
+    if (kind == KIND_GRAPHICS) return 0;
     fc_lock();
     fc_reap_locked();
     for (int k = 0; k < FC_MAX_PROCS && n < max; k++) {
         struct fc_proc *p = &s->procs[k];
         int on_mig = (p->flags & FC_PROC_MIG) && p->mig_dev == i;
         if (mig && !(on_mig && p->mig_gi == (uint32_t)gi && p->mig_ci == (uint32_t)ci)) continue;
+        if (kind == KIND_MPS && !(p->flags & FC_PROC_MPS)) continue;
         if (p->pid && (p->nctx[i] || p->used[i]) && pid_seen(p, me, &rows[n].pid)) {
             rows[n].used = p->used[i];
             rows[n].gi = on_mig ? p->mig_gi : NVML_VALUE_NOT_AVAILABLE_UINT;
@@ -569,13 +583,13 @@ static int processes_on(int i, int mig, int gi, int ci, struct proc_row *rows, i
 
 /* INSUFFICIENT_SIZE semantics: *count in = room, out = entries (or entries needed). */
 static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, void *infos,
-                                   int version) {
+                                   int version, enum proc_kind kind) {
     int i, mig, gi, ci;
     nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
     if (r) return r;
     if (!count || (!infos && *count)) return NVML_ERROR_INVALID_ARGUMENT;
     static __thread struct proc_row rows[FC_MAX_PROCS];
-    int n = processes_on(i, mig, gi, ci, rows, FC_MAX_PROCS);
+    int n = processes_on(i, mig, gi, ci, kind, rows, FC_MAX_PROCS);
     if ((unsigned)n > *count) {
         *count = (unsigned)n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -600,28 +614,96 @@ static nvmlReturn_t list_processes(nvmlDevice_t device, unsigned int *count, voi
 FC_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                            unsigned int *infoCount,
                                                            nvmlProcessInfo_t *infos) {
-    return list_processes(device, infoCount, infos, 3);
+    return list_processes(device, infoCount, infos, 3, KIND_COMPUTE);
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
                                                            unsigned int *infoCount,
                                                            nvmlProcessInfo_t *infos) {
-    return list_processes(device, infoCount, infos, 2);
+    return list_processes(device, infoCount, infos, 2, KIND_COMPUTE);
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
                                                         unsigned int *infoCount,
                                                         nvmlProcessInfo_v1_t *infos) {
-    return list_processes(device, infoCount, infos, 1);
+    return list_processes(device, infoCount, infos, 1, KIND_COMPUTE);
 }
 
+/* A compute-only fake: no graphics contexts, always an empty list. */
 FC_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
-    DEVICE_ARG(device, i);
-    (void)i, (void)infos;
-    if (!infoCount) return NVML_ERROR_INVALID_ARGUMENT;
-    *infoCount = 0; /* a compute-only fake */
+    return list_processes(device, infoCount, infos, 3, KIND_GRAPHICS);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device,
+                                                            unsigned int *infoCount,
+                                                            nvmlProcessInfo_t *infos) {
+    return list_processes(device, infoCount, infos, 2, KIND_GRAPHICS);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device,
+                                                         unsigned int *infoCount,
+                                                         nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, infoCount, infos, 1, KIND_GRAPHICS);
+}
+
+/* MPS clients: the compute processes that had FAKECUDA_MPS=1 (there is no MPS daemon to
+ * list). */
+FC_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                              unsigned int *infoCount,
+                                                              nvmlProcessInfo_t *infos) {
+    return list_processes(device, infoCount, infos, 3, KIND_MPS);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                              unsigned int *infoCount,
+                                                              nvmlProcessInfo_t *infos) {
+    return list_processes(device, infoCount, infos, 2, KIND_MPS);
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device,
+                                                           unsigned int *infoCount,
+                                                           nvmlProcessInfo_v1_t *infos) {
+    return list_processes(device, infoCount, infos, 1, KIND_MPS);
+}
+
+/* The version is checked first (the real driver answers a version of 0 with
+ * ARGUMENT_VERSION_MISMATCH, whatever nvml.h's comment says); then the mode; then the
+ * INSUFFICIENT_SIZE semantics of the lists (numProcArrayEntries in = room, out = entries
+ * or entries needed).  MODE_ALL: every process (the compute ones: nothing else runs). */
+FC_API nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
+                                                         nvmlProcessDetailList_t *plist) {
+    int i, mig, gi, ci;
+    nvmlReturn_t r = any_arg(device, &i, &mig, &gi, &ci);
+    if (r) return r;
+    if (!plist) return NVML_ERROR_INVALID_ARGUMENT;
+    if (plist->version != nvmlProcessDetailList_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    enum proc_kind kind;
+    switch (plist->mode) {
+    case NVML_PROCESS_MODE_COMPUTE: kind = KIND_COMPUTE; break;
+    case NVML_PROCESS_MODE_GRAPHICS: kind = KIND_GRAPHICS; break;
+    case NVML_PROCESS_MODE_MPS: kind = KIND_MPS; break;
+    case NVML_PROCESS_MODE_ALL: kind = KIND_COMPUTE; break;
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    static __thread struct proc_row rows[FC_MAX_PROCS];
+    int n = processes_on(i, mig, gi, ci, kind, rows, FC_MAX_PROCS);
+    if ((unsigned)n > plist->numProcArrayEntries) {
+        plist->numProcArrayEntries = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n > 0 && !plist->procArray) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int k = 0; k < n; k++) {
+        nvmlProcessDetail_v1_t *o = &plist->procArray[k];
+        memset(o, 0, sizeof *o);
+        o->pid = rows[k].pid;
+        o->usedGpuMemory = rows[k].used;
+        o->gpuInstanceId = rows[k].gi;
+        o->computeInstanceId = rows[k].ci;
+        o->usedGpuCcProtectedMemory = 0; /* no confidential computing */
+    }
+    plist->numProcArrayEntries = (unsigned)n;
     return NVML_SUCCESS;
 }
 
@@ -646,19 +728,12 @@ struct util_row {
     uint64_t newest_us; /* end of the newest window it ran in */
 };
 
-/* One entry per host pid that ran kernels in the completed windows ending after
- * lastSeenTimeStamp (CLOCK_REALTIME us): smUtil = the rounded mean of its per-window
- * smUtil over all those windows (0 where it was idle), timeStamp = the end of the newest
- * window it ran in.  The running window is not visible yet. */
-FC_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
-                                                   nvmlProcessUtilizationSample_t *utilization,
-                                                   unsigned int *processSamplesCount,
-                                                   unsigned long long lastSeenTimeStamp) {
-    DEVICE_ARG(device, i);
-    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
-    static __thread struct util_row rows[FC_MAX_PROCS];
+/* One row per host pid that ran kernels on device i in the completed windows ending after
+ * last_seen_us (CLOCK_REALTIME us); *windows: how many such windows (idle ones too). */
+static int util_rows(int i, unsigned long long last_seen_us, struct util_row *rows,
+                     uint64_t *windows) {
     int n = 0;
-    uint64_t windows = 0;
+    *windows = 0;
     struct fc_shared *s = fc_state();
     fc_lock();
     fc_sample_locked(i, fc_now());
@@ -666,8 +741,8 @@ FC_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     uint64_t lo = dv->win_next > FC_SAMPLES ? dv->win_next - FC_SAMPLES : 0;
     for (uint64_t w = lo; w < dv->win_next; w++) {
         const struct fc_sample *smp = &dv->samples[w % FC_SAMPLES];
-        if (smp->index != w || !smp->end_us || smp->end_us <= lastSeenTimeStamp) continue;
-        windows++;
+        if (smp->index != w || !smp->end_us || smp->end_us <= last_seen_us) continue;
+        (*windows)++;
         for (uint32_t j = 0; j < smp->n; j++) {
             int k = 0;
             while (k < n && rows[k].host_pid != smp->pid[j].host_pid) k++;
@@ -682,6 +757,27 @@ FC_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         }
     }
     fc_unlock();
+    return n;
+}
+
+/* The rounded mean of a row's per-window smUtil over all the windows. */
+static unsigned row_mean(const struct util_row *row, uint64_t windows) {
+    return (unsigned)((row->sum * 2 + windows) / (2 * windows));
+}
+
+/* One entry per host pid that ran kernels in the completed windows ending after
+ * lastSeenTimeStamp (CLOCK_REALTIME us): smUtil = the rounded mean of its per-window
+ * smUtil over all those windows (0 where it was idle), timeStamp = the end of the newest
+ * window it ran in.  The running window is not visible yet. */
+FC_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                   nvmlProcessUtilizationSample_t *utilization,
+                                                   unsigned int *processSamplesCount,
+                                                   unsigned long long lastSeenTimeStamp) {
+    DEVICE_ARG(device, i);
+    if (!processSamplesCount) return NVML_ERROR_INVALID_ARGUMENT;
+    static __thread struct util_row rows[FC_MAX_PROCS];
+    uint64_t windows;
+    int n = util_rows(i, lastSeenTimeStamp, rows, &windows);
     if (n == 0) return NVML_ERROR_NOT_FOUND;
     if (!utilization || *processSamplesCount < (unsigned)n) {
         *processSamplesCount = (unsigned)n;
@@ -692,8 +788,150 @@ FC_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         memset(o, 0, sizeof *o);
         o->pid = rows[k].host_pid; /* host pids, whatever the driver version */
         o->timeStamp = rows[k].newest_us;
-        o->smUtil = (unsigned)((rows[k].sum * 2 + windows) / (2 * windows));
+        o->smUtil = row_mean(&rows[k], windows);
     }
     *processSamplesCount = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+/* The same samples in the versioned struct (memUtil and the engines: 0, the fake models
+ * none of them).  Like the real one: a GPU in MIG mode → NOT_SUPPORTED; NOT_FOUND before
+ * INSUFFICIENT_SIZE; a NULL array or too small a count → INSUFFICIENT_SIZE with
+ * processSamplesCount = the entries needed. */
+FC_API nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
+                                                         nvmlProcessesUtilizationInfo_t *info) {
+    DEVICE_ARG(device, i);
+    if (!info) return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlProcessesUtilizationInfo_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fc_lock();
+    int mig_mode = fn_mig_locked(i, &bus_)->mode == FC_MIG_ENABLE;
+    fc_unlock();
+    if (mig_mode) return NVML_ERROR_NOT_SUPPORTED;
+    static __thread struct util_row rows[FC_MAX_PROCS];
+    uint64_t windows;
+    int n = util_rows(i, info->lastSeenTimeStamp, rows, &windows);
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (!info->procUtilArray || info->processSamplesCount < (unsigned)n) {
+        info->processSamplesCount = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int k = 0; k < n; k++) {
+        nvmlProcessUtilizationInfo_v1_t *o = &info->procUtilArray[k];
+        memset(o, 0, sizeof *o);
+        o->pid = rows[k].host_pid; /* host pids, as nvmlDeviceGetProcessUtilization */
+        o->timeStamp = rows[k].newest_us;
+        o->smUtil = row_mean(&rows[k], windows);
+    }
+    info->processSamplesCount = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+/* ---- accounting: the records state.c keeps per device (fc_acct_locked) ----
+ * Enabled unless FAKECUDA_ACCOUNTING=0 (as after `nvidia-smi -am 1`); a GPU in MIG mode
+ * has it disabled, as on a real one.  Disabled: every query but the mode → NOT_SUPPORTED. */
+static nvmlReturn_t accounting_on(int i, const struct fn_bus *bus, nvmlEnableState_t *mode) {
+    fc_lock();
+    int mig_mode = fn_mig_locked(i, bus)->mode == FC_MIG_ENABLE;
+    fc_unlock();
+    *mode = fc_knobs()->accounting && !mig_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return *mode == NVML_FEATURE_ENABLED ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
+    DEVICE_ARG(device, i);
+    if (!mode) return NVML_ERROR_INVALID_ARGUMENT;
+    accounting_on(i, &bus_, mode);
+    return NVML_SUCCESS;
+}
+
+FC_API nvmlReturn_t nvmlDeviceGetAccountingBufferSize(nvmlDevice_t device,
+                                                     unsigned int *bufferSize) {
+    DEVICE_ARG(device, i);
+    if (!bufferSize) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlEnableState_t mode;
+    nvmlReturn_t r = accounting_on(i, &bus_, &mode);
+    if (r) return r;
+    *bufferSize = FC_ACCT;
+    return NVML_SUCCESS;
+}
+
+/* Each pid with a record (running or ended) once, oldest record first; pids as the
+ * process lists report them. */
+FC_API nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int *count,
+                                               unsigned int *pids) {
+    DEVICE_ARG(device, i);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlEnableState_t mode;
+    nvmlReturn_t r = accounting_on(i, &bus_, &mode);
+    if (r) return r;
+    static __thread unsigned int seen[FC_ACCT];
+    unsigned n = 0;
+    const struct fc_ident *me = fc_ident();
+    struct fc_dev *dv = &fc_state()->dev[i];
+    fc_lock();
+    fc_reap_locked();
+    uint64_t lo = dv->acct_next > FC_ACCT ? dv->acct_next - FC_ACCT : 0;
+    for (uint64_t x = lo; x < dv->acct_next; x++) {
+        const struct fc_acct *a = &dv->acct[x % FC_ACCT];
+        unsigned pid, k;
+        if (!a->host_pid || !pid_seen_of(a->host_pid, a->pid, a->ns_ino, a->ns_offset, me, &pid))
+            continue;
+        for (k = 0; k < n && seen[k] != pid; k++) {
+        }
+        if (k == n) seen[n++] = pid;
+    }
+    fc_unlock();
+    if (n > *count) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (n > 0 && !pids) return NVML_ERROR_INVALID_ARGUMENT;
+    if (n > 0) memcpy(pids, seen, n * sizeof *pids);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* The record of pid (as the process lists report it): the running one, else the one that
+ * ended last (nvml.h: on a pid collision, the process that terminated last).  gpuUtilization
+ * = its kernels' device time over its lifetime on the device, memoryUtilization 0 (the
+ * fake models no memory traffic), time = ms from its first use of the device to its end
+ * (0 while it runs). */
+FC_API nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid,
+                                                nvmlAccountingStats_t *stats) {
+    DEVICE_ARG(device, i);
+    if (!stats) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlEnableState_t mode;
+    nvmlReturn_t r = accounting_on(i, &bus_, &mode);
+    if (r) return r;
+    const struct fc_ident *me = fc_ident();
+    struct fc_dev *dv = &fc_state()->dev[i];
+    struct fc_acct best = {0};
+    int found = 0;
+    fc_lock();
+    fc_reap_locked();
+    uint64_t now = fc_now();
+    uint64_t lo = dv->acct_next > FC_ACCT ? dv->acct_next - FC_ACCT : 0;
+    for (uint64_t x = lo; x < dv->acct_next; x++) {
+        const struct fc_acct *a = &dv->acct[x % FC_ACCT];
+        unsigned seen;
+        if (!a->host_pid || !pid_seen_of(a->host_pid, a->pid, a->ns_ino, a->ns_offset, me, &seen) ||
+            seen != pid)
+            continue;
+        if (!found || a->running || (!best.running && a->end_ns >= best.end_ns)) best = *a;
+        found = 1;
+    }
+    fc_unlock();
+    if (!found) return NVML_ERROR_NOT_FOUND;
+    uint64_t end = best.running ? now : best.end_ns;
+    uint64_t life = end > best.start_ns ? end - best.start_ns : 0;
+    uint64_t util = life ? (best.busy_ns * 100 + life / 2) / life : 0;
+    memset(stats, 0, sizeof *stats);
+    stats->gpuUtilization = util > 100 ? 100 : (unsigned)util;
+    stats->memoryUtilization = 0;
+    stats->maxMemoryUsage = best.max_used;
+    stats->time = best.running ? 0 : life / 1000000ull;
+    stats->startTime = best.start_us;
+    stats->isRunning = best.running ? 1 : 0;
     return NVML_SUCCESS;
 }

@@ -102,6 +102,64 @@ typedef struct nvmlProcessUtilizationSample_st {
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
 
+/* nvmlDeviceGetRunningProcessDetailList */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+
+typedef enum nvmlProcessMode_enum {
+    NVML_PROCESS_MODE_COMPUTE = 0,
+    NVML_PROCESS_MODE_GRAPHICS = 1,
+    NVML_PROCESS_MODE_MPS = 2,
+    NVML_PROCESS_MODE_ALL = 3,
+    NVML_PROCESS_MODE_MAX = NVML_PROCESS_MODE_ALL + 1
+} nvmlProcessMode_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int mode;
+    unsigned int numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_v1_t;
+typedef nvmlProcessDetailList_v1_t nvmlProcessDetailList_t;
+#define nvmlProcessDetailList_v1 NVML_STRUCT_VERSION(ProcessDetailList, 1)
+
+/* nvmlDeviceGetProcessesUtilizationInfo */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+    unsigned int jpgUtil;
+    unsigned int ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+typedef nvmlProcessesUtilizationInfo_v1_t nvmlProcessesUtilizationInfo_t;
+#define nvmlProcessesUtilizationInfo_v1 NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1)
+
+/* nvmlDeviceGetAccountingStats */
+typedef struct nvmlAccountingStats_st {
+    unsigned int gpuUtilization;
+    unsigned int memoryUtilization;
+    unsigned long long maxMemoryUsage;
+    unsigned long long time;
+    unsigned long long startTime;
+    unsigned int isRunning;
+    unsigned int reserved[5];
+} nvmlAccountingStats_t;
+
 #define nvmlEventTypeSingleBitEccError 0x0000000000000001LL
 #define nvmlEventTypeDoubleBitEccError 0x0000000000000002LL
 #define nvmlEventTypeXidCriticalError 0x0000000000000008LL

@@ -292,6 +292,15 @@ static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 static void clear_slot(int i) {
     struct fc_proc *pr = &shm->procs[i];
+    uint64_t now = fc_now();
+    for (uint32_t d = 0; d < shm->ndev && d < FC_MAX_DEV; d++) {
+        if (!pr->acct[d] || pr->acct[d] > FC_ACCT) continue;
+        struct fc_acct *a = &shm->dev[d].acct[pr->acct[d] - 1];
+        if (a->running && a->pid == pr->pid && a->host_pid == pr->host_pid) {
+            a->running = 0;
+            a->end_ns = now > a->start_ns ? now : a->start_ns;
+        }
+    }
     if ((pr->flags & FC_PROC_MIG) && pr->mig_dev >= 0 && (uint32_t)pr->mig_dev < shm->ndev &&
         pr->mig_gi < FC_MIG_GI) {
         struct fc_gi *g = &shm->dev[pr->mig_dev].mig.gi[pr->mig_gi];
@@ -362,6 +371,7 @@ int fc_self_slot_locked(void) {
             pr->ns_offset = me->offset;
             pr->flags = me->host_real ? FC_PROC_HOSTPID_REAL : 0;
             const struct fc_knobs *k = fc_knobs();
+            if (k->mps) pr->flags |= FC_PROC_MPS; /* FAKECUDA_MPS=1: an MPS client */
             if (k->mig_ordinal >= 0) { /* CUDA_VISIBLE_DEVICES names a MIG device */
                 pr->flags |= FC_PROC_MIG;
                 pr->mig_dev = k->mig_phys;
@@ -384,6 +394,35 @@ void fc_release_self(void) {
     if (is_self(self_slot, fc_ident())) clear_slot(self_slot);
     self_slot = -1;
     fc_unlock();
+}
+
+struct fc_acct *fc_acct_locked(int slot, int dev) {
+    struct fc_proc *pr = &shm->procs[slot];
+    struct fc_dev *dv = &shm->dev[dev];
+    if (pr->acct[dev] && pr->acct[dev] <= FC_ACCT) {
+        struct fc_acct *a = &dv->acct[pr->acct[dev] - 1];
+        if (a->running && a->pid == pr->pid && a->host_pid == pr->host_pid) return a;
+    }
+    /* a new record in the oldest closed one (at most FC_MAX_PROCS are running) */
+    for (int tries = 0; tries < FC_ACCT; tries++) {
+        uint64_t idx = dv->acct_next++ % FC_ACCT;
+        struct fc_acct *a = &dv->acct[idx];
+        if (a->running) continue;
+        struct timespec rt;
+        clock_gettime(CLOCK_REALTIME, &rt);
+        memset(a, 0, sizeof *a);
+        a->host_pid = pr->host_pid;
+        a->pid = pr->pid;
+        a->ns_ino = pr->ns_ino;
+        a->ns_offset = pr->ns_offset;
+        a->running = 1;
+        a->start_ns = fc_now();
+        a->start_us = (uint64_t)rt.tv_sec * 1000000ull + (uint64_t)rt.tv_nsec / 1000ull;
+        a->max_used = pr->used[dev];
+        pr->acct[dev] = (uint32_t)idx + 1;
+        return a;
+    }
+    return NULL;
 }
 
 /* Whether dev is this process's MIG device (CUDA_VISIBLE_DEVICES): 0 no; 1 yes, *g its GPU
@@ -433,6 +472,8 @@ int fc_charge(int dev, uint64_t bytes) {
     dv->used += bytes;
     if (g) g->used += bytes;
     shm->procs[slot].used[dev] += bytes;
+    struct fc_acct *a = fc_acct_locked(slot, dev);
+    if (a && a->max_used < shm->procs[slot].used[dev]) a->max_used = shm->procs[slot].used[dev];
     fc_unlock();
     return 0;
 }
@@ -463,6 +504,7 @@ void fc_ctx_count(int dev, int delta) {
     fc_lock();
     int slot = fc_self_slot_locked();
     if (slot >= 0) shm->procs[slot].nctx[dev] += (uint32_t)delta;
+    if (slot >= 0 && delta > 0) fc_acct_locked(slot, dev);
     fc_unlock();
 }
 
@@ -511,6 +553,9 @@ uint64_t fc_enqueue(int dev, uint64_t dur) {
         if (dur > 0) {
             dv->busy_until = end;
             account(dv, host_pid, start, end);
+            int slot = fc_self_slot_locked();
+            struct fc_acct *a = slot >= 0 ? fc_acct_locked(slot, dev) : NULL;
+            if (a) a->busy_ns += dur;
             struct fc_seg *last = dv->seg_next ? &dv->seg[(dv->seg_next - 1) % FC_SEGS] : NULL;
             if (last && last->pid == pid && last->host_pid == host_pid && last->end == start) {
                 last->end = end;
