@@ -15,11 +15,32 @@
  *   --via dlmopen  a second copy of the driver, dlmopen(LM_ID_NEWLM) + dlsym on it
  *                  (exit 3 with the dlerror text when the load is refused)
  *   --via nextdlmopen  the same through dlsym(RTLD_NEXT, "dlmopen")
+ *
+ * NVML process queries (each one JSON line; "rc" -1 when the library lacks the function):
+ *   gfxprocs [V [ROOM]]   nvmlDeviceGetGraphicsRunningProcesses (V 1, 2 or 3; default 3)
+ *   mpsprocs [V [ROOM]]   nvmlDeviceGetMPSComputeRunningProcesses (V 1, 2 or 3)
+ *       {"rc","version","r0","need","count","procs":[{"pid","usedGpuMemory"
+ *        [,"gpuInstanceId","computeInstanceId"]}]}: r0/need from (count 0, NULL), rc/count
+ *        from a call with ROOM entries (default 64)
+ *   detail MODE [ROOM [VERSION]]   nvmlDeviceGetRunningProcessDetailList
+ *       {"rc","mode","r0","need","count","procs":[{"pid","usedGpuMemory","gpuInstanceId",
+ *        "computeInstanceId","usedGpuCcProtectedMemory"}]}
+ *   utilinfo [SINCE [ROOM [VERSION]]]   nvmlDeviceGetProcessesUtilizationInfo
+ *       {"rc","r0","need","count","samples":[{"pid","timeStamp","smUtil","memUtil",
+ *        "encUtil","decUtil","jpgUtil","ofaUtil"}]}
+ *   utilrates            nvmlDeviceGetUtilizationRates {"rc","gpu","memory"}
+ *   acctmode             nvmlDeviceGetAccountingMode + BufferSize
+ *       {"rc","mode","rbuf","bufferSize"}
+ *   acctpids [ROOM]      nvmlDeviceGetAccountingPids {"rc","r0","need","count","pids":[...]}
+ *   acctstats PID        nvmlDeviceGetAccountingStats {"rc","pid","gpuUtilization",
+ *        "memoryUtilization","maxMemoryUsage","time","startTime","isRunning"}
+ *   VERSION (a number) replaces the struct's version (default: the right one).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <dlfcn.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +52,50 @@
 #include "vgpu_nvml.h"
 
 typedef struct CUmod_st *CUmodule;
+
+/* NVML types the shim's header does not have (official layouts, nvml.h; drv_ names so that
+ * they never clash with it) */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} drv_ProcessDetail_v1_t;
+typedef struct {
+    unsigned int version;
+    unsigned int mode;
+    unsigned int numProcArrayEntries;
+    drv_ProcessDetail_v1_t *procArray;
+} drv_ProcessDetailList_v1_t;
+#define DRV_PROCESS_DETAIL_LIST_V1 ((unsigned)(sizeof(drv_ProcessDetailList_v1_t) | (1u << 24)))
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil;
+} drv_ProcessUtilizationInfo_v1_t;
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    drv_ProcessUtilizationInfo_v1_t *procUtilArray;
+} drv_ProcessesUtilizationInfo_v1_t;
+#define DRV_PROCESSES_UTILIZATION_INFO_V1                                                  \
+    ((unsigned)(sizeof(drv_ProcessesUtilizationInfo_v1_t) | (1u << 24)))
+typedef struct {
+    unsigned int gpuUtilization;
+    unsigned int memoryUtilization;
+    unsigned long long maxMemoryUsage;
+    unsigned long long time;
+    unsigned long long startTime;
+    unsigned int isRunning;
+    unsigned int reserved[5];
+} drv_AccountingStats_t;
+/* nvml.h's sizes on x86-64 (the fake's own copies are checked by test_abi_layout.py) */
+_Static_assert(sizeof(drv_ProcessDetail_v1_t) == 32, "nvmlProcessDetail_v1_t");
+_Static_assert(sizeof(drv_ProcessDetailList_v1_t) == 24, "nvmlProcessDetailList_v1_t");
+_Static_assert(sizeof(drv_ProcessUtilizationInfo_v1_t) == 40, "nvmlProcessUtilizationInfo_v1_t");
+_Static_assert(sizeof(drv_ProcessesUtilizationInfo_v1_t) == 24, "nvmlProcessesUtilizationInfo_v1_t");
+_Static_assert(sizeof(drv_AccountingStats_t) == 56, "nvmlAccountingStats_t");
 typedef struct {
     CUfunction func;
     unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
@@ -79,7 +144,20 @@ typedef struct {
     X(nvmlDeviceGetMemoryInfo, nvmlReturn_t, (nvmlDevice_t, nvmlMemory_t *))             \
     X(nvmlDeviceGetMemoryInfo_v2, nvmlReturn_t, (nvmlDevice_t, nvmlMemory_v2_t *))       \
     X(nvmlDeviceGetComputeRunningProcesses_v3, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *)) \
-    X(nvmlDeviceGetProcessUtilization, nvmlReturn_t, (nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *, unsigned long long))
+    X(nvmlDeviceGetProcessUtilization, nvmlReturn_t, (nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *, unsigned long long)) \
+    X(nvmlDeviceGetUtilizationRates, nvmlReturn_t, (nvmlDevice_t, nvmlUtilization_t *))   \
+    X(nvmlDeviceGetGraphicsRunningProcesses, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlReturn_t, (nvmlDevice_t, unsigned *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetRunningProcessDetailList, nvmlReturn_t, (nvmlDevice_t, drv_ProcessDetailList_v1_t *)) \
+    X(nvmlDeviceGetProcessesUtilizationInfo, nvmlReturn_t, (nvmlDevice_t, drv_ProcessesUtilizationInfo_v1_t *)) \
+    X(nvmlDeviceGetAccountingMode, nvmlReturn_t, (nvmlDevice_t, unsigned *))               \
+    X(nvmlDeviceGetAccountingBufferSize, nvmlReturn_t, (nvmlDevice_t, unsigned *))         \
+    X(nvmlDeviceGetAccountingPids, nvmlReturn_t, (nvmlDevice_t, unsigned *, unsigned *))   \
+    X(nvmlDeviceGetAccountingStats, nvmlReturn_t, (nvmlDevice_t, unsigned, drv_AccountingStats_t *))
 
 #ifdef DIRECT
 #define X(name, base, ret, params) extern ret name params;
@@ -314,6 +392,189 @@ static void nulls(void)
     out("nulls", CUDA_SUCCESS, buf);
 }
 
+/* ---- NVML process queries: one JSON line each, into a buffer of their own ---- */
+static char jbuf[32768];
+static int jlen;
+
+static void jadd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void jadd(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (jlen < (int)sizeof jbuf) jlen += vsnprintf(jbuf + jlen, sizeof jbuf - (size_t)jlen, fmt, ap);
+    va_end(ap);
+}
+
+/* nvmlInit_v2 + the handle of --dev; -1 when fn (the function to call) is missing */
+static int nv_handle(const void *fn, nvmlDevice_t *h)
+{
+    if (!fn || !f.nvmlInit_v2 || !f.nvmlDeviceGetHandleByIndex_v2) return -1;
+    nvmlReturn_t r = f.nvmlInit_v2();
+    if (!r) r = f.nvmlDeviceGetHandleByIndex_v2((unsigned)dev, h);
+    return (int)r;
+}
+
+static void nv_out(const char *op, int rc)
+{
+    printf("{\"op\":\"%s\",\"rc\":%d%s%s}\n", op, rc, jlen ? "," : "", jbuf);
+    fflush(stdout);
+    jlen = 0;
+}
+
+#define NROWS 256
+
+/* How many of the (at most max) arguments after argv[i] are numbers: an op's optional
+ * arguments. */
+static int nums(int argc, char **argv, int i, int max)
+{
+    int n = 0;
+    while (n < max && i + 1 + n < argc && isdigit((unsigned char)argv[i + 1 + n][0])) n++;
+    return n;
+}
+
+/* gfxprocs / mpsprocs [V [ROOM]] */
+static void op_procs(const char *op, int version, unsigned room)
+{
+    int mps = !strcmp(op, "mpsprocs");
+    nvmlReturn_t (*v1)(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *) =
+        mps ? f.nvmlDeviceGetMPSComputeRunningProcesses : f.nvmlDeviceGetGraphicsRunningProcesses;
+    nvmlReturn_t (*v2)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *) =
+        version == 2 ? (mps ? f.nvmlDeviceGetMPSComputeRunningProcesses_v2
+                            : f.nvmlDeviceGetGraphicsRunningProcesses_v2)
+                     : (mps ? f.nvmlDeviceGetMPSComputeRunningProcesses_v3
+                            : f.nvmlDeviceGetGraphicsRunningProcesses_v3);
+    static nvmlProcessInfo_v1_t p1[NROWS];
+    static nvmlProcessInfo_t p2[NROWS];
+    nvmlDevice_t h;
+    if (room > NROWS) room = NROWS;
+    int rc = nv_handle(version == 1 ? (const void *)v1 : (const void *)v2, &h);
+    int r0 = rc;
+    unsigned need = 0, n = room;
+    if (!rc && version == 1) {
+        r0 = v1(h, &need, NULL);
+        rc = v1(h, &n, p1);
+    } else if (!rc) {
+        r0 = v2(h, &need, NULL);
+        rc = v2(h, &n, p2);
+    }
+    jadd("\"version\":%d,\"r0\":%d,\"need\":%u,\"count\":%u,\"procs\":[", version, r0, need, n);
+    for (unsigned k = 0; !rc && k < n; k++) {
+        if (version == 1)
+            jadd("%s{\"pid\":%u,\"usedGpuMemory\":%llu}", k ? "," : "", p1[k].pid,
+                 p1[k].usedGpuMemory);
+        else
+            jadd("%s{\"pid\":%u,\"usedGpuMemory\":%llu,\"gpuInstanceId\":%u,"
+                 "\"computeInstanceId\":%u}",
+                 k ? "," : "", p2[k].pid, p2[k].usedGpuMemory, p2[k].gpuInstanceId,
+                 p2[k].computeInstanceId);
+    }
+    jadd("]");
+    nv_out(op, rc);
+}
+
+/* detail MODE [ROOM [VERSION]] */
+static void op_detail(unsigned mode, unsigned room, unsigned version)
+{
+    static drv_ProcessDetail_v1_t rows[NROWS];
+    nvmlDevice_t h;
+    if (room > NROWS) room = NROWS;
+    int rc = nv_handle((const void *)f.nvmlDeviceGetRunningProcessDetailList, &h);
+    int r0 = rc;
+    drv_ProcessDetailList_v1_t q0 = {version, mode, 0, NULL}, q = {version, mode, room, rows};
+    if (!rc) {
+        r0 = f.nvmlDeviceGetRunningProcessDetailList(h, &q0);
+        rc = f.nvmlDeviceGetRunningProcessDetailList(h, &q);
+    }
+    jadd("\"mode\":%u,\"r0\":%d,\"need\":%u,\"count\":%u,\"procs\":[", mode, r0,
+         q0.numProcArrayEntries, q.numProcArrayEntries);
+    for (unsigned k = 0; !rc && k < q.numProcArrayEntries; k++)
+        jadd("%s{\"pid\":%u,\"usedGpuMemory\":%llu,\"gpuInstanceId\":%u,\"computeInstanceId\":%u,"
+             "\"usedGpuCcProtectedMemory\":%llu}",
+             k ? "," : "", rows[k].pid, rows[k].usedGpuMemory, rows[k].gpuInstanceId,
+             rows[k].computeInstanceId, rows[k].usedGpuCcProtectedMemory);
+    jadd("]");
+    nv_out("detail", rc);
+}
+
+/* utilinfo [SINCE [ROOM [VERSION]]] */
+static void op_utilinfo(unsigned long long since, unsigned room, unsigned version)
+{
+    static drv_ProcessUtilizationInfo_v1_t rows[NROWS];
+    nvmlDevice_t h;
+    if (room > NROWS) room = NROWS;
+    int rc = nv_handle((const void *)f.nvmlDeviceGetProcessesUtilizationInfo, &h);
+    int r0 = rc;
+    drv_ProcessesUtilizationInfo_v1_t q0 = {version, 0, since, NULL}, q = {version, room, since, rows};
+    if (!rc) {
+        r0 = f.nvmlDeviceGetProcessesUtilizationInfo(h, &q0);
+        rc = f.nvmlDeviceGetProcessesUtilizationInfo(h, &q);
+    }
+    jadd("\"r0\":%d,\"need\":%u,\"count\":%u,\"samples\":[", r0, q0.processSamplesCount,
+         q.processSamplesCount);
+    for (unsigned k = 0; !rc && k < q.processSamplesCount; k++)
+        jadd("%s{\"pid\":%u,\"timeStamp\":%llu,\"smUtil\":%u,\"memUtil\":%u,\"encUtil\":%u,"
+             "\"decUtil\":%u,\"jpgUtil\":%u,\"ofaUtil\":%u}",
+             k ? "," : "", rows[k].pid, rows[k].timeStamp, rows[k].smUtil, rows[k].memUtil,
+             rows[k].encUtil, rows[k].decUtil, rows[k].jpgUtil, rows[k].ofaUtil);
+    jadd("]");
+    nv_out("utilinfo", rc);
+}
+
+static void op_utilrates(void)
+{
+    nvmlDevice_t h;
+    nvmlUtilization_t u = {0, 0};
+    int rc = nv_handle((const void *)f.nvmlDeviceGetUtilizationRates, &h);
+    if (!rc) rc = f.nvmlDeviceGetUtilizationRates(h, &u);
+    jadd("\"gpu\":%u,\"memory\":%u", u.gpu, u.memory);
+    nv_out("utilrates", rc);
+}
+
+static void op_acctmode(void)
+{
+    nvmlDevice_t h;
+    unsigned mode = 0, size = 0;
+    int rc = nv_handle((const void *)f.nvmlDeviceGetAccountingMode, &h);
+    int rb = f.nvmlDeviceGetAccountingBufferSize ? rc : -1;
+    if (!rc) rc = f.nvmlDeviceGetAccountingMode(h, &mode);
+    if (!rb) rb = f.nvmlDeviceGetAccountingBufferSize(h, &size);
+    jadd("\"mode\":%u,\"rbuf\":%d,\"bufferSize\":%u", mode, rb, size);
+    nv_out("acctmode", rc);
+}
+
+/* acctpids [ROOM] */
+static void op_acctpids(unsigned room)
+{
+    static unsigned pids[4096];
+    nvmlDevice_t h;
+    if (room > 4096) room = 4096;
+    int rc = nv_handle((const void *)f.nvmlDeviceGetAccountingPids, &h);
+    int r0 = rc;
+    unsigned need = 0, n = room;
+    if (!rc) {
+        r0 = f.nvmlDeviceGetAccountingPids(h, &need, NULL);
+        rc = f.nvmlDeviceGetAccountingPids(h, &n, pids);
+    }
+    jadd("\"r0\":%d,\"need\":%u,\"count\":%u,\"pids\":[", r0, need, n);
+    for (unsigned k = 0; !rc && k < n; k++) jadd("%s%u", k ? "," : "", pids[k]);
+    jadd("]");
+    nv_out("acctpids", rc);
+}
+
+static void op_acctstats(unsigned pid)
+{
+    nvmlDevice_t h;
+    drv_AccountingStats_t st;
+    memset(&st, 0, sizeof st);
+    int rc = nv_handle((const void *)f.nvmlDeviceGetAccountingStats, &h);
+    if (!rc) rc = f.nvmlDeviceGetAccountingStats(h, pid, &st);
+    jadd("\"pid\":%u,\"gpuUtilization\":%u,\"memoryUtilization\":%u,\"maxMemoryUsage\":%llu,"
+         "\"time\":%llu,\"startTime\":%llu,\"isRunning\":%u",
+         pid, st.gpuUtilization, st.memoryUtilization, st.maxMemoryUsage, st.time, st.startTime,
+         st.isRunning);
+    nv_out("acctstats", rc);
+}
+
 int main(int argc, char **argv)
 {
     const char *via = "dlsym";
@@ -463,6 +724,39 @@ int main(int argc, char **argv)
                                 s[k].pid, s[k].smUtil);
             snprintf(buf + len, sizeof buf - (size_t)len, "]");
             out(op, (CUresult)r, buf);
+        } else if (!strcmp(op, "gfxprocs") || !strcmp(op, "mpsprocs")) {
+            int k = nums(argc, argv, i, 2);
+            int version = k >= 1 ? (int)ARG(1) : 3;
+            unsigned room = k >= 2 ? (unsigned)ARG(2) : 64;
+            i += k;
+            op_procs(op, version >= 1 && version <= 3 ? version : 3, room);
+        } else if (!strcmp(op, "detail")) {
+            int k = nums(argc, argv, i + 1, 2);
+            unsigned mode = (unsigned)ARG(1);
+            unsigned room = k >= 1 ? (unsigned)ARG(2) : 64;
+            unsigned version = k >= 2 ? (unsigned)ARG(3) : DRV_PROCESS_DETAIL_LIST_V1;
+            i += 1 + k;
+            op_detail(mode, room, version);
+        } else if (!strcmp(op, "utilinfo")) {
+            int k = nums(argc, argv, i, 3);
+            unsigned long long since = k >= 1 ? ARG(1) : 0;
+            unsigned room = k >= 2 ? (unsigned)ARG(2) : 64;
+            unsigned version = k >= 3 ? (unsigned)ARG(3) : DRV_PROCESSES_UTILIZATION_INFO_V1;
+            i += k;
+            op_utilinfo(since, room, version);
+        } else if (!strcmp(op, "utilrates")) {
+            op_utilrates();
+        } else if (!strcmp(op, "acctmode")) {
+            op_acctmode();
+        } else if (!strcmp(op, "acctpids")) {
+            int k = nums(argc, argv, i, 1);
+            unsigned room = k ? (unsigned)ARG(1) : 4096;
+            i += k;
+            op_acctpids(room);
+        } else if (!strcmp(op, "acctstats")) {
+            unsigned pid = (unsigned)ARG(1);
+            i += 1;
+            op_acctstats(pid);
         } else if (!strcmp(op, "nulls")) {
             nulls();
         } else if (!strcmp(op, "physical")) {
