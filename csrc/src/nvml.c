@@ -305,28 +305,15 @@ static nvmlReturn_t list_rows(list_fn fn, nvmlDevice_t device, unsigned int *cou
     return r;
 }
 
-nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                             unsigned int *infoCount,
-                                                             nvmlProcessInfo_t *infos)
-{
-    list_fn fn = vg_real.nvmlDeviceGetComputeRunningProcesses_v3;
-    return infoCount ? list_rows(fn, device, infoCount, infos, 2) : fn(device, infoCount, infos);
-}
+/* the v1 rows of fn, read through a v1 buffer, in the v2 form all_rows grows */
+typedef nvmlReturn_t (*v1_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *);
 
-nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
-                                                             unsigned int *infoCount,
-                                                             nvmlProcessInfo_v2_t *infos)
+static nvmlReturn_t rows_from_v1(v1_fn fn, nvmlDevice_t device, unsigned int *n,
+                                 nvmlProcessInfo_v2_t *out)
 {
-    list_fn fn = vg_real.nvmlDeviceGetComputeRunningProcesses_v2;
-    return infoCount ? list_rows(fn, device, infoCount, infos, 2) : fn(device, infoCount, infos);
-}
-
-static nvmlReturn_t v1_list(nvmlDevice_t device, unsigned int *n, nvmlProcessInfo_v2_t *out)
-{
-    /* the v1 rows, read through a v1 buffer, in the v2 form all_rows grows */
     nvmlProcessInfo_v1_t *v1 = malloc(sizeof *v1 * (*n ? *n : 1));
     if (!v1) return NVML_ERROR_MEMORY;
-    nvmlReturn_t r = vg_real.nvmlDeviceGetComputeRunningProcesses(device, n, v1);
+    nvmlReturn_t r = fn(device, n, v1);
     if (r == NVML_SUCCESS)
         for (unsigned i = 0; i < *n; i++)
             out[i] = (nvmlProcessInfo_v2_t){.pid = v1[i].pid,
@@ -335,10 +322,215 @@ static nvmlReturn_t v1_list(nvmlDevice_t device, unsigned int *n, nvmlProcessInf
     return r;
 }
 
-nvmlReturn_t vg_impl_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
-                                                          unsigned int *infoCount,
-                                                          nvmlProcessInfo_v1_t *infos)
+/* The three forms (v1, v2, v3) of one process list (compute, graphics, MPS clients): the
+ * container's own rows, however the caller asks. */
+#define PROCESS_LIST(list)                                                                 \
+    static nvmlReturn_t list##_v1_rows(nvmlDevice_t device, unsigned int *n,              \
+                                       nvmlProcessInfo_v2_t *out)                         \
+    {                                                                                      \
+        return rows_from_v1(vg_real.nvmlDeviceGet##list, device, n, out);                 \
+    }                                                                                      \
+    nvmlReturn_t vg_impl_nvmlDeviceGet##list##_v3(nvmlDevice_t device,                    \
+                                                  unsigned int *infoCount,                \
+                                                  nvmlProcessInfo_t *infos)               \
+    {                                                                                      \
+        list_fn fn = vg_real.nvmlDeviceGet##list##_v3;                                    \
+        return infoCount ? list_rows(fn, device, infoCount, infos, 2)                      \
+                         : fn(device, infoCount, infos);                                   \
+    }                                                                                      \
+    nvmlReturn_t vg_impl_nvmlDeviceGet##list##_v2(nvmlDevice_t device,                    \
+                                                  unsigned int *infoCount,                \
+                                                  nvmlProcessInfo_v2_t *infos)            \
+    {                                                                                      \
+        list_fn fn = vg_real.nvmlDeviceGet##list##_v2;                                    \
+        return infoCount ? list_rows(fn, device, infoCount, infos, 2)                      \
+                         : fn(device, infoCount, infos);                                   \
+    }                                                                                      \
+    nvmlReturn_t vg_impl_nvmlDeviceGet##list(nvmlDevice_t device, unsigned int *infoCount, \
+                                             nvmlProcessInfo_v1_t *infos)                 \
+    {                                                                                      \
+        if (!infoCount) return vg_real.nvmlDeviceGet##list(device, infoCount, infos);     \
+        return list_rows(list##_v1_rows, device, infoCount, infos, 1);                    \
+    }
+
+PROCESS_LIST(ComputeRunningProcesses)
+PROCESS_LIST(GraphicsRunningProcesses)
+PROCESS_LIST(MPSComputeRunningProcesses)
+
+/* ---- the newer views of the same processes ---- */
+
+static nvmlReturn_t fill_detail(nvmlDevice_t device, const void *mode, void *buf, unsigned *n)
 {
-    if (!infoCount) return vg_real.nvmlDeviceGetComputeRunningProcesses(device, infoCount, infos);
-    return list_rows(v1_list, device, infoCount, infos, 1);
+    nvmlProcessDetailList_t l = {nvmlProcessDetailList_v1, *(const unsigned *)mode, *n, buf};
+    nvmlReturn_t r = vg_real.nvmlDeviceGetRunningProcessDetailList(device, &l);
+    *n = l.numProcArrayEntries;
+    return r;
+}
+
+/* A struct version the shim does not know could carry rows it cannot filter: refused. */
+nvmlReturn_t vg_impl_nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
+                                                           nvmlProcessDetailList_t *plist)
+{
+    view v;
+    container_view(device, &v);
+    if (!plist || v.all) return vg_real.nvmlDeviceGetRunningProcessDetailList(device, plist);
+    if (plist->version != nvmlProcessDetailList_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlProcessDetail_v1_t *buf = NULL;
+    unsigned n = 0, k = 0;
+    nvmlReturn_t r = read_whole(fill_detail, device, &plist->mode, sizeof *buf, (void **)&buf, &n);
+    if (r != NVML_SUCCESS) return r;
+    for (unsigned i = 0; i < n; i++) {
+        int j = view_slot(&v, buf[i].pid);
+        if (j < 0) continue;
+        buf[k] = buf[i];
+        buf[k].pid = (unsigned)v.cp[j];
+        buf[k].usedGpuMemory = v.used[j];
+        k++;
+    }
+    if (!plist->procArray || plist->numProcArrayEntries < k) {
+        r = NVML_ERROR_INSUFFICIENT_SIZE;
+    } else if (k) {
+        memcpy(plist->procArray, buf, sizeof *buf * k);
+    }
+    plist->numProcArrayEntries = k;
+    free(buf);
+    return r;
+}
+
+static nvmlReturn_t fill_util_info(nvmlDevice_t device, const void *since, void *buf, unsigned *n)
+{
+    nvmlProcessesUtilizationInfo_t l = {nvmlProcessesUtilizationInfo_v1, *n,
+                                        *(const unsigned long long *)since, buf};
+    nvmlReturn_t r = vg_real.nvmlDeviceGetProcessesUtilizationInfo(device, &l);
+    *n = l.processSamplesCount;
+    return r;
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
+                                                           nvmlProcessesUtilizationInfo_t *info)
+{
+    view v;
+    container_view(device, &v);
+    if (!info || v.all) return vg_real.nvmlDeviceGetProcessesUtilizationInfo(device, info);
+    if (info->version != nvmlProcessesUtilizationInfo_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlProcessUtilizationInfo_v1_t *buf = NULL;
+    unsigned n = 0, k = 0;
+    nvmlReturn_t r = read_whole(fill_util_info, device, &info->lastSeenTimeStamp, sizeof *buf,
+                                (void **)&buf, &n);
+    if (r != NVML_SUCCESS) return r;
+    for (unsigned i = 0; i < n; i++) {
+        int j = view_slot(&v, buf[i].pid);
+        if (j < 0) continue;
+        buf[k] = buf[i];
+        buf[k].pid = (unsigned)v.cp[j];
+        k++;
+    }
+    if (k == 0) {
+        r = NVML_ERROR_NOT_FOUND; /* as the driver answers when it has no sample */
+    } else {
+        if (!info->procUtilArray || info->processSamplesCount < k)
+            r = NVML_ERROR_INSUFFICIENT_SIZE;
+        else
+            memcpy(info->procUtilArray, buf, sizeof *buf * k);
+        info->processSamplesCount = k;
+    }
+    free(buf);
+    return r;
+}
+
+static nvmlReturn_t fill_pids(nvmlDevice_t device, const void *unused, void *buf, unsigned *n)
+{
+    (void)unused;
+    return vg_real.nvmlDeviceGetAccountingPids(device, n, buf);
+}
+
+/* Accounting keeps every process that used the GPU: the container's own only, by their
+ * own PIDs. */
+nvmlReturn_t vg_impl_nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int *count,
+                                                 unsigned int *pids)
+{
+    view v;
+    container_view(device, &v);
+    if (!count || v.all) return vg_real.nvmlDeviceGetAccountingPids(device, count, pids);
+    unsigned *buf = NULL, n = 0, k = 0;
+    nvmlReturn_t r = read_whole(fill_pids, device, NULL, sizeof *buf, (void **)&buf, &n);
+    if (r != NVML_SUCCESS) return r;
+    for (unsigned i = 0; i < n; i++) {
+        int j = view_slot(&v, buf[i]);
+        if (j >= 0) buf[k++] = (unsigned)v.cp[j];
+    }
+    if (!pids || *count < k) r = NVML_ERROR_INSUFFICIENT_SIZE;
+    else if (k) memcpy(pids, buf, sizeof *buf * k);
+    *count = k;
+    free(buf);
+    return r;
+}
+
+/* the PID NVML knows for the container's process pid (its own PID as the caller sees
+ * it), or 0 when pid is none of the container's */
+static unsigned nvml_pid_of(const view *v, unsigned pid)
+{
+    for (int j = 0; j < v->m; j++)
+        if ((unsigned)v->cp[j] == pid)
+            return v->by_ns ? pid : v->hp[j] > 0 ? (unsigned)v->hp[j] : 0;
+    return 0;
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid,
+                                                  nvmlAccountingStats_t *stats)
+{
+    view v;
+    container_view(device, &v);
+    if (v.all) return vg_real.nvmlDeviceGetAccountingStats(device, pid, stats);
+    unsigned theirs = nvml_pid_of(&v, pid);
+    if (!theirs) return NVML_ERROR_NOT_FOUND; /* as for a PID accounting never saw */
+    return vg_real.nvmlDeviceGetAccountingStats(device, theirs, stats);
+}
+
+nvmlReturn_t vg_impl_nvmlDeviceGetAccountingStats_v2(nvmlDevice_t device,
+                                                     nvmlAccountingStats_v2_t *stats)
+{
+    view v;
+    container_view(device, &v);
+    if (!stats || v.all) return vg_real.nvmlDeviceGetAccountingStats_v2(device, stats);
+    unsigned mine = stats->pid, theirs = nvml_pid_of(&v, mine);
+    if (!theirs) return NVML_ERROR_NOT_FOUND;
+    stats->pid = theirs;
+    nvmlReturn_t r = vg_real.nvmlDeviceGetAccountingStats_v2(device, stats);
+    stats->pid = mine;
+    return r;
+}
+
+/* The device's utilisation is every tenant's: the container reads its own, its
+ * processes' latest samples of the last second summed (0 when NVML has none). */
+nvmlReturn_t vg_impl_nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u)
+{
+    nvmlReturn_t r = vg_real.nvmlDeviceGetUtilizationRates(device, u);
+    if (r != NVML_SUCCESS || !u) return r;
+    view v;
+    container_view(device, &v);
+    if (v.all) return r;
+    unsigned long long since = vg_realtime_ns() / 1000 - 1000000ull, newest[VG_MAX_SLOTS] = {0};
+    unsigned sm[VG_MAX_SLOTS] = {0}, mem[VG_MAX_SLOTS] = {0};
+    nvmlProcessUtilizationSample_t *buf = NULL;
+    unsigned n = 0;
+    if (vg_nvml_samples(device, since, &buf, &n) == NVML_SUCCESS) {
+        for (unsigned i = 0; i < n; i++) {
+            int j = view_slot(&v, buf[i].pid);
+            if (j < 0 || buf[i].timeStamp < newest[j]) continue;
+            newest[j] = buf[i].timeStamp;
+            sm[j] = buf[i].smUtil;
+            mem[j] = buf[i].memUtil;
+        }
+        free(buf);
+    }
+    unsigned gpu = 0, memory = 0;
+    for (int j = 0; j < v.m; j++) {
+        gpu += sm[j];
+        memory += mem[j];
+    }
+    u->gpu = gpu > 100 ? 100 : gpu;
+    u->memory = memory > 100 ? 100 : memory;
+    return r;
 }

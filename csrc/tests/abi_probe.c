@@ -32,7 +32,7 @@ int main(void)
     VAL(CUDA_SUCCESS); VAL(CUDA_ERROR_INVALID_VALUE); VAL(CUDA_ERROR_OUT_OF_MEMORY);
     VAL(CUDA_ERROR_NOT_INITIALIZED); VAL(CUDA_ERROR_INVALID_DEVICE);
     VAL(CUDA_ERROR_INVALID_CONTEXT); VAL(CUDA_ERROR_NOT_FOUND); VAL(CUDA_ERROR_NOT_SUPPORTED);
-    VAL(CUDA_ERROR_UNKNOWN);
+    VAL(CUDA_ERROR_UNKNOWN); VAL(CUDA_ERROR_NOT_PERMITTED);
     VAL(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT); VAL(CU_MEM_ATTACH_GLOBAL);
     VAL(CU_GET_PROC_ADDRESS_DEFAULT); VAL(CU_GET_PROC_ADDRESS_LEGACY_STREAM);
     VAL(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
@@ -94,5 +94,22 @@ int main(void)
     OFF(nvmlProcessUtilizationSample_t, timeStamp); OFF(nvmlProcessUtilizationSample_t, smUtil);
     OFF(nvmlProcessUtilizationSample_t, memUtil); OFF(nvmlProcessUtilizationSample_t, decUtil);
     SIZE(nvmlUtilization_t);
+    VAL(NVML_ERROR_ARGUMENT_VERSION_MISMATCH); VAL(NVML_ERROR_NO_PERMISSION);
+    SIZE(nvmlProcessDetail_v1_t); OFF(nvmlProcessDetail_v1_t, usedGpuMemory);
+    OFF(nvmlProcessDetail_v1_t, gpuInstanceId); OFF(nvmlProcessDetail_v1_t, computeInstanceId);
+    OFF(nvmlProcessDetail_v1_t, usedGpuCcProtectedMemory);
+    SIZE(nvmlProcessDetailList_t); OFF(nvmlProcessDetailList_t, mode);
+    OFF(nvmlProcessDetailList_t, numProcArrayEntries); OFF(nvmlProcessDetailList_t, procArray);
+    VAL(nvmlProcessDetailList_v1);
+    SIZE(nvmlProcessUtilizationInfo_v1_t); OFF(nvmlProcessUtilizationInfo_v1_t, pid);
+    OFF(nvmlProcessUtilizationInfo_v1_t, smUtil); OFF(nvmlProcessUtilizationInfo_v1_t, ofaUtil);
+    SIZE(nvmlProcessesUtilizationInfo_t); OFF(nvmlProcessesUtilizationInfo_t, processSamplesCount);
+    OFF(nvmlProcessesUtilizationInfo_t, lastSeenTimeStamp);
+    OFF(nvmlProcessesUtilizationInfo_t, procUtilArray);
+    VAL(nvmlProcessesUtilizationInfo_v1);
+    SIZE(nvmlAccountingStats_t); OFF(nvmlAccountingStats_t, maxMemoryUsage);
+    OFF(nvmlAccountingStats_t, isRunning);
+    SIZE(nvmlAccountingStats_v2_t); OFF(nvmlAccountingStats_v2_t, sampleCount);
+    OFF(nvmlAccountingStats_v2_t, startTime);
     return 0;
 }

@@ -240,3 +240,59 @@ def test_past_256_processes_on_a_gpu_the_list_is_still_the_containers_own(shim: 
         for n in neighbours:
             n.wait()
         ra.close()
+
+
+def test_every_nvml_view_of_the_gpus_processes_shows_only_the_containers_own(
+        shim: Shim) -> None:
+    """Issue 22, finding 12 (the rest of it): the graphics and MPS process lists, the
+    detail list, the newer utilisation samples, accounting and the device's utilisation
+    went to the driver unfiltered: another container's host PIDs, memory and SM use. Each
+    now answers with the container's own processes, under their own PIDs; accounting of
+    another container's PID is NOT_FOUND; the device's utilisation is the container's
+    own share."""
+    fake = {"FAKECUDA_STATE": str(shim.tmp / "gpu.state"), "FAKECUDA_CTX_MIB": "0",
+            "FAKECUDA_MPS": "1"}
+    a, ra = _container(shim, "a", 100000)
+    b, rb = _container(shim, "b", 200000)
+    ea = {**fake, "FAKECUDA_HOST_PID_OFFSET": "100000"}
+    eb = {**fake, "FAKECUDA_HOST_PID_OFFSET": "200000"}
+    busy = subprocess.Popen(b.cmd("ctx", "alloc", 64 * MIB, "launch", 1000, 6, "kernel"),
+                            env=b.env(eb), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        ops = ["ctx", "alloc", 32 * MIB, "launch", 4, "0.5", "kernel",
+               "mpsprocs", 1, "mpsprocs", 2, "mpsprocs", 3, "gfxprocs", 3,
+               "detail", 0, "detail", 2, "detail", 0, 64, 2, "utilinfo", "utilrates",
+               "acctpids", "acctstats", busy.pid + 200000, "acctstats", busy.pid]
+        p = subprocess.run(a.cmd(*ops), env=a.env(ea), capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        out = [json.loads(x) for x in p.stdout.splitlines()]
+        by: dict[str, list[dict]] = {}
+        for o in out:
+            by.setdefault(o["op"], []).append(o)
+        me = _own_pid(out)
+        for o in by["mpsprocs"] + by["detail"][:2]:
+            assert o["rc"] == 0, o
+            assert [r["pid"] for r in o["procs"]] == [me], o
+        assert by["gfxprocs"][0]["rc"] == 0 and by["gfxprocs"][0]["procs"] == []
+        assert by["detail"][0]["procs"][0]["usedGpuMemory"] == 32 * MIB
+        assert by["detail"][2]["rc"] == 25  # a struct version it does not know: refused
+        (info,) = by["utilinfo"]
+        assert info["rc"] == 0 and {s["pid"] for s in info["samples"]} == {me}
+        (rates,) = by["utilrates"]
+        assert rates["rc"] == 0 and rates["gpu"] <= 60, rates  # its own, not b's ~100 %
+        (pids,) = by["acctpids"]
+        assert pids["rc"] == 0 and pids["pids"] == [me], pids
+        theirs, unknown = by["acctstats"]
+        assert theirs["rc"] == 6 and unknown["rc"] == 6  # b's host PID, b's own PID
+    finally:
+        busy.kill()
+        busy.wait()
+        ra.close()
+        rb.close()
+
+
+def _own_pid(out: list[dict]) -> int:
+    """The PID of the program that printed ``out`` (its launch op says)."""
+    return next(o["pid"] for o in out if o["op"] == "launch")
