@@ -66,6 +66,7 @@ void vg_context_charge(int dev)
 {
     if (dev < 0 || dev >= VG_MAX_DEVICES || !__atomic_load_n(&pending[dev], __ATOMIC_ACQUIRE))
         return;
+    if (!vg_nvml_namespace_pids()) vg_host_pid(); /* asked before the lock: it may wait on the plugin */
     vg_lock(&ctx_mu);
     if (pending[dev]) {
         int64_t seen = nvml_process_bytes(dev);

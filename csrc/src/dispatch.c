@@ -57,7 +57,7 @@ VG_NO_SANITIZE void *vg_real_dlsym(void *handle, const char *name)
 
 void *vg_cuda_handle(void) { return cuda_handle; }
 static void find_own_ranges(void);
-static int init_done;
+static int init_done, register_pending;
 
 static void resolve(void *handle, int want_nvml)
 {
@@ -90,7 +90,9 @@ static void do_init(void)
         vg_cfg.deny = 1;
         snprintf(vg_cfg.error, sizeof vg_cfg.error, "usage state unusable");
     }
-    if (vg_cfg.register_path[0]) vg_host_pid(); /* register now: the plugin sees us at once */
+    /* registered right after, outside the once: other threads' first calls must not
+     * wait on the plugin */
+    if (vg_cfg.register_path[0]) __atomic_store_n(&register_pending, 1, __ATOMIC_RELEASE);
     vg_sm_setup();
     find_own_ranges();
     __atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
@@ -100,6 +102,11 @@ static void do_init(void)
 void vg_init(void)
 {
     pthread_once(&init_once, do_init);
+    /* register now, so that the plugin sees the process at once (the thread that wins
+     * the flag asks; the others go on) */
+    if (__atomic_load_n(&register_pending, __ATOMIC_ACQUIRE) &&
+        __atomic_exchange_n(&register_pending, 0, __ATOMIC_ACQ_REL))
+        vg_host_pid();
 }
 
 /* The executable segments of the driver, NVML (and the driver's own helper libraries)

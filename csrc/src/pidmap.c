@@ -67,8 +67,12 @@ int vg_pidmap_host_pid(int pid)
 static int host_pid_cache;
 static int host_pid_of; /* the getpid() it belongs to (a forked child starts over) */
 static uint64_t host_pid_next_try;
+static int host_pid_busy; /* a thread is asking (the registration's I/O: up to 2 s) */
 static pthread_mutex_t host_pid_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* The host PID, or 0 while it is not known. One thread at a time asks for it, and
+ * without a lock held across the asking (a round trip to the plugin, bounded by 2 s):
+ * the others go on with 0 rather than wait on the plugin. */
 int vg_host_pid(void)
 {
     int me = getpid();
@@ -82,19 +86,26 @@ int vg_host_pid(void)
     if (host_pid_of != me) { /* first call, or a forked child */
         host_pid_cache = 0;
         host_pid_next_try = 0;
+        host_pid_busy = 0;
         __atomic_store_n(&host_pid_of, me, __ATOMIC_RELEASE);
     }
-    if (host_pid_cache <= 0 && now >= host_pid_next_try) {
+    int ask = host_pid_cache <= 0 && now >= host_pid_next_try && !host_pid_busy;
+    if (ask) {
         host_pid_next_try = now + 200000000ull;
-        hp = vg_state_own_host_pid();
-        if (hp <= 0) hp = vg_register(vg_state_own_slot(), vg_state_own_start());
-        if (hp <= 0) hp = vg_pidmap_host_pid(me);
-        if (hp > 0) {
-            vg_state_set_host_pid(hp);
-            __atomic_store_n(&host_pid_cache, hp, __ATOMIC_RELEASE);
-            VG_INFO("host pid %d", hp);
-        }
+        host_pid_busy = 1;
     }
+    vg_unlock(&host_pid_mu);
+    if (!ask) return __atomic_load_n(&host_pid_cache, __ATOMIC_ACQUIRE);
+    hp = vg_state_own_host_pid();
+    if (hp <= 0) hp = vg_register(vg_state_own_slot(), vg_state_own_start());
+    if (hp <= 0) hp = vg_pidmap_host_pid(me);
+    vg_lock(&host_pid_mu);
+    if (hp > 0 && host_pid_of == me) {
+        vg_state_set_host_pid(hp);
+        __atomic_store_n(&host_pid_cache, hp, __ATOMIC_RELEASE);
+        VG_INFO("host pid %d", hp);
+    }
+    host_pid_busy = 0;
     vg_unlock(&host_pid_mu);
     return __atomic_load_n(&host_pid_cache, __ATOMIC_ACQUIRE);
 }

@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,7 @@ class Registration:
     path: Path
     offset: int = 0
     requests: list[str] = field(default_factory=list)
+    delay: float = 0.0  # seconds before each answer (a plugin slow to answer)
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -194,6 +196,7 @@ class Registration:
                 conn.settimeout(2)
                 try:
                     self.requests.append(conn.recv(512).decode(errors="replace").strip())
+                    time.sleep(self.delay)
                     conn.sendall(f"ok {pid + self.offset}\n".encode())
                 except OSError:
                     pass

@@ -243,3 +243,20 @@ def test_an_allocation_from_a_signal_handler_inside_the_driver_is_held(shim: Shi
     assert big["rc"] == OOM, out  # past the limit: refused as any allocation
     assert small["rc"] == 0, out  # within it: served, and charged
     assert free_bytes(out) == [GIB - 256 * MIB]
+
+
+def test_a_plugin_slow_to_answer_holds_up_no_other_thread(shim: Shim,
+                                                          registration: Registration) -> None:
+    """Finding 15 (the locks): the first call registers the process with the plugin (a
+    round trip of up to 2 s). It did so inside the shim's one-time init, and under the
+    lock every later caller of the host PID took: with a plugin 1.5 s slow to answer,
+    another thread's first driver call waited 1.4 s. Now one thread asks, without a lock
+    held across the asking, and the others go on."""
+    registration.delay = 1.5
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    out, _ = shim.run("slowinit", via="direct", env=NO_CTX, timeout=30)
+    (o,) = [x for x in out if x["op"] == "slowinit"]
+    print(o)
+    assert o["first_ms"] >= 1400  # the asking thread did wait on the plugin ...
+    assert o["waited_ms"] < 500, o  # ... the other did not
+    assert len(registration.requests) == 1

@@ -39,6 +39,7 @@
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -352,6 +353,24 @@ static void launch_loop(unsigned blocks, double seconds, const char *kind, const
     snprintf(buf, sizeof buf, "\"launches\":%llu,\"t0\":%llu,\"t1\":%llu,\"pid\":%d", n, t0, t1,
              (int)getpid());
     out("launch", r, buf);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static double first_done_ms;
+
+static void *first_call(void *arg)
+{
+    (void)arg;
+    size_t fr = 0, tot = 0;
+    f.cuMemGetInfo_v2(&fr, &tot); /* hooked: the shim's init runs here */
+    first_done_ms = now_ms();
+    return NULL;
 }
 
 static volatile sig_atomic_t sig_ran;
@@ -762,6 +781,23 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "physical")) {
             snprintf(buf, sizeof buf, "\"bytes\":%llu", fake_used ? fake_used(dev) : 0ull);
             out(op, CUDA_SUCCESS, buf);
+        } else if (!strcmp(op, "slowinit")) {
+            /* slowinit: a thread makes the process's first driver call (the shim's
+             * init, and its registration with the plugin); 100 ms later this thread
+             * makes its own first call: how long it waited */
+            pthread_t t;
+            double t0 = now_ms();
+            pthread_create(&t, NULL, first_call, NULL);
+            struct timespec hundred = {0, 100000000};
+            nanosleep(&hundred, NULL);
+            double t1 = now_ms();
+            size_t fr = 0, tot = 0;
+            CUresult r = f.cuMemGetInfo_v2(&fr, &tot); /* hooked: waits for the init */
+            double t2 = now_ms();
+            pthread_join(t, NULL);
+            snprintf(buf, sizeof buf, "\"waited_ms\":%.1f,\"first_ms\":%.1f", t2 - t1,
+                     first_done_ms - t0);
+            out("slowinit", r, buf);
         } else if (!strcmp(op, "sigalloc")) {
             /* sigalloc SIZE: a SIGALRM handler asks SIZE bytes while this thread is
              * inside the driver (a free that blocks: FAKECUDA_FREE_PAUSE_MS); the
