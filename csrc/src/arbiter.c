@@ -23,7 +23,7 @@
 
 static const volatile vg_arbiter_record *rec[VG_MAX_DEVICES];
 static uint64_t next_try[VG_MAX_DEVICES];
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(mu);
 
 int vg_arbiter_present(int d)
 {

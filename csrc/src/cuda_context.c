@@ -22,7 +22,7 @@
 #include "shim.h"
 
 #define ORDINALS 64
-static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(ctx_mu);
 static int pending[VG_MAX_DEVICES];       /* contexts not measured yet, per device */
 static CUcontext primary[ORDINALS];       /* the primary context of each ordinal */
 static uint64_t largest[VG_MAX_DEVICES];  /* the largest single context measured */

@@ -19,7 +19,7 @@
 
 #include "shim.h"
 
-static pthread_mutex_t table_mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(table_mu);
 static vg_alloc_table tables[VG_T_N];
 
 void vg_remember(int table, vg_alloc a)
@@ -29,6 +29,13 @@ void vg_remember(int table, vg_alloc a)
     vg_unlock(&table_mu);
     if (r) VG_ERROR("allocation table full: %llu bytes will stay charged",
                     (unsigned long long)a.bytes);
+}
+
+/* A forked child owns none of its parent's allocations (CUDA does not carry into a
+ * fork), and a table another thread was changing at the fork may be half-changed. */
+void vg_memory_after_fork(void)
+{
+    memset(tables, 0, sizeof tables); /* the parent's slots are left to the parent */
 }
 
 int vg_forget(int table, uint64_t key, vg_alloc *out)

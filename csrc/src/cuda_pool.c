@@ -24,7 +24,7 @@
 #define GRAPH_POOL(ordinal) (0x6772617068000000ull | (uint64_t)(ordinal)) /* "graph"+ord */
 
 int vg_pools_dirty;
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(pool_mu);
 
 static uint64_t round_up(uint64_t v) { return (v + GRAIN - 1) / GRAIN * GRAIN; }
 

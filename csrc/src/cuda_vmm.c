@@ -10,7 +10,7 @@
 
 #include "shim.h"
 
-static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(vmm_mu);
 
 CUresult vg_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                              const CUmemAllocationProp *prop, unsigned long long flags)

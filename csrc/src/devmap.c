@@ -23,7 +23,7 @@
 static int resolved[ORDINALS];  /* 0 not yet, 1 resolved */
 static int index_of[ORDINALS];
 static int ordinal_of[VG_MAX_DEVICES];
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(mu);
 
 static int has_uuids(void)
 {

@@ -57,6 +57,7 @@ VG_NO_SANITIZE void *vg_real_dlsym(void *handle, const char *name)
 
 void *vg_cuda_handle(void) { return cuda_handle; }
 static void find_own_ranges(void);
+static void after_fork_child(void);
 static int init_done, register_pending;
 
 static void resolve(void *handle, int want_nvml)
@@ -74,6 +75,7 @@ static void do_init(void)
 {
     int saved = vg_tls_guard;
     vg_tls_guard = 1; /* the driver's own calls during dlopen pass straight through */
+    pthread_atfork(NULL, NULL, after_fork_child); /* first: a fork may come mid-init */
     cuda_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
     if (!cuda_handle) VG_ERROR("libcuda.so.1 not loadable: %s", dlerror());
     else resolve(cuda_handle, 0);
@@ -157,6 +159,24 @@ int vg_own_caller(const void *ret)
 }
 
 int vg_init_done(void) { return __atomic_load_n(&init_done, __ATOMIC_ACQUIRE); }
+
+extern pthread_mutex_t *const __start_vg_mutexes[] VG_HIDDEN;
+extern pthread_mutex_t *const __stop_vg_mutexes[] VG_HIDDEN;
+
+/* A forked child has one thread: every mutex another thread held at the fork would stay
+ * held, and an init another thread was running would never finish. 51 of 300 children
+ * forked beside a thread allocating in a loop hung on their first driver call. */
+static void after_fork_child(void)
+{
+    for (pthread_mutex_t *const *m = __start_vg_mutexes; m < __stop_vg_mutexes; m++)
+        pthread_mutex_init(*m, NULL);
+    vg_tls_locks = 0;
+    vg_memory_after_fork();
+    if (!__atomic_load_n(&init_done, __ATOMIC_ACQUIRE)) {
+        pthread_once_t fresh = PTHREAD_ONCE_INIT;
+        memcpy(&init_once, &fresh, sizeof fresh); /* it runs again, in the child */
+    }
+}
 
 static void do_nvml(void)
 {

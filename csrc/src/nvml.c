@@ -17,7 +17,7 @@
 
 static nvmlDevice_t handles[VG_MAX_DEVICES];
 static unsigned char resolved[VG_MAX_DEVICES];
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(mu);
 
 nvmlDevice_t vg_nvml_device(int dev)
 {

@@ -68,7 +68,7 @@ static int host_pid_cache;
 static int host_pid_of; /* the getpid() it belongs to (a forked child starts over) */
 static uint64_t host_pid_next_try;
 static int host_pid_busy; /* a thread is asking (the registration's I/O: up to 2 s) */
-static pthread_mutex_t host_pid_mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(host_pid_mu);
 
 /* The host PID, or 0 while it is not known. One thread at a time asks for it, and
  * without a lock held across the asking (a round trip to the plugin, bounded by 2 s):

@@ -35,6 +35,13 @@ struct vg_real_table {
 extern struct vg_real_table vg_real;
 extern VG_TLS int vg_tls_guard;      /* set while this thread runs inside the shim */
 extern VG_TLS int vg_tls_locks;      /* how many of the shim's locks this thread holds */
+/* The shim's own mutexes, each declared with VG_MUTEX: listed in one section, so that a
+ * forked child can re-initialise them all (another thread of the parent may have held
+ * one at the fork; in the child, where that thread does not exist, it would stay held). */
+#define VG_MUTEX(name)                                                                     \
+    static pthread_mutex_t name = PTHREAD_MUTEX_INITIALIZER;                               \
+    static pthread_mutex_t *const name##_listed                                            \
+        __attribute__((section("vg_mutexes"), used)) = &name
 /* the shim's locks, counted: a hook entered again while one is held must not run */
 static inline void vg_lock(pthread_mutex_t *m) { pthread_mutex_lock(m); vg_tls_locks++; }
 static inline void vg_unlock(pthread_mutex_t *m) { vg_tls_locks--; pthread_mutex_unlock(m); }
@@ -43,6 +50,7 @@ static inline void vg_unlock(pthread_mutex_t *m) { vg_tls_locks--; pthread_mutex
  * handler or a profiler's callback that runs while this thread is inside the driver) */
 int vg_own_caller(const void *ret);
 int vg_init_done(void);
+void vg_memory_after_fork(void);     /* cuda_memory.c: a forked child owns no records */
 
 void vg_init(void);                  /* lazy, once; safe to call from any hook */
 void *vg_real_dlsym(void *handle, const char *name);

@@ -36,7 +36,7 @@ static int st_shared;
 static int my_slot = -1;
 static int my_pid;
 static uint64_t my_start; /* our /proc/self/stat starttime */
-static pthread_mutex_t slot_mu = PTHREAD_MUTEX_INITIALIZER;
+VG_MUTEX(slot_mu);
 
 #define A_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define A_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)

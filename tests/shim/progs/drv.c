@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -363,6 +364,21 @@ static double now_ms(void)
 }
 
 static double first_done_ms;
+static volatile int stress_run;
+static volatile long stress_loops;
+
+static void *alloc_loop(void *arg)
+{
+    (void)arg;
+    CUcontext c = NULL;
+    if (f.cuDevicePrimaryCtxRetain(&c, dev) == CUDA_SUCCESS) f.cuCtxSetCurrent(c);
+    while (stress_run) {
+        CUdeviceptr p = 0;
+        if (f.cuMemAlloc_v2(&p, 1 << 20) == CUDA_SUCCESS) f.cuMemFree_v2(p);
+        stress_loops++;
+    }
+    return NULL;
+}
 
 static void *first_call(void *arg)
 {
@@ -781,6 +797,33 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "physical")) {
             snprintf(buf, sizeof buf, "\"bytes\":%llu", fake_used ? fake_used(dev) : 0ull);
             out(op, CUDA_SUCCESS, buf);
+        } else if (!strcmp(op, "forkstress")) {
+            /* forkstress N: a thread allocates and frees in a loop while this one forks
+             * N children; each child frees NULL (the shim looks up its records, the
+             * driver does nothing) and exits, with 2 s to do it. How many did not. */
+            int n = (int)ARG(1), hung = 0, crashed = 0;
+            i += 1;
+            pthread_t t;
+            stress_run = 1;
+            pthread_create(&t, NULL, alloc_loop, NULL);
+            for (int k = 0; k < n; k++) {
+                fflush(stdout);
+                pid_t c = fork();
+                if (c == 0) {
+                    alarm(2);
+                    f.cuMemFree_v2(0); /* the shim looks up its records; the driver: a no-op */
+                    _exit(0);
+                }
+                int st = 0;
+                waitpid(c, &st, 0);
+                if (WIFSIGNALED(st) && WTERMSIG(st) == SIGALRM) hung++;
+                else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) crashed++;
+            }
+            stress_run = 0;
+            pthread_join(t, NULL);
+            snprintf(buf, sizeof buf, "\"forks\":%d,\"hung\":%d,\"crashed\":%d,\"loops\":%ld",
+                     n, hung, crashed, stress_loops);
+            out("forkstress", CUDA_SUCCESS, buf);
         } else if (!strcmp(op, "slowinit")) {
             /* slowinit: a thread makes the process's first driver call (the shim's
              * init, and its registration with the plugin); 100 ms later this thread
