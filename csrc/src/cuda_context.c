@@ -13,7 +13,15 @@
  * reset) frees its memory and every allocation made in it, in the driver; the shim
  * gives back the same: the context's charge, and each record that names the context.
  * Pools and VMM handles belong to the device, not to a context; pools are counted
- * again after a teardown (cuda_pool.c). */
+ * again after a teardown (cuda_pool.c).
+ *
+ * The driver also takes memory no hook sees: module code and __device__ globals,
+ * cuCtxSetLimit's stacks (bytes per thread x every resident thread), heap and printf
+ * FIFO, a context's growth at its first launch, IPC and external imports. Under a
+ * memory limit, at most every 100 ms at an allocation or a query, the same measure is
+ * taken again: NVML's figure for this process beyond what the shim charged it is
+ * charged too ("untracked", forced: it exists), and given back as the figure falls.
+ * The next allocation past the limit is refused, cuMemGetInfo and NVML show it. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,6 +34,9 @@ VG_MUTEX(ctx_mu);
 static int pending[VG_MAX_DEVICES];       /* contexts not measured yet, per device */
 static CUcontext primary[ORDINALS];       /* the primary context of each ordinal */
 static uint64_t largest[VG_MAX_DEVICES];  /* the largest single context measured */
+static uint64_t untracked[VG_MAX_DEVICES];  /* charged for memory no hook saw */
+static uint64_t untracked_next[VG_MAX_DEVICES]; /* when to measure it again */
+#define UNTRACKED_EVERY_NS 100000000ull
 
 /* This process's device memory on config device dev as NVML sees it, or -1 when NVML
  * cannot tell yet (no host PID, not listed yet, no usage figure). */
@@ -62,10 +73,38 @@ static int assign(vg_alloc *a, void *arg)
     return 0;
 }
 
+/* NVML's figure for this process beyond what the shim charged it, charged (see above) */
+static void charge_untracked(int dev)
+{
+    uint64_t now = vg_now_ns();
+    if (!vg_cfg.dev[dev].memory_limit || vg_cfg.deny ||
+        now < __atomic_load_n(&untracked_next[dev], __ATOMIC_ACQUIRE))
+        return;
+    __atomic_store_n(&untracked_next[dev], now + UNTRACKED_EVERY_NS, __ATOMIC_RELEASE);
+    int64_t seen = nvml_process_bytes(dev);
+    if (seen < 0) return;
+    vg_lock(&ctx_mu);
+    if (!pending[dev]) { /* a context not measured yet is the context charge's */
+        uint64_t was = untracked[dev], own = vg_state_own_used(dev);
+        uint64_t tracked = own > was ? own - was : 0;
+        uint64_t want = (uint64_t)seen > tracked ? (uint64_t)seen - tracked : 0;
+        if (want > was)
+            vg_state_charge(dev, want - was, VG_KIND_DEVICE, VG_CHARGE_FORCE);
+        else if (want < was)
+            vg_state_uncharge(dev, was - want, VG_KIND_DEVICE);
+        if (want != was)
+            VG_DEBUG("device %d: %llu bytes the driver holds that no hook saw", dev,
+                     (unsigned long long)want);
+        untracked[dev] = want;
+    }
+    vg_unlock(&ctx_mu);
+}
+
 void vg_context_charge(int dev)
 {
-    if (dev < 0 || dev >= VG_MAX_DEVICES || !__atomic_load_n(&pending[dev], __ATOMIC_ACQUIRE))
-        return;
+    if (dev < 0 || dev >= VG_MAX_DEVICES) return;
+    charge_untracked(dev);
+    if (!__atomic_load_n(&pending[dev], __ATOMIC_ACQUIRE)) return;
     if (!vg_nvml_namespace_pids()) vg_host_pid(); /* asked before the lock: it may wait on the plugin */
     vg_lock(&ctx_mu);
     if (pending[dev]) {
