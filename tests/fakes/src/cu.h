@@ -20,6 +20,8 @@ enum fc_kind {
     K_NODE,
     K_EXEC,
     K_POOL,
+    K_LIBRARY,
+    K_KERNEL,
 };
 void *fc_handle_new(int kind, void *data);
 void *fc_handle_get(const void *handle, int kind); /* NULL when not a live handle of kind */
@@ -62,12 +64,22 @@ CUdevice fc_ordinal(int phys);
 int fc_location_dev(int id);
 
 /* ---- contexts (cu_device.c) ---- */
+/* The limits cuCtxSetLimit changes device memory with (CU_LIMIT_STACK_SIZE,
+ * CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_MALLOC_HEAP_SIZE: the first three values). */
+#define FC_MEM_LIMITS 3
 struct fc_ctx {
     int dev; /* physical */
     int primary;
     int active;
     uint64_t last_end; /* end of the last kernel this context queued */
     CUcontext handle;
+    /* Device memory of the context beyond FAKECUDA_CTX_MIB, charged to dev and given back
+     * with the context (cu_device.c, under its ctx_mem_mutex): */
+    uint64_t limit[CU_LIMIT_MAX];               /* cuCtxGetLimit's values */
+    uint64_t limit_bytes[FC_MEM_LIMITS];        /* charged beyond the default limits */
+    int launched;                               /* its first kernel launch happened */
+    uint64_t grow_bytes;                        /* FAKECUDA_CTX_GROW_MIB, at that launch */
+    struct fc_module *modules;                  /* loaded in it (cu_exec.c, fc_module_mutex) */
 };
 extern int fc_initialized;
 CUresult fc_check_init(void);
@@ -78,6 +90,11 @@ struct fc_ctx *fc_ctx_of(CUcontext h);
 void fc_free_ctx_allocations(struct fc_ctx *c);
 /* active contexts of this process on a physical device */
 int fc_active_contexts(int dev);
+/* A context's first kernel launch grows it by FAKECUDA_CTX_GROW_MIB (CUDA_ERROR_OUT_OF_MEMORY
+ * when the device lacks it: the launch must fail and run nothing). */
+CUresult fc_ctx_first_launch(struct fc_ctx *c);
+/* SMs of a physical device as CUDA reports them (its MIG compute instance's, if any). */
+int fc_dev_sms(int dev);
 
 /* ---- streams / timeline (cu_exec.c) ---- */
 struct fc_stream {
@@ -86,6 +103,12 @@ struct fc_stream {
 };
 /* Resolves a stream argument; per_thread: the call came through a _ptsz/_ptds name. */
 CUresult fc_stream_ctx(CUstream s, struct fc_ctx **ctx, struct fc_stream **st);
+
+/* Modules (cu_exec.c): each takes FAKECUDA_MODULE_MIB of its context's device; a
+ * context's modules (and their functions) die with it. */
+struct fc_module;
+/* Unloads every module of the context (at its destruction); their handles go. */
+void fc_ctx_unload_modules(struct fc_ctx *c);
 
 /* A function: cuModuleGetFunction(&f, mod, "fake_ns_<N>") runs N ns per block per wave;
  * any other name FAKECUDA_NS_PER_BLOCK. */

@@ -204,10 +204,113 @@ CUresult fc_current(struct fc_ctx **out) {
     return CUDA_SUCCESS;
 }
 
+/* ---- the context's own memory beyond FAKECUDA_CTX_MIB: limits and lazy growth ---- */
+/* Guards limit, limit_bytes, launched and grow_bytes of every context. */
+static pthread_mutex_t ctx_mem_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+/* cuCtxGetLimit of a new context: the real driver's defaults (the memory of the three
+ * memory limits at these values is part of FAKECUDA_CTX_MIB). */
+static const uint64_t limit_default[CU_LIMIT_MAX] = {
+    [CU_LIMIT_STACK_SIZE] = 1024,
+    [CU_LIMIT_PRINTF_FIFO_SIZE] = 1024 * 1024,
+    [CU_LIMIT_MALLOC_HEAP_SIZE] = 8 * 1024 * 1024,
+    [CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH] = 2,
+    [CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT] = 2048,
+};
+
+int fc_dev_sms(int dev) {
+    const struct fc_knobs *k = fc_knobs();
+    int sms = (k->mig_ordinal >= 0 && k->mig_phys == dev) ? (int)fc_mig_sms(k->mig_cslices) : k->sms;
+    return sms > 0 ? sms : 1;
+}
+
+/* Device bytes a memory limit of value takes on dev: the stack is reserved for every thread
+ * the device can hold at once (value x SMs x 2048 threads per SM, compute capability 8.0);
+ * the printf FIFO and the malloc heap are their size.  0 when it overflows. */
+static int limit_mem(int dev, CUlimit limit, uint64_t value, uint64_t *bytes) {
+    if (limit != CU_LIMIT_STACK_SIZE) {
+        *bytes = value;
+        return 1;
+    }
+    uint64_t threads = (uint64_t)fc_dev_sms(dev) * 2048;
+    if (value > UINT64_MAX / threads) return 0;
+    *bytes = value * threads;
+    return 1;
+}
+
+/* What a memory limit of value charges beyond the default's memory (0 at or below it). */
+static int limit_extra(int dev, CUlimit limit, uint64_t value, uint64_t *extra) {
+    uint64_t want, base;
+    if (!limit_mem(dev, limit, value, &want)) return 0;
+    limit_mem(dev, limit, limit_default[limit], &base);
+    *extra = want > base ? want - base : 0;
+    return 1;
+}
+
+FC_API CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if ((unsigned)limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (limit == CU_LIMIT_SHMEM_SIZE || limit == CU_LIMIT_CIG_ENABLED)
+        return CUDA_ERROR_INVALID_VALUE; /* query only (cuda.h) */
+    pthread_mutex_lock(&ctx_mem_mutex);
+    if (!c->active) {
+        r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    } else if ((unsigned)limit < FC_MEM_LIMITS) {
+        uint64_t want, have = c->limit_bytes[limit];
+        if (!limit_extra(c->dev, limit, value, &want))
+            r = CUDA_ERROR_OUT_OF_MEMORY; /* more than any device holds */
+        else if (want > have && fc_charge(c->dev, want - have) < 0)
+            r = CUDA_ERROR_OUT_OF_MEMORY; /* the limit stays as it was */
+        else if (want < have)
+            fc_uncharge(c->dev, have - want);
+        if (!r) c->limit_bytes[limit] = want;
+    }
+    if (!r) c->limit[limit] = value;
+    pthread_mutex_unlock(&ctx_mem_mutex);
+    return r;
+}
+
+FC_API CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!pvalue) return CUDA_ERROR_INVALID_VALUE;
+    if ((unsigned)limit >= CU_LIMIT_MAX) return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    pthread_mutex_lock(&ctx_mem_mutex);
+    *pvalue = c->limit[limit];
+    pthread_mutex_unlock(&ctx_mem_mutex);
+    return CUDA_SUCCESS;
+}
+
+CUresult fc_ctx_first_launch(struct fc_ctx *c) {
+    if (__atomic_load_n(&c->launched, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&ctx_mem_mutex);
+    if (!c->launched && c->active) {
+        uint64_t g = fc_knobs()->ctx_grow_bytes;
+        if (g && fc_charge(c->dev, g) < 0) {
+            r = CUDA_ERROR_OUT_OF_MEMORY; /* not grown: the next launch tries again */
+        } else {
+            c->grow_bytes = g;
+            __atomic_store_n(&c->launched, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&ctx_mem_mutex);
+    return r;
+}
+
 /* Charges the context's own memory, as the real driver does. */
 static CUresult ctx_activate(struct fc_ctx *c, int dev) {
     if (fc_charge(dev, fc_knobs()->ctx_bytes) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     fc_ctx_count(dev, +1);
+    pthread_mutex_lock(&ctx_mem_mutex);
+    memcpy(c->limit, limit_default, sizeof c->limit);
+    memset(c->limit_bytes, 0, sizeof c->limit_bytes);
+    c->grow_bytes = 0;
+    __atomic_store_n(&c->launched, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ctx_mem_mutex);
     c->dev = dev;
     c->active = 1;
     c->last_end = 0;
@@ -215,13 +318,21 @@ static CUresult ctx_activate(struct fc_ctx *c, int dev) {
     return CUDA_SUCCESS;
 }
 
-/* Frees the context's memory and every allocation made in it, as the real driver does;
- * a device left without contexts gives back what its pools and graph memory keep. */
+/* Frees the context's memory, its modules and every allocation made in it, as the real
+ * driver does; a device left without contexts gives back what its pools and graph memory
+ * keep. */
 static void ctx_deactivate(struct fc_ctx *c) {
     if (!c->active) return;
+    pthread_mutex_lock(&ctx_mem_mutex);
     c->active = 0;
+    uint64_t extra = c->grow_bytes;
+    for (int i = 0; i < FC_MEM_LIMITS; i++) extra += c->limit_bytes[i];
+    memset(c->limit_bytes, 0, sizeof c->limit_bytes);
+    c->grow_bytes = 0;
+    pthread_mutex_unlock(&ctx_mem_mutex);
+    fc_ctx_unload_modules(c);
     fc_free_ctx_allocations(c);
-    fc_uncharge(c->dev, fc_knobs()->ctx_bytes);
+    fc_uncharge(c->dev, fc_knobs()->ctx_bytes + extra);
     fc_ctx_count(c->dev, -1);
     __atomic_sub_fetch(&active[c->dev], 1, __ATOMIC_ACQ_REL);
     for (int d = 0; d < fc_knobs()->ndev; d++)

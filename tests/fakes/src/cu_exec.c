@@ -197,8 +197,15 @@ FC_API CUresult cuEventDestroy_v2(CUevent hEvent) {
 
 FC_API CUresult cuEventDestroy(CUevent hEvent) { return cuEventDestroy_v2(hEvent); }
 
-/* ---- modules and functions: any image loads, any name resolves ---- */
+/* ---- modules and functions: any image loads, any name resolves ----
+ * A module is loaded into the current context and takes FAKECUDA_MODULE_MIB of its
+ * device (code and globals), given back by cuModuleUnload or with the context, which
+ * unloads its modules (their handles and their functions' handles die). */
 struct fc_module {
+    struct fc_ctx *ctx;
+    uint64_t bytes; /* charged to ctx->dev */
+    CUmodule handle;
+    struct fc_module *next; /* the context's list */
     size_t n, cap;
     struct {
         char *name;
@@ -206,12 +213,78 @@ struct fc_module {
     } *funcs; /* one handle per name, as in the real driver */
 };
 
-static CUresult module_new(CUmodule *m) {
+/* Guards the modules (lists, function tables) and the libraries below. */
+static pthread_mutex_t fc_module_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+/* Loads a module into c (under fc_module_mutex). */
+static CUresult module_new_locked(struct fc_ctx *c, CUmodule *m) {
+    uint64_t bytes = fc_knobs()->module_bytes;
     struct fc_module *mod = calloc(1, sizeof *mod);
     if (!mod) return CUDA_ERROR_OUT_OF_MEMORY;
-    *m = fc_handle_new(K_MODULE, mod);
-    if (!*m) free(mod);
-    return *m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (bytes && fc_charge(c->dev, bytes) < 0) {
+        free(mod);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    mod->ctx = c;
+    mod->bytes = bytes;
+    mod->handle = fc_handle_new(K_MODULE, mod);
+    if (!mod->handle) {
+        if (bytes) fc_uncharge(c->dev, bytes);
+        free(mod);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    mod->next = c->modules;
+    c->modules = mod;
+    *m = mod->handle;
+    return CUDA_SUCCESS;
+}
+
+static CUresult module_load(CUmodule *m) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    pthread_mutex_lock(&fc_module_mutex);
+    r = c->active ? module_new_locked(c, m) : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    pthread_mutex_unlock(&fc_module_mutex);
+    return r;
+}
+
+/* Takes mod off its context's list, frees its handles (under fc_module_mutex); the caller
+ * gives back its memory (module_free) after unlocking. */
+static void module_detach_locked(struct fc_module *mod) {
+    for (struct fc_module **p = &mod->ctx->modules; *p; p = &(*p)->next) {
+        if (*p == mod) {
+            *p = mod->next;
+            break;
+        }
+    }
+    fc_handle_free(mod->handle);
+    /* the function handles die with the module; their structs stay (a racing launch may
+     * still read one), like the contexts' */
+    for (size_t i = 0; i < mod->n; i++) fc_handle_free(mod->funcs[i].handle);
+}
+
+static void module_free(struct fc_module *mod) {
+    if (mod->bytes) fc_uncharge(mod->ctx->dev, mod->bytes);
+    for (size_t i = 0; i < mod->n; i++) free(mod->funcs[i].name);
+    free(mod->funcs);
+    free(mod);
+}
+
+void fc_ctx_unload_modules(struct fc_ctx *c) {
+    pthread_mutex_lock(&fc_module_mutex);
+    struct fc_module *list = c->modules;
+    for (struct fc_module *m = list; m; m = m->next) {
+        fc_handle_free(m->handle);
+        for (size_t i = 0; i < m->n; i++) fc_handle_free(m->funcs[i].handle);
+    }
+    c->modules = NULL;
+    pthread_mutex_unlock(&fc_module_mutex);
+    while (list) {
+        struct fc_module *next = list->next;
+        module_free(list);
+        list = next;
+    }
 }
 
 FC_API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
@@ -220,7 +293,7 @@ FC_API CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     if (r) return r;
     if (!module || !fname) return CUDA_ERROR_INVALID_VALUE;
     if (access(fname, R_OK) != 0) return CUDA_ERROR_FILE_NOT_FOUND;
-    return module_new(module);
+    return module_load(module);
 }
 
 FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
@@ -228,24 +301,245 @@ FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     CUresult r = fc_current(&c);
     if (r) return r;
     if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
-    return module_new(module);
+    return module_load(module);
+}
+
+FC_API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                   CUjit_option *options, void **optionValues) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!module || !image || (numOptions && (!options || !optionValues)))
+        return CUDA_ERROR_INVALID_VALUE;
+    return module_load(module);
+}
+
+FC_API CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!module || !fatCubin) return CUDA_ERROR_INVALID_VALUE;
+    return module_load(module);
 }
 
 FC_API CUresult cuModuleUnload(CUmodule hmod) {
     CUresult r = fc_check_init();
     if (r) return r;
+    pthread_mutex_lock(&fc_module_mutex);
     struct fc_module *mod = fc_handle_get(hmod, K_MODULE);
+    if (mod) module_detach_locked(mod);
+    pthread_mutex_unlock(&fc_module_mutex);
     if (!mod) return CUDA_ERROR_INVALID_HANDLE;
-    fc_handle_free(hmod);
-    /* the function handles die with the module; their structs stay (a racing launch may
-     * still read one), like the contexts' */
-    for (size_t i = 0; i < mod->n; i++) {
-        fc_handle_free(mod->funcs[i].handle);
-        free(mod->funcs[i].name);
-    }
-    free(mod->funcs);
-    free(mod);
+    module_free(mod);
     return CUDA_SUCCESS;
+}
+
+/* ---- libraries (CUDA 12): context-independent code, loaded into a context as a module
+ * of it: into the current context at load time when there is one, else (and into every
+ * other context) the first time the context needs it (cuLibraryGetModule,
+ * cuKernelGetFunction) — each such load takes FAKECUDA_MODULE_MIB on that context's
+ * device, given back by cuLibraryUnload or with the context. */
+struct fc_library {
+    size_t nmods, capmods;
+    struct {
+        struct fc_ctx *ctx;
+        CUmodule module; /* dead once its context went (or cuModuleUnload) */
+    } *mods;
+    size_t nkern, capkern;
+    CUkernel *kernels;
+};
+
+struct fc_kernel {
+    struct fc_library *lib;
+    char *name;
+};
+
+static int grow(void **arr, size_t *cap, size_t n, size_t elem) {
+    if (n < *cap) return 1;
+    size_t c = *cap ? *cap * 2 : 4;
+    void *a = realloc(*arr, c * elem);
+    if (!a) return 0;
+    *arr = a;
+    *cap = c;
+    return 1;
+}
+
+/* The library's module in c, loaded now if it has none there (under fc_module_mutex). */
+static CUresult library_module_locked(struct fc_library *lib, struct fc_ctx *c, CUmodule *out) {
+    if (!c->active) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    for (size_t i = 0; i < lib->nmods; i++) {
+        if (lib->mods[i].ctx == c && fc_handle_get(lib->mods[i].module, K_MODULE)) {
+            *out = lib->mods[i].module;
+            return CUDA_SUCCESS;
+        }
+    }
+    size_t slot = lib->nmods;
+    for (size_t i = 0; i < lib->nmods; i++)
+        if (!fc_handle_get(lib->mods[i].module, K_MODULE)) slot = i; /* a dead entry */
+    if (slot == lib->nmods && !grow((void **)&lib->mods, &lib->capmods, lib->nmods, sizeof lib->mods[0]))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUmodule m;
+    CUresult r = module_new_locked(c, &m);
+    if (r) return r;
+    lib->mods[slot].ctx = c;
+    lib->mods[slot].module = m;
+    if (slot == lib->nmods) lib->nmods++;
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+static CUresult library_load(CUlibrary *library, CUjit_option *jitOptions, void **jitOptionsValues,
+                             unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                             void **libraryOptionValues, unsigned int numLibraryOptions) {
+    if ((numJitOptions && (!jitOptions || !jitOptionsValues)) ||
+        (numLibraryOptions && (!libraryOptions || !libraryOptionValues)))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < numLibraryOptions; i++)
+        if ((unsigned)libraryOptions[i] >= CU_LIBRARY_NUM_OPTIONS) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_library *lib = calloc(1, sizeof *lib);
+    if (!lib) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fc_ctx *c = NULL;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&fc_module_mutex);
+    if (fc_current(&c) == CUDA_SUCCESS) { /* loaded into the current context now */
+        CUmodule m;
+        r = library_module_locked(lib, c, &m);
+    }
+    CUlibrary h = NULL;
+    if (!r) {
+        h = fc_handle_new(K_LIBRARY, lib);
+        if (!h) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fc_module *undo = NULL;
+    if (r && lib->nmods) {
+        undo = fc_handle_get(lib->mods[0].module, K_MODULE);
+        if (undo) module_detach_locked(undo);
+    }
+    pthread_mutex_unlock(&fc_module_mutex);
+    if (undo) module_free(undo);
+    if (r) {
+        free(lib->mods);
+        free(lib);
+        return r;
+    }
+    *library = h;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                  void **jitOptionsValues, unsigned int numJitOptions,
+                                  CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                  unsigned int numLibraryOptions) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!library || !code) return CUDA_ERROR_INVALID_VALUE;
+    return library_load(library, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                        libraryOptionValues, numLibraryOptions);
+}
+
+FC_API CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                      CUjit_option *jitOptions, void **jitOptionsValues,
+                                      unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                      void **libraryOptionValues, unsigned int numLibraryOptions) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!library || !fileName) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; libraryOptions && i < numLibraryOptions; i++)
+        if (libraryOptions[i] == CU_LIBRARY_BINARY_IS_PRESERVED) return CUDA_ERROR_INVALID_VALUE;
+    if (access(fileName, R_OK) != 0) return CUDA_ERROR_FILE_NOT_FOUND;
+    return library_load(library, jitOptions, jitOptionsValues, numJitOptions, libraryOptions,
+                        libraryOptionValues, numLibraryOptions);
+}
+
+FC_API CUresult cuLibraryUnload(CUlibrary library) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    pthread_mutex_lock(&fc_module_mutex);
+    struct fc_library *lib = fc_handle_get(library, K_LIBRARY);
+    struct fc_module *gone = NULL; /* its live modules, chained through next once detached */
+    if (lib) {
+        fc_handle_free(library);
+        for (size_t i = 0; i < lib->nmods; i++) {
+            struct fc_module *m = fc_handle_get(lib->mods[i].module, K_MODULE);
+            if (!m) continue;
+            module_detach_locked(m);
+            m->next = gone;
+            gone = m;
+        }
+        for (size_t i = 0; i < lib->nkern; i++) fc_handle_free(lib->kernels[i]);
+    }
+    pthread_mutex_unlock(&fc_module_mutex);
+    if (!lib) return CUDA_ERROR_INVALID_HANDLE;
+    while (gone) {
+        struct fc_module *next = gone->next;
+        module_free(gone);
+        gone = next;
+    }
+    /* the library and kernel structs stay (a racing call may still read one), like the
+     * functions' */
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!pMod) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fc_module_mutex);
+    struct fc_library *lib = fc_handle_get(library, K_LIBRARY);
+    r = lib ? library_module_locked(lib, c, pMod) : CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_unlock(&fc_module_mutex);
+    return r;
+}
+
+FC_API CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!pKernel || !name || !*name) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fc_module_mutex);
+    struct fc_library *lib = fc_handle_get(library, K_LIBRARY);
+    r = lib ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_HANDLE;
+    for (size_t i = 0; lib && i < lib->nkern; i++) {
+        struct fc_kernel *k = fc_handle_get(lib->kernels[i], K_KERNEL);
+        if (k && strcmp(k->name, name) == 0) { /* one handle per name */
+            *pKernel = lib->kernels[i];
+            r = CUDA_SUCCESS;
+            lib = NULL;
+        }
+    }
+    if (lib && grow((void **)&lib->kernels, &lib->capkern, lib->nkern, sizeof lib->kernels[0])) {
+        struct fc_kernel *k = calloc(1, sizeof *k);
+        char *copy = strdup(name);
+        CUkernel h = (k && copy) ? fc_handle_new(K_KERNEL, k) : NULL;
+        if (h) {
+            k->lib = lib;
+            k->name = copy;
+            lib->kernels[lib->nkern++] = h;
+            *pKernel = h;
+            r = CUDA_SUCCESS;
+        } else {
+            free(k);
+            free(copy);
+        }
+    }
+    pthread_mutex_unlock(&fc_module_mutex);
+    return r;
+}
+
+static CUresult module_function_locked(struct fc_module *mod, const char *name, CUfunction *hfunc);
+
+FC_API CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!pFunc) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fc_module_mutex);
+    struct fc_kernel *k = fc_handle_get(kernel, K_KERNEL);
+    CUmodule m = NULL;
+    r = k ? library_module_locked(k->lib, c, &m) : CUDA_ERROR_INVALID_HANDLE;
+    if (!r) r = module_function_locked(fc_handle_get(m, K_MODULE), k->name, pFunc);
+    pthread_mutex_unlock(&fc_module_mutex);
+    return r;
 }
 
 /* "fake_ns_<N>" (N decimal) -> N; -1 for any other name. */
@@ -261,22 +555,16 @@ static int64_t ns_from_name(const char *name) {
     return (int64_t)v;
 }
 
-FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    if (!hfunc || !name || !*name) return CUDA_ERROR_INVALID_VALUE;
-    struct fc_module *mod = fc_handle_get(hmod, K_MODULE);
+/* The function of that name in mod (one handle per name), under fc_module_mutex. */
+static CUresult module_function_locked(struct fc_module *mod, const char *name, CUfunction *hfunc) {
     if (!mod) return CUDA_ERROR_INVALID_HANDLE;
-    static pthread_mutex_t funcs_mutex = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&funcs_mutex);
     for (size_t i = 0; i < mod->n; i++) {
         if (strcmp(mod->funcs[i].name, name) == 0) {
             *hfunc = mod->funcs[i].handle;
-            pthread_mutex_unlock(&funcs_mutex);
             return CUDA_SUCCESS;
         }
     }
-    r = CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     if (mod->n == mod->cap) {
         size_t cap = mod->cap ? mod->cap * 2 : 8;
         void *f = realloc(mod->funcs, cap * sizeof mod->funcs[0]);
@@ -299,9 +587,18 @@ FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char
             r = CUDA_SUCCESS;
         }
     }
-    pthread_mutex_unlock(&funcs_mutex);
     free(fn);
     free(copy);
+    return r;
+}
+
+FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!hfunc || !name || !*name) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fc_module_mutex);
+    r = module_function_locked(fc_handle_get(hmod, K_MODULE), name, hfunc);
+    pthread_mutex_unlock(&fc_module_mutex);
     return r;
 }
 
@@ -349,6 +646,8 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     /* a cooperative grid must be resident at once: one wave */
     if (cooperative && blocks > (uint64_t)fc_knobs()->sms * resident_per_sm(threads))
         return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    r = fc_ctx_first_launch(c); /* the context grows at its first launch */
+    if (r) return r;
     fc_run(c, s, fc_kernel_ns(fn, blocks, threads));
     return CUDA_SUCCESS;
 }

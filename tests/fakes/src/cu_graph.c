@@ -45,6 +45,7 @@ struct exec_alloc {
 
 struct fc_exec {
     uint64_t dur; /* kernel nodes back to back */
+    size_t nkernels;
     int auto_free; /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */
     size_t nalloc, nfree;
     struct exec_alloc *allocs;
@@ -301,7 +302,7 @@ FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phExec, CUgraph hGraph,
     }
     for (size_t i = 0; i < g->n; i++) {
         const struct fc_gnode *n = g->nodes[i];
-        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) e->dur += n->dur;
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) e->dur += n->dur, e->nkernels++;
         if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
             e->allocs[e->nalloc++] = (struct exec_alloc){n->dptr, n->params.bytesize, n->dev, 0};
     }
@@ -399,6 +400,10 @@ FC_API CUresult cuGraphLaunch(CUgraphExec hExec, CUstream hStream) {
     if (r) return r;
     struct fc_exec *e = fc_handle_get(hExec, K_EXEC);
     if (!e) return CUDA_ERROR_INVALID_VALUE;
+    if (e->nkernels) { /* kernels: the context grows at its first launch */
+        r = fc_ctx_first_launch(c);
+        if (r) return r;
+    }
     if (e->nalloc || e->nfree) {
         r = launch_memory(e, c);
         if (r) return r;

@@ -109,8 +109,18 @@
     X(cuEventDestroy, 4000, 0, cuEventDestroy_v2)                       \
     X(cuModuleLoad, 2000, 0, cuModuleLoad)                              \
     X(cuModuleLoadData, 2000, 0, cuModuleLoadData)                      \
+    X(cuModuleLoadDataEx, 2010, 0, cuModuleLoadDataEx)                  \
+    X(cuModuleLoadFatBinary, 2000, 0, cuModuleLoadFatBinary)            \
     X(cuModuleUnload, 2000, 0, cuModuleUnload)                          \
     X(cuModuleGetFunction, 2000, 0, cuModuleGetFunction)                \
+    X(cuLibraryLoadData, 12000, 0, cuLibraryLoadData)                   \
+    X(cuLibraryLoadFromFile, 12000, 0, cuLibraryLoadFromFile)           \
+    X(cuLibraryUnload, 12000, 0, cuLibraryUnload)                       \
+    X(cuLibraryGetModule, 12000, 0, cuLibraryGetModule)                 \
+    X(cuLibraryGetKernel, 12000, 0, cuLibraryGetKernel)                 \
+    X(cuKernelGetFunction, 12000, 0, cuKernelGetFunction)               \
+    X(cuCtxSetLimit, 3010, 0, cuCtxSetLimit)                            \
+    X(cuCtxGetLimit, 3010, 0, cuCtxGetLimit)                            \
     X(cuLaunchKernel, 4000, 0, cuLaunchKernel)                          \
     X(cuLaunchKernel, 7000, 1, cuLaunchKernel_ptsz)                     \
     X(cuLaunchKernelEx, 11060, 0, cuLaunchKernelEx)                     \

@@ -22,6 +22,8 @@ struct fc_knobs {
     int ndev;
     uint64_t total[FC_MAX_DEV]; /* bytes */
     uint64_t ctx_bytes;
+    uint64_t module_bytes;   /* FAKECUDA_MODULE_MIB: device memory of each loaded module */
+    uint64_t ctx_grow_bytes; /* FAKECUDA_CTX_GROW_MIB: a context's growth at its first launch */
     int sms;
     uint64_t ns_per_block; /* a kernel's work per block per wave (functions not named fake_ns_N) */
     uint64_t launch_ns;    /* fixed device-side cost of every kernel */

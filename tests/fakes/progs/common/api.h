@@ -85,7 +85,24 @@
     X(cuEventSynchronize, cuEventSynchronize, 0, (CUevent))                                  \
     X(cuEventDestroy_v2, cuEventDestroy, 0, (CUevent))                                       \
     X(cuModuleLoadData, cuModuleLoadData, 0, (CUmodule *, const void *))                     \
+    X(cuModuleLoad, cuModuleLoad, 0, (CUmodule *, const char *))                             \
+    X(cuModuleLoadDataEx, cuModuleLoadDataEx, 0,                                             \
+      (CUmodule *, const void *, unsigned int, CUjit_option *, void **))                     \
+    X(cuModuleLoadFatBinary, cuModuleLoadFatBinary, 0, (CUmodule *, const void *))           \
+    X(cuModuleUnload, cuModuleUnload, 0, (CUmodule))                                         \
     X(cuModuleGetFunction, cuModuleGetFunction, 0, (CUfunction *, CUmodule, const char *))   \
+    X(cuLibraryLoadData, cuLibraryLoadData, 0,                                               \
+      (CUlibrary *, const void *, CUjit_option *, void **, unsigned int, CUlibraryOption *,  \
+       void **, unsigned int))                                                               \
+    X(cuLibraryLoadFromFile, cuLibraryLoadFromFile, 0,                                       \
+      (CUlibrary *, const char *, CUjit_option *, void **, unsigned int, CUlibraryOption *,  \
+       void **, unsigned int))                                                               \
+    X(cuLibraryUnload, cuLibraryUnload, 0, (CUlibrary))                                      \
+    X(cuLibraryGetModule, cuLibraryGetModule, 0, (CUmodule *, CUlibrary))                    \
+    X(cuLibraryGetKernel, cuLibraryGetKernel, 0, (CUkernel *, CUlibrary, const char *))      \
+    X(cuKernelGetFunction, cuKernelGetFunction, 0, (CUfunction *, CUkernel))                 \
+    X(cuCtxSetLimit, cuCtxSetLimit, 0, (CUlimit, size_t))                                    \
+    X(cuCtxGetLimit, cuCtxGetLimit, 0, (size_t *, CUlimit))                                  \
     X(cuLaunchKernel, cuLaunchKernel, 0,                                                     \
       (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,     \
        unsigned int, unsigned int, CUstream, void **, void **))                              \

@@ -20,6 +20,7 @@ static int cur_dev;
 static int inited;
 static CUcontext prim[64];
 static CUmodule module;
+static CUcontext module_ctx; /* the context module was loaded in (it dies with it) */
 static CUfunction kernel;
 static char kernel_name[64] = "fake_kernel"; /* "kernel NS": fake_ns_NS */
 static unsigned threads_per_block = 128;     /* "threads T" */
@@ -27,7 +28,7 @@ static unsigned threads_per_block = 128;     /* "threads T" */
 #define MAX_IDS 65536
 enum rkind {
     R_FREE = 0, R_ALLOC, R_ALLOC32, R_ARRAY, R_MIPMAP, R_MANAGED, R_HOST, R_ASYNC, R_VMM,
-    R_HANDLE, R_POOL, R_STREAM, R_CTX, R_GRAPH
+    R_HANDLE, R_POOL, R_STREAM, R_CTX, R_GRAPH, R_MODULE, R_LIBRARY
 };
 struct rec {
     int kind;
@@ -38,6 +39,8 @@ struct rec {
     CUcontext ctx;
     CUgraph graph;
     CUgraphExec exec;
+    CUmodule module;
+    CUlibrary library;
 };
 static struct rec recs[MAX_IDS];
 static int nrecs;
@@ -116,6 +119,7 @@ static int ensure_kernel(void) {
     if (!module) {
         rc = CALL(cuModuleLoadData, &module, image);
         if (rc) return rc;
+        CALL(cuCtxGetCurrent, &module_ctx);
     }
     return CALL(cuModuleGetFunction, &kernel, module, kernel_name);
 }
@@ -313,6 +317,11 @@ static void op_vmm(const char *op, char **a) {
          (unsigned long long)va, (unsigned long long)h, gran);
 }
 
+/* The context ctx is gone, and the kernel's module with it if it was loaded there. */
+static void forget_module_of(CUcontext ctx) {
+    if (module && module_ctx == ctx) module = NULL, kernel = NULL, module_ctx = NULL;
+}
+
 static int free_rec(struct rec *r) {
     int rc = 0;
     switch (r->kind) {
@@ -335,7 +344,12 @@ static int free_rec(struct rec *r) {
     case R_HANDLE: rc = CALL(cuMemRelease, r->handle); break;
     case R_POOL: rc = CALL(cuMemPoolDestroy, r->pool); break;
     case R_STREAM: rc = CALL(cuStreamDestroy_v2, r->stream); break;
-    case R_CTX: rc = CALL(cuCtxDestroy_v2, r->ctx); break;
+    case R_CTX:
+        rc = CALL(cuCtxDestroy_v2, r->ctx);
+        if (!rc) forget_module_of(r->ctx);
+        break;
+    case R_MODULE: rc = CALL(cuModuleUnload, r->module); break;
+    case R_LIBRARY: rc = CALL(cuLibraryUnload, r->library); break;
     default: rc = CUDA_ERROR_INVALID_VALUE;
     }
     if (!rc) r->kind = R_FREE;
@@ -630,6 +644,128 @@ static void op_unmap(char **a) {
     emit("unmap", rc, NULL);
 }
 
+/* ---- memory the driver takes outside allocations: modules, limits ---- */
+/* module D [HOW]: a module loaded into D's primary context (current) by HOW: data
+ * (cuModuleLoadData, the default), dataex (cuModuleLoadDataEx, no options), fatbin
+ * (cuModuleLoadFatBinary), file (cuModuleLoad of /proc/self/exe), library
+ * (cuLibraryLoadData: loaded into the current context at once) or libfile
+ * (cuLibraryLoadFromFile); "unmodule ID" / "free ID" unload it (a library: cuLibraryUnload). */
+static void op_module(char **a) {
+    int dev = dev_arg(a[0]);
+    const char *how = a[1] ? a[1] : "data";
+    static const char image[] = "fake cubin";
+    CUmodule m = NULL;
+    CUlibrary lib = NULL;
+    int rc = ensure(dev);
+    if (rc) {
+    } else if (!strcmp(how, "data")) {
+        rc = CALL(cuModuleLoadData, &m, image);
+    } else if (!strcmp(how, "dataex")) {
+        rc = CALL(cuModuleLoadDataEx, &m, image, 0, NULL, NULL);
+    } else if (!strcmp(how, "fatbin")) {
+        rc = CALL(cuModuleLoadFatBinary, &m, image);
+    } else if (!strcmp(how, "file")) {
+        rc = CALL(cuModuleLoad, &m, "/proc/self/exe");
+    } else if (!strcmp(how, "library")) {
+        rc = CALL(cuLibraryLoadData, &lib, image, NULL, NULL, 0, NULL, NULL, 0);
+    } else if (!strcmp(how, "libfile")) {
+        rc = CALL(cuLibraryLoadFromFile, &lib, "/proc/self/exe", NULL, NULL, 0, NULL, NULL, 0);
+    } else {
+        emit("module", CUDA_ERROR_INVALID_VALUE, "\"error\":\"unknown HOW\"");
+        return;
+    }
+    int id = -1;
+    if (!rc)
+        id = new_id(lib ? (struct rec){.kind = R_LIBRARY, .library = lib}
+                        : (struct rec){.kind = R_MODULE, .module = m});
+    emit("module", rc, "\"id\":%d,\"dev\":%d,\"how\":\"%s\",\"handle\":\"%p\"", id, dev, how,
+         lib ? (void *)lib : (void *)m);
+}
+
+/* libmodule ID: cuLibraryGetModule of a library id in the current context (loading it
+ * there if it is not yet); libfunc ID [NAME]: cuLibraryGetKernel + cuKernelGetFunction. */
+static void op_libmodule(const char *op, char **a) {
+    struct rec *r = get_id(a[0]);
+    int rc = ensure(cur_dev);
+    CUmodule m = NULL;
+    CUkernel k = NULL;
+    CUfunction f = NULL;
+    if (!rc && (!r || r->kind != R_LIBRARY)) rc = CUDA_ERROR_INVALID_VALUE;
+    if (!rc && !strcmp(op, "libmodule")) {
+        rc = CALL(cuLibraryGetModule, &m, r->library);
+    } else if (!rc) {
+        rc = CALL(cuLibraryGetKernel, &k, r->library, a[1] ? a[1] : "fake_kernel");
+        if (!rc) rc = CALL(cuKernelGetFunction, &f, k);
+    }
+    emit(op, rc, "\"id\":%d,\"handle\":\"%p\"", a[0] ? atoi(a[0]) : -1,
+         !strcmp(op, "libmodule") ? (void *)m : (void *)f);
+}
+
+static const struct {
+    const char *name;
+    CUlimit limit;
+} limit_names[] = {
+    {"stack", CU_LIMIT_STACK_SIZE},
+    {"fifo", CU_LIMIT_PRINTF_FIFO_SIZE},
+    {"heap", CU_LIMIT_MALLOC_HEAP_SIZE},
+};
+
+/* setlimit KIND BYTES / getlimit KIND: cuCtxSetLimit / cuCtxGetLimit in the current
+ * context; KIND stack, fifo, heap (or the CUlimit number) */
+static void op_limit(const char *op, char **a) {
+    int rc = ensure(cur_dev);
+    const char *kind = a[0] ? a[0] : "";
+    CUlimit limit = (CUlimit)(a[0] ? atoi(a[0]) : -1);
+    for (size_t i = 0; i < sizeof limit_names / sizeof limit_names[0]; i++)
+        if (!strcmp(kind, limit_names[i].name)) limit = limit_names[i].limit;
+    size_t v = !strcmp(op, "setlimit") ? (size_t)parse_size(a[1]) : 0;
+    if (!rc) rc = !strcmp(op, "setlimit") ? CALL(cuCtxSetLimit, limit, v) : CALL(cuCtxGetLimit, &v, limit);
+    emit(op, rc, "\"kind\":\"%s\",\"value\":%zu", kind, v);
+}
+
+/* nvml [D]: NVML's view of device D (an NVML index; default: the current CUDA ordinal)
+ * through libnvidia-ml.so.1: nvmlDeviceGetMemoryInfo and every compute process
+ * (nvmlDeviceGetComputeRunningProcesses_v3) with its usedGpuMemory; self is this process's
+ * row (pid getpid() or the fake's host pid), -1 when it has none.  rc is the NVML code (-1:
+ * no library). */
+struct nvml_mem { unsigned long long total, free, used; };
+struct nvml_proc { unsigned pid; unsigned long long used; unsigned gi, ci; };
+
+static void op_nvml(char **a) {
+    unsigned dev = (unsigned)dev_arg(a[0]);
+    static void *lib;
+    if (!lib) lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
+    int (*init)(void) = lib ? (int (*)(void))dlsym(lib, "nvmlInit_v2") : NULL;
+    int (*handle)(unsigned, void **) = lib ? (int (*)(unsigned, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2") : NULL;
+    int (*mem)(void *, struct nvml_mem *) = lib ? (int (*)(void *, struct nvml_mem *))dlsym(lib, "nvmlDeviceGetMemoryInfo") : NULL;
+    int (*procs)(void *, unsigned *, struct nvml_proc *) =
+        lib ? (int (*)(void *, unsigned *, struct nvml_proc *))dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3") : NULL;
+    if (!init || !handle || !mem || !procs) {
+        emit("nvml", MISSING, "\"error\":\"no NVML\"");
+        return;
+    }
+    void *h = NULL;
+    struct nvml_mem m = {0, 0, 0};
+    struct nvml_proc p[64];
+    unsigned n = 64;
+    int rc = init();
+    if (!rc) rc = handle(dev, &h);
+    if (!rc) rc = mem(h, &m);
+    if (!rc) rc = procs(h, &n, p);
+    if (rc) n = 0;
+    void *hp = dlsym(RTLD_DEFAULT, "fake_host_pid");
+    unsigned me = (unsigned)getpid(), host = hp ? (unsigned)((int (*)(void))hp)() : me;
+    long long self = -1;
+    char rows[2048] = "";
+    size_t len = 0;
+    for (unsigned i = 0; i < n && len < sizeof rows - 64; i++) {
+        len += (size_t)snprintf(rows + len, sizeof rows - len, "%s[%u,%llu]", i ? "," : "", p[i].pid, p[i].used);
+        if (p[i].pid == me || p[i].pid == host) self = (long long)p[i].used;
+    }
+    emit("nvml", rc, "\"dev\":%u,\"total\":%llu,\"used\":%llu,\"free\":%llu,\"procs\":[%s],\"self\":%lld",
+         dev, m.total, m.used, m.free, rows, self);
+}
+
 /* ---- devices ---- */
 static int ensure_init(void) {
     if (inited) return 0;
@@ -903,12 +1039,12 @@ static void run_line(char *line) {
     } else if (!strcmp(op, "release")) {
         int d = dev_arg(a[0]);
         rc = CALL(cuDevicePrimaryCtxRelease_v2, d);
-        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL, module = NULL;
+        if (!rc && d >= 0 && d < 64) forget_module_of(prim[d]), prim[d] = NULL;
         emit(op, rc, NULL);
     } else if (!strcmp(op, "reset")) {
         int d = dev_arg(a[0]);
         rc = CALL(cuDevicePrimaryCtxReset_v2, d);
-        if (!rc && d >= 0 && d < 64) prim[d] = NULL, kernel = NULL, module = NULL;
+        if (!rc && d >= 0 && d < 64) forget_module_of(prim[d]), prim[d] = NULL;
         emit(op, rc, NULL);
     } else if (!strcmp(op, "info")) {
         size_t f = 0, t = 0;
@@ -961,6 +1097,18 @@ static void run_line(char *line) {
         rc = ensure(dev);
         if (!rc) rc = CALL(cuDeviceGraphMemTrim, dev);
         emit(op, rc, NULL);
+    } else if (!strcmp(op, "module")) {
+        op_module(a);
+    } else if (!strcmp(op, "unmodule")) {
+        struct rec *r = get_id(a[0]);
+        rc = (r && (r->kind == R_MODULE || r->kind == R_LIBRARY)) ? free_rec(r) : CUDA_ERROR_INVALID_VALUE;
+        emit(op, rc, "\"id\":%d", a[0] ? atoi(a[0]) : -1);
+    } else if (!strcmp(op, "libmodule") || !strcmp(op, "libfunc")) {
+        op_libmodule(op, a);
+    } else if (!strcmp(op, "setlimit") || !strcmp(op, "getlimit")) {
+        op_limit(op, a);
+    } else if (!strcmp(op, "nvml")) {
+        op_nvml(a);
     } else if (!strcmp(op, "uuid")) {
         op_uuid(a);
     } else if (!strcmp(op, "visible")) {
@@ -985,7 +1133,8 @@ static void run_line(char *line) {
         rc = 0;
         for (int i = nrecs - 1; i >= 0; i--) {
             if (recs[i].kind == R_FREE || recs[i].kind == R_CTX || recs[i].kind == R_POOL ||
-                recs[i].kind == R_STREAM || recs[i].kind == R_GRAPH)
+                recs[i].kind == R_STREAM || recs[i].kind == R_GRAPH || recs[i].kind == R_MODULE ||
+                recs[i].kind == R_LIBRARY)
                 continue;
             int r = free_rec(&recs[i]);
             if (r && !rc) rc = r;
