@@ -277,3 +277,39 @@ def test_a_child_forked_beside_a_busy_thread_never_hangs_in_the_shim(shim: Shim)
     print(o)
     assert o["loops"] > 1000  # the other thread was busy in the shim throughout
     assert (o["hung"], o["crashed"]) == (0, 0), o
+
+
+# Finding 19: memory the driver takes for a process outside every allocation call. Each
+# script first allocates (the context is measured), takes memory by the path, waits past
+# the 100 ms between two measures, then asks for what would fit without it.
+OUTSIDE = {
+    "modules": ({"FAKECUDA_MODULE_MIB": "300"}, "module 0; module 0", 600 * MIB),
+    "stack": ({"FAKECUDA_SMS": "108"}, "setlimit stack 2048", 108 * 2048 * 1024),
+    "heap": ({}, f"setlimit heap {512 * MIB}", 504 * MIB),  # beyond the 8 MiB default
+    "growth": ({"FAKECUDA_CTX_GROW_MIB": "400"}, "launch 1", 400 * MIB),
+}
+
+
+@pytest.mark.parametrize("path", sorted(OUTSIDE))
+def test_memory_the_driver_takes_outside_the_hooks_counts(
+        shim: Shim, registration: Registration, path: str) -> None:
+    """Module code and globals, cuCtxSetLimit's stacks and heap, a context's growth at its
+    first launch: nothing charged them, so a 1 GiB limit gave the allocations their full
+    1 GiB beside them. The driver's figure for the process (NVML) beyond what the shim
+    charged is now charged too; an allocation that no longer fits is refused, and
+    cuMemGetInfo shows what is left."""
+    knobs, take, taken = OUTSIDE[path]
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    env = {**NO_CTX, **knobs, "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+    rest = GIB - MIB - taken
+    script = (f"use 0; alloc 0 1m; {take}; sleep 150; info; alloc 0 {rest + MIB}; "
+              f"alloc 0 {rest}")
+    p = subprocess.run([str(shim.built.fakes / "viaproc"), script], env=shim.env(env),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(line) for line in p.stdout.splitlines()]
+    assert all(o["rc"] == 0 for o in out if o["op"] in ("module", "setlimit", "launch")), out
+    assert free_bytes(out) == [rest]
+    assert rcs(out, "alloc") == [0, OOM, 0]
