@@ -5,7 +5,13 @@
  * right after mapping it, and the memory stays until the last cuMemUnmap. So a handle
  * is charged at cuMemCreate and given back only when it has been released and has no
  * mapping left. Mappings are recorded by virtual address; one cuMemUnmap may cover
- * several of them. */
+ * several of them.
+ *
+ * Every handle to the allocation holds it: cuMemRetainAllocationHandle (a mapped
+ * address's handle, one more reference) and an import of this process's own export
+ * each need their cuMemRelease before the memory goes, however early the creator's
+ * handle was released (issue 22, finding 3: retained, the memory lived on uncharged).
+ * An import of another process's export is that process's memory, charged there. */
 #include <pthread.h>
 
 #include "shim.h"
@@ -23,7 +29,8 @@ CUresult vg_impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (vg_state_charge(dev, size, VG_KIND_DEVICE, 0) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = vg_real.cuMemCreate(handle, size, prop, flags);
     if (r == CUDA_SUCCESS)
-        vg_remember(VG_T_HANDLE, (vg_alloc){.key = *handle, .bytes = size, .dev = dev});
+        vg_remember(VG_T_HANDLE, (vg_alloc){.key = *handle, .bytes = size, .dev = dev,
+                                            .holds = 1});
     else
         vg_state_uncharge(dev, size, VG_KIND_DEVICE);
     return r;
@@ -37,7 +44,11 @@ CUresult vg_impl_cuMemRelease(CUmemGenericAllocationHandle handle)
     vg_lock(&vmm_mu);
     int gone = 0;
     if (vg_peek(VG_T_HANDLE, handle, &a)) {
-        if (a.refs > 0) { /* still mapped: the memory lives until the last unmap */
+        if (a.holds > 1) { /* another handle (a retain, an import) still holds it */
+            a.holds--;
+            vg_remember(VG_T_HANDLE, a);
+        } else if (a.refs > 0) { /* still mapped: the memory lives until the last unmap */
+            a.holds = 0;
             a.flags |= VG_F_RELEASED;
             vg_remember(VG_T_HANDLE, a);
         } else {
@@ -93,5 +104,34 @@ CUresult vg_impl_cuMemUnmap(CUdeviceptr ptr, size_t size)
     vg_lock(&vmm_mu);
     vg_each(VG_T_MAP, unmapped, &u);
     vg_unlock(&vmm_mu);
+    return r;
+}
+
+/* one more handle to an allocation this process charged: it holds the memory too */
+static void held_again(CUmemGenericAllocationHandle handle)
+{
+    vg_alloc a;
+    vg_lock(&vmm_mu);
+    if (vg_peek(VG_T_HANDLE, handle, &a)) {
+        a.holds = (a.flags & VG_F_RELEASED) ? 1 : a.holds + 1;
+        a.flags &= ~VG_F_RELEASED;
+        vg_remember(VG_T_HANDLE, a);
+    }
+    vg_unlock(&vmm_mu);
+}
+
+CUresult vg_impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CUresult r = vg_real.cuMemRetainAllocationHandle(handle, addr);
+    if (r == CUDA_SUCCESS && handle) held_again(*handle);
+    return r;
+}
+
+CUresult vg_impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                void *osHandle,
+                                                CUmemAllocationHandleType type)
+{
+    CUresult r = vg_real.cuMemImportFromShareableHandle(handle, osHandle, type);
+    if (r == CUDA_SUCCESS && handle) held_again(*handle); /* this process's own export */
     return r;
 }

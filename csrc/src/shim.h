@@ -126,6 +126,7 @@ typedef struct vg_alloc {
     int32_t kind;     /* enum vg_kind */
     int32_t refs;     /* a VMM handle's live mappings */
     int32_t flags;    /* VG_F_* */
+    int32_t holds;    /* a VMM allocation's handles not released yet (create, retain, import) */
 } vg_alloc;
 #define VG_F_RELEASED 1 /* a VMM handle released while still mapped */
 #define VG_F_PENDING 2  /* a context whose memory is not measured yet */
