@@ -188,9 +188,29 @@ elif check == "setlimit":
     for what, lim, val in (("malloc_heap_1GiB", 2, 2**30), ("stack_8KiB", 0, 8192)):
         rc = cu.cuCtxSetLimit(ctypes.c_int(lim), ctypes.c_size_t(val))
         y = x * 2; torch.cuda.synchronize()
+        time.sleep(0.15)  # the shim measures what no hook saw at most every 100 ms
         steps[what] = seen() + (rc,)
     out.update(charged_vs_nvml={k: list(v) for k, v in steps.items()},
                ok=all(v[0] >= v[1] - 2**21 for v in steps.values()))
+elif check == "views":
+    # Every NVML view of the GPU's processes the shim filters (issue 22, finding 12):
+    # inside the container only its own processes, by its own PIDs.
+    import pynvml
+    x = torch.empty(64 * 2**20, dtype=torch.uint8, device=dev); torch.cuda.synchronize()
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("VERIFY_NVML_INDEX", "0")))
+    me, got = os.getpid(), {}
+    def ask(name, fn):
+        try: got[name] = fn()
+        except pynvml.NVMLError as e: got[name] = f"error: {e}"
+    ask("compute", lambda: [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])
+    ask("graphics", lambda: [p.pid for p in pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)])
+    ask("mps", lambda: [p.pid for p in pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)])
+    ask("utilization", lambda: [u.pid for u in pynvml.nvmlDeviceGetProcessUtilization(h, 0)])
+    ask("accounting", lambda: list(pynvml.nvmlDeviceGetAccountingPids(h)))
+    ask("rates_gpu", lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
+    lists = [v for v in got.values() if isinstance(v, list)]
+    out.update(views=got, pid=me, ok=bool(lists) and all(set(v) <= {me} for v in lists))
 elif check == "calibrate":
     # Cycles per millisecond of torch.cuda._sleep at the clock a busy GPU runs at.
     torch.cuda._sleep(10**6); torch.cuda.synchronize()
@@ -280,11 +300,12 @@ def main() -> int:
     ap.add_argument("--device", type=int, default=0, help="CUDA ordinal to verify")
     ap.add_argument("--limit-mib", type=int, default=4096)
     ap.add_argument("--core", type=int, default=30, help="SM limit in percent")
-    ap.add_argument("--kernel-ms", default="0.05,0.5,2,10",
+    ap.add_argument("--kernel-ms", default="0.1,1,5,20",
                     help="lengths of the spin kernels the SM limit is measured with")
     ap.add_argument("--out", type=Path, help="also write the JSON lines here")
-    ap.add_argument("--checks", default="memory,routing,sm,sleep,smi",
-                    help="which groups to run: memory, routing, sm (matmul, graph), sleep, smi")
+    ap.add_argument("--checks", default="memory,views,routing,sm,sleep,smi",
+                    help="which groups to run: memory, views (NVML), routing, sm (matmul, "
+                         "graph), sleep, smi")
     args = ap.parse_args()
     groups = set(args.checks.split(","))
     try:
@@ -320,6 +341,8 @@ def main() -> int:
                 base_env, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")))
             results[-1]["check"] = "oom_cudaMallocAsync"
             results.append(child("setlimit", config(0), limit, 0, base_env))
+        if "views" in groups:
+            results.append(child("views", config(0), limit, 0, base_env))
         if "routing" in groups:
             hooks = re.findall(r"^HOOK\(CU, (\w+),", (ROOT / "csrc/src/hooks.def").read_text(),
                                re.M)
