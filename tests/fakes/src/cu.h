@@ -40,8 +40,11 @@ struct fc_alloc {
     void *ctx;        /* struct fc_ctx* that owns it (freed with the context) */
     void *pool;       /* struct fc_pool* for pool/async allocations (not charged one by one) */
     void *host;       /* real host memory */
-    int released;     /* A_VMM: cuMemRelease called, waiting for unmaps */
+    int refs;         /* A_VMM: references to the handle value (cuMemCreate / import: 1, each
+                       * cuMemRetainAllocationHandle +1, each cuMemRelease -1); 0: released,
+                       * the record stays while mappings made with it remain */
     int maps;         /* A_VMM: live mappings; A_GRAPHVA: references (its graph, its execs) */
+    void *vmm;        /* A_VMM: struct fc_vmm_phys*, the physical memory the handle names */
     int live;         /* A_GRAPHVA: mapped by a launch, not freed yet */
     int freed_in_graph; /* A_GRAPHVA: a free node for it exists (in its own graph or another) */
 };

@@ -1,7 +1,11 @@
 /* Every path that takes device memory, plus managed and host memory.  Device memory is
  * charged to the shared state (physical, across processes); the table of this process
  * maps each returned address or handle to what it charged. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -42,13 +46,16 @@ CUresult fc_device_alloc(int dev, uint64_t size, int kind, struct fc_ctx *ctx,
     return CUDA_SUCCESS;
 }
 
+struct fc_vmm_phys;
+static void vmm_drop(struct fc_vmm_phys *p);
+static void vmm_sweep(void);
+
 void fc_free_record(struct fc_alloc *a) {
     switch (a->kind) {
     case A_DEVICE:
     case A_DEVICE32:
     case A_ARRAY:
     case A_MIPMAP:
-    case A_VMM:
         if (a->pool)
             fc_pool_give(a->pool, a->size); /* back to the pool: still reserved */
         else if (a->dev >= 0)
@@ -59,6 +66,7 @@ void fc_free_record(struct fc_alloc *a) {
         break;
     case A_MANAGED: fc_managed(-(int64_t)a->size); break;
     case A_HOST: free(a->host); break;
+    case A_VMM: vmm_drop(a->vmm); break;
     default: break;
     }
     free(a);
@@ -121,6 +129,7 @@ FC_API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     CUresult r = fc_current(&c);
     if (r) return r;
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+    vmm_sweep(); /* VMM memory only exported fds kept, now unheld */
     uint64_t used, tot;
     fc_lock();
     fc_reap_locked();
@@ -436,12 +445,141 @@ FC_API CUresult cuMemsetD8(CUdeviceptr_v1 dst, unsigned char uc, unsigned int n)
     return cuMemsetD8_v2(dst, uc, n);
 }
 
-/* ---- virtual memory management ---- */
+/* ---- virtual memory management ----
+ * A handle (an A_VMM record, keyed by the handle value) names a physical allocation (struct
+ * fc_vmm_phys).  The handle's record lives while it has references (cuMemCreate or an import:
+ * 1; each cuMemRetainAllocationHandle: +1; each cuMemRelease: -1) or mappings made with it.
+ * The physical memory lives while a handle record of it lives, or — once exported — while
+ * any process holds an exported (or importing) file descriptor open: the real driver's rule
+ * ("once all shareable handles are closed and the allocation is released, the memory is
+ * released").  Charged to the creating process from cuMemCreate until it is freed. */
+struct fc_vmm_phys {
+    uint64_t id; /* unique in this process; what an exported fd names */
+    uint64_t size;
+    int dev;      /* physical; -1: host memory */
+    int charged;  /* created here: charged to dev until freed */
+    int nrec;     /* handle records naming it in this process */
+    int orphan;   /* no record left, kept by open exported fds (rechecked lazily) */
+    int file_fd;  /* the memfd naming it (-1: never exported / imported); holds no lock */
+    int held_fd;  /* imported from another process: our own locked description of its fd,
+                   * which keeps the creator's memory alive while we use it */
+    CUmemAllocationProp prop;
+    struct fc_vmm_phys *next;
+};
+
 struct mapping {
     uint64_t va, size, handle;
 };
 static struct mapping *maps;
 static size_t nmaps, capmaps;
+
+/* Guards the phys list (taken after fc_obj_mutex when both are needed, never before). */
+static pthread_mutex_t vmm_mutex = PTHREAD_MUTEX_INITIALIZER;
+static struct fc_vmm_phys *phys_list;
+static int n_orphans;
+static uint64_t phys_next_id = 1;
+/* what an exported fd says of its creator: pid, PID namespace and a per-process nonce */
+static pid_t nonce_pid;
+static uint64_t nonce;
+
+#define VMM_MAGIC "fakecuda-vmm-1"
+
+/* Whether a description of the file other than fd holds a lock: an exported or importing
+ * fd is still open somewhere (OFD locks go with the last fd of their description). */
+static int fd_held(int fd) {
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    if (fcntl(fd, F_OFD_GETLK, &fl) < 0) return 0;
+    return fl.l_type != F_UNLCK;
+}
+
+/* A new description of fd's file (/proc/self/fd), read-locked: -1 on failure. */
+static int locked_reopen(int fd) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int nfd = open(path, O_RDONLY | O_CLOEXEC);
+    if (nfd < 0) return -1;
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    if (fcntl(nfd, F_OFD_SETLK, &fl) < 0) {
+        close(nfd);
+        return -1;
+    }
+    return nfd;
+}
+
+static void phys_unlink_locked(struct fc_vmm_phys *p) {
+    for (struct fc_vmm_phys **q = &phys_list; *q; q = &(*q)->next)
+        if (*q == p) {
+            *q = p->next;
+            break;
+        }
+}
+
+static void phys_free(struct fc_vmm_phys *p) {
+    if (p->file_fd >= 0) close(p->file_fd);
+    if (p->held_fd >= 0) close(p->held_fd);
+    if (p->charged && p->dev >= 0) fc_uncharge(p->dev, p->size);
+    free(p);
+}
+
+/* A handle record of p went: the memory goes with the last one unless an fd holds it. */
+static void vmm_drop(struct fc_vmm_phys *p) {
+    if (!p) return;
+    pthread_mutex_lock(&vmm_mutex);
+    int gone = --p->nrec == 0;
+    if (gone && p->charged && p->file_fd >= 0 && fd_held(p->file_fd)) {
+        p->orphan = 1;
+        n_orphans++;
+        gone = 0;
+    }
+    if (gone) phys_unlink_locked(p);
+    pthread_mutex_unlock(&vmm_mutex);
+    if (gone) phys_free(p);
+}
+
+/* Frees the orphans whose exported fds have all been closed (lazily: at VMM calls and
+ * cuMemGetInfo). */
+static void vmm_sweep(void) {
+    if (!__atomic_load_n(&n_orphans, __ATOMIC_RELAXED)) return;
+    struct fc_vmm_phys *dead = NULL;
+    pthread_mutex_lock(&vmm_mutex);
+    for (struct fc_vmm_phys **q = &phys_list; *q;) {
+        struct fc_vmm_phys *p = *q;
+        if (p->orphan && !fd_held(p->file_fd)) {
+            *q = p->next;
+            n_orphans--;
+            p->next = dead;
+            dead = p;
+        } else {
+            q = &p->next;
+        }
+    }
+    pthread_mutex_unlock(&vmm_mutex);
+    while (dead) {
+        struct fc_vmm_phys *n = dead->next;
+        phys_free(dead);
+        dead = n;
+    }
+}
+
+/* A new handle record naming p (p->nrec already counts it); 0 when out of memory. */
+static uint64_t handle_new(struct fc_vmm_phys *p) {
+    struct fc_alloc *a = calloc(1, sizeof *a);
+    if (!a) return 0;
+    pthread_mutex_lock(&fc_obj_mutex);
+    a->key = fc_addr_new(p->size, GRANULARITY, 0) | 1; /* handles are not addresses */
+    a->size = p->size;
+    a->kind = A_VMM;
+    a->dev = p->dev;
+    a->refs = 1;
+    a->vmm = p;
+    if (a->key != 1) fc_alloc_put(a);
+    pthread_mutex_unlock(&fc_obj_mutex);
+    if (a->key == 1) {
+        free(a);
+        return 0;
+    }
+    return a->key;
+}
 
 static CUresult check_prop(const CUmemAllocationProp *prop, int *dev) {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
@@ -468,28 +606,52 @@ FC_API CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAl
     return CUDA_SUCCESS;
 }
 
+static struct fc_vmm_phys *phys_new(uint64_t size, int dev, const CUmemAllocationProp *prop) {
+    struct fc_vmm_phys *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->size = size;
+    p->dev = dev;
+    p->nrec = 1;
+    p->file_fd = p->held_fd = -1;
+    p->prop = *prop;
+    pthread_mutex_lock(&vmm_mutex);
+    p->id = phys_next_id++;
+    p->next = phys_list;
+    phys_list = p;
+    pthread_mutex_unlock(&vmm_mutex);
+    return p;
+}
+
+/* p without records (its creation failed half-way). */
+static void phys_abandon(struct fc_vmm_phys *p) {
+    pthread_mutex_lock(&vmm_mutex);
+    phys_unlink_locked(p);
+    pthread_mutex_unlock(&vmm_mutex);
+    phys_free(p);
+}
+
 FC_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags) {
     CUresult r = fc_check_init();
     if (r) return r;
+    vmm_sweep();
     int dev;
     if (!handle || size == 0 || size % GRANULARITY || flags) return CUDA_ERROR_INVALID_VALUE;
     r = check_prop(prop, &dev);
     if (r) return r;
     if (dev >= 0 && fc_charge(dev, size) < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    struct fc_alloc *a = calloc(1, sizeof *a);
-    if (!a) {
+    struct fc_vmm_phys *p = phys_new(size, dev, prop);
+    if (!p) {
         if (dev >= 0) fc_uncharge(dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pthread_mutex_lock(&fc_obj_mutex);
-    a->key = fc_addr_new(size, GRANULARITY, 0) | 1; /* handles are not addresses */
-    a->size = size;
-    a->kind = A_VMM;
-    a->dev = dev;
-    fc_alloc_put(a);
-    pthread_mutex_unlock(&fc_obj_mutex);
-    *handle = a->key;
+    p->charged = 1;
+    uint64_t h = handle_new(p);
+    if (!h) {
+        phys_abandon(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = h;
     return CUDA_SUCCESS;
 }
 
@@ -499,15 +661,15 @@ FC_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     struct fc_alloc *a = NULL;
     pthread_mutex_lock(&fc_obj_mutex);
     struct fc_alloc *h = fc_alloc_get(handle);
-    if (h && h->kind == A_VMM && !h->released) {
-        h->released = 1;
-        if (!h->maps) a = fc_alloc_take(handle);
+    if (h && h->kind == A_VMM && h->refs > 0) {
+        if (--h->refs == 0 && !h->maps) a = fc_alloc_take(handle);
         r = CUDA_SUCCESS;
     } else {
         r = CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_unlock(&fc_obj_mutex);
     if (a) fc_free_record(a);
+    vmm_sweep();
     return r;
 }
 
@@ -565,7 +727,7 @@ FC_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     struct fc_alloc *h = fc_alloc_get(handle);
     struct va_q q = {ptr, size, 0};
     fc_alloc_each(va_one, &q);
-    if (!h || h->kind != A_VMM || h->released) {
+    if (!h || h->kind != A_VMM || h->refs <= 0) {
         r = CUDA_ERROR_INVALID_HANDLE;
     } else if (!q.found || offset + size > h->size) {
         r = CUDA_ERROR_INVALID_VALUE;
@@ -603,13 +765,14 @@ FC_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
             hit = 1;
             maps[i] = maps[--nmaps];
             struct fc_alloc *h = fc_alloc_get(m.handle);
-            if (h && --h->maps == 0 && h->released && nfree < 16) to_free[nfree++] = fc_alloc_take(m.handle);
+            if (h && --h->maps == 0 && h->refs == 0 && nfree < 16) to_free[nfree++] = fc_alloc_take(m.handle);
         } else {
             i++;
         }
     }
     pthread_mutex_unlock(&fc_obj_mutex);
     for (int i = 0; i < nfree; i++) fc_free_record(to_free[i]);
+    vmm_sweep();
     return hit ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -632,4 +795,163 @@ FC_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     }
     pthread_mutex_unlock(&fc_obj_mutex);
     return covered == size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The handle value a mapping containing addr was made with, one more reference to it. */
+FC_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!handle || !addr) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t p = (uint64_t)(uintptr_t)addr;
+    r = CUDA_ERROR_INVALID_VALUE; /* not mapped */
+    pthread_mutex_lock(&fc_obj_mutex);
+    for (size_t i = 0; i < nmaps; i++) {
+        if (p < maps[i].va || p >= maps[i].va + maps[i].size) continue;
+        struct fc_alloc *h = fc_alloc_get(maps[i].handle);
+        if (h && h->kind == A_VMM) {
+            h->refs++; /* a released handle still mapped comes back to life */
+            *handle = h->key;
+            r = CUDA_SUCCESS;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&fc_obj_mutex);
+    return r;
+}
+
+/* The live handle's physical allocation (INVALID_VALUE when not one). */
+static CUresult phys_of(CUmemGenericAllocationHandle handle, struct fc_vmm_phys **out) {
+    pthread_mutex_lock(&fc_obj_mutex);
+    struct fc_alloc *h = fc_alloc_get(handle);
+    int ok = h && h->kind == A_VMM && h->refs > 0 && h->vmm;
+    if (ok) *out = h->vmm;
+    pthread_mutex_unlock(&fc_obj_mutex);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+FC_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                       CUmemGenericAllocationHandle handle) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_vmm_phys *p;
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    r = phys_of(handle, &p);
+    if (!r) *prop = p->prop;
+    return r;
+}
+
+static void nonce_locked(void) {
+    if (nonce_pid == getpid() && nonce) return;
+    nonce_pid = getpid();
+    nonce = fc_now() ^ ((uint64_t)(uintptr_t)&nonce << 16) ^ (uint64_t)nonce_pid;
+    if (!nonce) nonce = 1;
+}
+
+/* The memfd naming p (made at its first export); -1 on failure.  Under vmm_mutex. */
+static int phys_file_locked(struct fc_vmm_phys *p) {
+    if (p->file_fd >= 0) return p->file_fd;
+    if (p->held_fd >= 0) return p->held_fd; /* imported: the creator's file */
+    nonce_locked();
+    int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "%s %d %llu %llu %llu %d %llu %d\n", VMM_MAGIC,
+                     (int)nonce_pid, (unsigned long long)fc_ident()->ns_ino,
+                     (unsigned long long)nonce, (unsigned long long)p->id, p->dev,
+                     (unsigned long long)p->size, (int)p->prop.requestedHandleTypes);
+    if (n <= 0 || n >= (int)sizeof buf || write(fd, buf, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    p->file_fd = fd;
+    return fd;
+}
+
+FC_API CUresult cuMemExportToShareableHandle(void *shareableHandle,
+                                             CUmemGenericAllocationHandle handle,
+                                             CUmemAllocationHandleType handleType,
+                                             unsigned long long flags) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    vmm_sweep();
+    struct fc_vmm_phys *p;
+    if (!shareableHandle || flags) return CUDA_ERROR_INVALID_VALUE;
+    r = phys_of(handle, &p);
+    if (r) return r;
+    /* a type the allocation was not created for (prop.requestedHandleTypes) */
+    if (handleType == CU_MEM_HANDLE_TYPE_NONE ||
+        ((unsigned)p->prop.requestedHandleTypes & (unsigned)handleType) != (unsigned)handleType)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&vmm_mutex);
+    int file = phys_file_locked(p);
+    int fd = file >= 0 ? locked_reopen(file) : -1;
+    pthread_mutex_unlock(&vmm_mutex);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)shareableHandle = fd;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                               CUmemAllocationHandleType shHandleType) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    vmm_sweep();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return shHandleType == CU_MEM_HANDLE_TYPE_NONE ? CUDA_ERROR_INVALID_VALUE
+                                                       : CUDA_ERROR_NOT_SUPPORTED;
+    int fd = (int)(intptr_t)osHandle;
+    char buf[256];
+    ssize_t n = fd >= 0 ? pread(fd, buf, sizeof buf - 1, 0) : -1;
+    if (n <= 0) return CUDA_ERROR_INVALID_VALUE;
+    buf[n] = 0;
+    char magic[32];
+    int pid, dev, types;
+    unsigned long long ino, nc, id, size;
+    if (sscanf(buf, "%31s %d %llu %llu %llu %d %llu %d", magic, &pid, &ino, &nc, &id, &dev, &size,
+               &types) != 8 ||
+        strcmp(magic, VMM_MAGIC) != 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fc_vmm_phys *p = NULL;
+    pthread_mutex_lock(&vmm_mutex);
+    if (pid == (int)getpid() && ino == fc_ident()->ns_ino && nonce_pid == getpid() && nc == nonce) {
+        /* exported by this process: a new handle to the same physical allocation */
+        for (p = phys_list; p && p->id != id; p = p->next) {
+        }
+        if (p) {
+            if (p->orphan) {
+                p->orphan = 0;
+                n_orphans--;
+            }
+            p->nrec++;
+        }
+        pthread_mutex_unlock(&vmm_mutex);
+        if (!p) return CUDA_ERROR_INVALID_VALUE; /* freed: every fd had been closed */
+    } else {
+        pthread_mutex_unlock(&vmm_mutex);
+        /* another process's memory (charged to it): held here by a locked description */
+        if (dev < -1 || dev >= fc_knobs()->ndev) return CUDA_ERROR_INVALID_VALUE;
+        int held = locked_reopen(fd);
+        if (held < 0) return CUDA_ERROR_INVALID_VALUE;
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.requestedHandleTypes = (CUmemAllocationHandleType)types;
+        prop.location.type = dev >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        prop.location.id = dev >= 0 ? fc_ordinal(dev) : 0;
+        p = phys_new(size, dev, &prop);
+        if (!p) {
+            close(held);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        p->held_fd = held; /* a re-export reopens the same file */
+    }
+    uint64_t h = handle_new(p);
+    if (!h) {
+        vmm_drop(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = h;
+    return CUDA_SUCCESS;
 }

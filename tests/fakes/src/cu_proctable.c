@@ -90,6 +90,10 @@
     X(cuMemUnmap, 10020, 0, cuMemUnmap)                                 \
     X(cuMemSetAccess, 10020, 0, cuMemSetAccess)                         \
     X(cuMemGetAllocationGranularity, 10020, 0, cuMemGetAllocationGranularity) \
+    X(cuMemRetainAllocationHandle, 11000, 0, cuMemRetainAllocationHandle) \
+    X(cuMemExportToShareableHandle, 10020, 0, cuMemExportToShareableHandle) \
+    X(cuMemImportFromShareableHandle, 10020, 0, cuMemImportFromShareableHandle) \
+    X(cuMemGetAllocationPropertiesFromHandle, 10020, 0, cuMemGetAllocationPropertiesFromHandle) \
     X(cuStreamCreate, 2000, 0, cuStreamCreate)                          \
     X(cuStreamCreateWithPriority, 5050, 0, cuStreamCreateWithPriority)  \
     X(cuStreamDestroy, 2000, 0, cuStreamDestroy)                        \

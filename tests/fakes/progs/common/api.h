@@ -77,6 +77,12 @@
     X(cuMemSetAccess, cuMemSetAccess, 0, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)) \
     X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity, 0,                       \
       (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))             \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 0,                           \
+      (CUmemGenericAllocationHandle *, void *))                                              \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 0,                         \
+      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
+    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 0,                     \
+      (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))                   \
     X(cuStreamCreate, cuStreamCreate, 0, (CUstream *, unsigned int))                         \
     X(cuStreamDestroy_v2, cuStreamDestroy, 0, (CUstream))                                    \
     X(cuStreamSynchronize, cuStreamSynchronize, 0, (CUstream))                               \

@@ -2,6 +2,7 @@
  * ';'-separated piece of argv); one JSON object per op on stdout.  See README.md. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
@@ -34,6 +35,7 @@ struct rec {
     int kind;
     uint64_t ptr, size, handle;
     int released; /* R_VMM: cuMemRelease done ("memrelease"), the mapping kept */
+    uint64_t oldptr; /* the address an unmapped id had ("retain" of an unmapped address) */
     CUmemoryPool pool;
     CUstream stream;
     CUcontext ctx;
@@ -297,8 +299,10 @@ static void op_vmm(const char *op, char **a) {
     int host = !strcmp(op, "memcreatehost");
     int dev = host ? cur_dev : dev_arg(a[0]);
     uint64_t size = parse_size(host ? a[0] : a[1]);
+    const char *share = host ? a[1] : (a[1] ? a[2] : NULL);
     if (!inited && CALL(cuInit, 0) == 0) inited = 1; /* VMM needs no context */
     CUmemAllocationProp prop = prop_for(dev, host);
+    if (share && !strcmp(share, "fd")) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t gran = 0;
     int rc = CALL(cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     CUmemGenericAllocationHandle h = 0;
@@ -639,9 +643,92 @@ static void op_unmap(char **a) {
     if (!rc) rc = CALL(cuMemAddressFree, r->ptr, r->size);
     if (!rc) {
         r->kind = r->released ? R_FREE : R_HANDLE;
+        r->oldptr = r->ptr;
         r->ptr = 0;
+        r->released = 0;
     }
     emit("unmap", rc, NULL);
+}
+
+/* retain ID [OFFSET] | retain 0xADDR: cuMemRetainAllocationHandle of the address of a vmm
+ * id (+ OFFSET; an unmapped id: the address it had, or NULL) or of an address; a new handle
+ * id ("memrelease" it); same: the handle is the id's own */
+static void op_retain(char **a) {
+    struct rec *r = NULL;
+    uint64_t addr = 0;
+    if (a[0] && !strncmp(a[0], "0x", 2)) {
+        addr = strtoull(a[0], NULL, 16);
+    } else {
+        r = get_id(a[0]);
+        if (r) addr = (r->kind == R_VMM ? r->ptr : r->oldptr);
+        if (r && addr && a[1]) addr += parse_size(a[1]);
+    }
+    if (!inited && CALL(cuInit, 0) == 0) inited = 1;
+    CUmemGenericAllocationHandle h = 0;
+    int rc = CALL(cuMemRetainAllocationHandle, &h, (void *)(uintptr_t)addr);
+    int id = -1;
+    if (!rc) id = new_id((struct rec){.kind = R_HANDLE, .size = r ? r->size : 0, .handle = h});
+    emit("retain", rc, "\"id\":%d,\"handle\":\"0x%llx\",\"same\":%d", id, (unsigned long long)h,
+         r && !rc && r->handle == h);
+}
+
+/* export ID: cuMemExportToShareableHandle (POSIX fd) of a vmm / handle id's handle */
+static void op_export(char **a) {
+    struct rec *r = get_id(a[0]);
+    int fd = -1, rc;
+    if (r && (r->kind == R_VMM || r->kind == R_HANDLE))
+        rc = CALL(cuMemExportToShareableHandle, &fd, r->handle,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    else
+        rc = CUDA_ERROR_INVALID_VALUE;
+    emit("export", rc, "\"fd\":%d", rc ? -1 : fd);
+}
+
+/* import FD | import PATH: cuMemImportFromShareableHandle of an fd of this process, or of
+ * a file opened (and closed after) for it, e.g. /proc/PID/fd/N of another process; a new
+ * handle id */
+static void op_import(char **a) {
+    const char *s = a[0] ? a[0] : "-1";
+    int fd, opened = 0;
+    if (s[0] == '/') {
+        fd = open(s, O_RDONLY | O_CLOEXEC);
+        opened = fd >= 0;
+    } else {
+        fd = atoi(s);
+    }
+    if (!inited && CALL(cuInit, 0) == 0) inited = 1;
+    CUmemGenericAllocationHandle h = 0;
+    int rc = CALL(cuMemImportFromShareableHandle, &h, (void *)(intptr_t)fd,
+                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (opened) close(fd);
+    int id = -1;
+    if (!rc) id = new_id((struct rec){.kind = R_HANDLE, .handle = h});
+    emit("import", rc, "\"id\":%d,\"handle\":\"0x%llx\"", id, (unsigned long long)h);
+}
+
+/* map ID SIZE [D]: AddressReserve + Map + SetAccess (device D) of a handle id (memcreate,
+ * retain, import); it becomes a vmm id */
+static void op_map(char **a) {
+    struct rec *r = get_id(a[0]);
+    uint64_t size = a[0] ? parse_size(a[1]) : 0;
+    int dev = a[0] && a[1] ? dev_arg(a[2]) : cur_dev;
+    CUdeviceptr va = 0;
+    int rc = (r && r->kind == R_HANDLE) ? CALL(cuMemAddressReserve, &va, size, 0, 0, 0)
+                                        : CUDA_ERROR_INVALID_VALUE;
+    if (!rc) {
+        rc = CALL(cuMemMap, va, size, 0, r->handle, 0);
+        if (rc) CALL(cuMemAddressFree, va, size);
+    }
+    CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, {dev}}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if (!rc) rc = CALL(cuMemSetAccess, va, size, &acc, 1);
+    if (!rc) {
+        r->kind = R_VMM;
+        r->ptr = va;
+        r->size = size;
+        r->released = 0;
+    }
+    emit("map", rc, "\"id\":%d,\"ptr\":\"0x%llx\"", rc ? -1 : (int)(r - recs),
+         (unsigned long long)va);
 }
 
 /* ---- memory the driver takes outside allocations: modules, limits ---- */
@@ -1084,6 +1171,17 @@ static void run_line(char *line) {
         op_memrelease(a);
     } else if (!strcmp(op, "unmap")) {
         op_unmap(a);
+    } else if (!strcmp(op, "retain")) {
+        op_retain(a);
+    } else if (!strcmp(op, "export")) {
+        op_export(a);
+    } else if (!strcmp(op, "import")) {
+        op_import(a);
+    } else if (!strcmp(op, "map")) {
+        op_map(a);
+    } else if (!strcmp(op, "closefd")) {
+        rc = a[0] ? close(atoi(a[0])) : -1;
+        emit(op, rc ? CUDA_ERROR_INVALID_VALUE : 0, NULL);
     } else if (!strcmp(op, "graphalloc")) {
         op_graphalloc(a);
     } else if (!strcmp(op, "graphlaunch")) {
