@@ -313,3 +313,42 @@ def test_memory_the_driver_takes_outside_the_hooks_counts(
     assert all(o["rc"] == 0 for o in out if o["op"] in ("module", "setlimit", "launch")), out
     assert free_bytes(out) == [rest]
     assert rcs(out, "alloc") == [0, OOM, 0]
+
+
+# Finding 3: VMM memory that other handles keep alive after the creator's release and
+# unmap. {fd} is the exported descriptor (the 'export' op's answer).
+VMM_KEPT = {
+    "retain": "vmm 0 512m; retain 0; unmap 0; memrelease 0",
+    "export": "vmm 0 512m fd; export 0; unmap 0; memrelease 0",
+    "import": "vmm 0 512m fd; export 0; import {fd}; closefd {fd}; unmap 0; memrelease 0",
+}
+
+
+@pytest.mark.parametrize("how", sorted(VMM_KEPT))
+def test_vmm_memory_another_handle_keeps_stays_charged(
+        shim: Shim, registration: Registration, how: str) -> None:
+    """A retained handle, an exported descriptor still open, or an import of it keeps the
+    memory after the creator released its handle and unmapped: the shim gave the charge
+    back, and a loop of them took memory without limit. A retain is a handle the shim
+    counts; what an open descriptor or an import keeps, NVML still shows for the creator,
+    and it is charged as memory no hook saw."""
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    env = {"FAKECUDA_CTX_MIB": "100", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+    p = shim.spawn(prog="viaproc", env=env)
+    try:
+        ask(p, "use 0")  # the context (100 MiB) is measured first: none of the rest is its
+        assert ask(p, "info")["free"] == GIB - 100 * MIB
+        fd = None
+        for op in VMM_KEPT[how].split("; "):
+            got = ask(p, op.format(fd=fd))
+            assert got["rc"] == 0, (op, got)
+            fd = got.get("fd", fd)
+        ask(p, "sleep 150")
+        assert ask(p, "info")["free"] == GIB - 612 * MIB
+        assert ask(p, "alloc 0 500m")["rc"] == OOM
+        assert ask(p, "alloc 0 400m")["rc"] == 0
+    finally:
+        p.kill()
+        p.wait()
