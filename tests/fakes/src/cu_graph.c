@@ -1,7 +1,13 @@
-/* Graphs: kernel nodes, memory alloc nodes and memory free nodes.
+/* Graphs: kernel nodes, child graph nodes, memory alloc nodes and memory free nodes.
  *
  * A launch runs the graph's kernel nodes back to back (one timeline interval of their
- * summed durations, each node by the wave model of cu_exec.c).  Memory nodes use the
+ * summed durations, each node by the wave model of cu_exec.c), the kernel nodes of its
+ * child graphs (to any depth) included.  cuGraphAddChildGraphNode clones the child graph
+ * into the node (later changes to the original do not reach the node); the clone is owned
+ * by the node (cuGraphChildGraphNodeGetGraph returns it; cuGraphDestroy of it:
+ * INVALID_VALUE) and goes with the parent graph.  As cuda.h says, a child graph with
+ * memory alloc/free nodes is refused (INVALID_VALUE) and none can be added to an embedded
+ * graph (INVALID_VALUE).  Memory nodes use the
  * device's graph memory pool (cu_pool.c): an alloc node gets its address when it is added;
  * each launch maps the graph's allocations (the pool's reserve grows, rounded to 2 MiB, to
  * cover them: physical memory charged to the device and to the process;
@@ -30,11 +36,14 @@ struct fc_gnode {
     CUmemAccessDesc *access;           /* alloc: the node's copy of params.accessDescs */
     int dev;                           /* alloc: physical device */
     uint64_t dptr;                     /* alloc / free: the address */
+    struct fc_graph *child;            /* child graph: the embedded clone */
+    CUgraph child_handle;              /* child graph: its handle */
 };
 
 struct fc_graph {
     size_t n, cap;
     struct fc_gnode **nodes;
+    int embedded; /* owned by a child graph node */
 };
 
 struct exec_alloc {
@@ -141,6 +150,7 @@ FC_API CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
     struct fc_graph *g;
     CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies, &g);
     if (r) return r;
+    if (g->embedded) return CUDA_ERROR_INVALID_VALUE; /* cuGraphChildGraphNodeGetGraph's */
     const CUDA_MEM_ALLOC_NODE_PARAMS *p = nodeParams;
     if (!p || p->bytesize == 0 || p->poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
         p->poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE ||
@@ -197,6 +207,7 @@ FC_API CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
     struct fc_graph *g;
     CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies, &g);
     if (r) return r;
+    if (g->embedded) return CUDA_ERROR_INVALID_VALUE; /* cuGraphChildGraphNodeGetGraph's */
     struct fc_gnode *n = calloc(1, sizeof *n);
     if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&fc_obj_mutex);
@@ -239,6 +250,97 @@ FC_API CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr
     return CUDA_SUCCESS;
 }
 
+/* ---- child graph nodes ---- */
+static void destroy_graph(struct fc_graph *g);
+
+/* An embedded graph that no node holds (a failed add). */
+static void drop_embedded(struct fc_graph *g, CUgraph handle) {
+    fc_handle_free(handle);
+    destroy_graph(g);
+}
+
+/* Whether g or a graph embedded in it has memory nodes. */
+static int has_mem_nodes(const struct fc_graph *g) {
+    for (size_t i = 0; i < g->n; i++) {
+        const struct fc_gnode *n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE)
+            return 1;
+        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH && has_mem_nodes(n->child)) return 1;
+    }
+    return 0;
+}
+
+/* A new embedded graph: a clone of src (kernel and child graph nodes; no memory nodes),
+ * with its own handle.  NULL when out of memory. */
+static struct fc_graph *clone_graph(const struct fc_graph *src, CUgraph *handle) {
+    struct fc_graph *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    g->embedded = 1;
+    *handle = fc_handle_new(K_GRAPH, g);
+    if (!*handle) {
+        free(g);
+        return NULL;
+    }
+    for (size_t i = 0; i < src->n; i++) {
+        const struct fc_gnode *s = src->nodes[i];
+        struct fc_gnode *n = calloc(1, sizeof *n);
+        if (!n) goto fail;
+        n->type = s->type;
+        n->dur = s->dur;
+        if (s->type == CU_GRAPH_NODE_TYPE_GRAPH) {
+            n->child = clone_graph(s->child, &n->child_handle);
+            if (!n->child) {
+                free(n);
+                goto fail;
+            }
+        }
+        CUgraphNode h;
+        struct fc_graph *child = n->child;
+        CUgraph child_handle = n->child_handle;
+        if (add_node(g, n, &h)) { /* n is freed */
+            if (child) drop_embedded(child, child_handle);
+            goto fail;
+        }
+    }
+    return g;
+fail:
+    drop_embedded(g, *handle);
+    return NULL;
+}
+
+FC_API CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                         const CUgraphNode *dependencies, size_t numDependencies,
+                                         CUgraph childGraph) {
+    struct fc_graph *g;
+    CUresult r = check_add(phGraphNode, hGraph, dependencies, numDependencies, &g);
+    if (r) return r;
+    struct fc_graph *src = fc_handle_get(childGraph, K_GRAPH);
+    if (!src || has_mem_nodes(src)) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_gnode *n = calloc(1, sizeof *n);
+    if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
+    n->type = CU_GRAPH_NODE_TYPE_GRAPH;
+    n->child = clone_graph(src, &n->child_handle);
+    if (!n->child) {
+        free(n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fc_graph *child = n->child;
+    CUgraph child_handle = n->child_handle;
+    r = add_node(g, n, phGraphNode); /* frees n on failure */
+    if (r) drop_embedded(child, child_handle);
+    return r;
+}
+
+/* The embedded graph itself (no clone): changes to it are the node's. */
+FC_API CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_gnode *n = node_of(hNode);
+    if (!n || !phGraph || n->type != CU_GRAPH_NODE_TYPE_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = n->child_handle;
+    return CUDA_SUCCESS;
+}
+
 FC_API CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type) {
     CUresult r = fc_check_init();
     if (r) return r;
@@ -274,6 +376,15 @@ static void unref_locked(uint64_t key) {
     if (a->maps == 0 && !a->live) free(fc_alloc_take(key));
 }
 
+/* The kernel work of g's kernel nodes and of its child graphs', to any depth. */
+static void kernel_work(const struct fc_graph *g, uint64_t *dur, size_t *nkernels) {
+    for (size_t i = 0; i < g->n; i++) {
+        const struct fc_gnode *n = g->nodes[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) *dur += n->dur, ++*nkernels;
+        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) kernel_work(n->child, dur, nkernels);
+    }
+}
+
 static void exec_free(struct fc_exec *e) {
     free(e->allocs);
     free(e->frees);
@@ -300,9 +411,9 @@ FC_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phExec, CUgraph hGraph,
         exec_free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    kernel_work(g, &e->dur, &e->nkernels);
     for (size_t i = 0; i < g->n; i++) {
         const struct fc_gnode *n = g->nodes[i];
-        if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) e->dur += n->dur, e->nkernels++;
         if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
             e->allocs[e->nalloc++] = (struct exec_alloc){n->dptr, n->params.bytesize, n->dev, 0};
     }
@@ -447,16 +558,18 @@ FC_API CUresult cuGraphExecDestroy(CUgraphExec hExec) {
     return CUDA_SUCCESS;
 }
 
-/* Allocations still mapped stay until freed. */
-FC_API CUresult cuGraphDestroy(CUgraph hGraph) {
-    CUresult r = fc_check_init();
-    if (r) return r;
-    struct fc_graph *g = fc_handle_get(hGraph, K_GRAPH);
-    if (!g) return CUDA_ERROR_INVALID_VALUE;
-    fc_handle_free(hGraph);
+/* g, its nodes and their embedded graphs (the caller has freed g's handle, or g has none
+ * yet).  Allocations still mapped stay until freed. */
+static void destroy_graph(struct fc_graph *g) {
     for (size_t i = 0; i < g->n; i++) {
         struct fc_gnode *n = g->nodes[i];
         fc_handle_free(n->handle);
+        if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) {
+            fc_handle_free(n->child_handle);
+            destroy_graph(n->child);
+            free(n);
+            continue;
+        }
         pthread_mutex_lock(&fc_obj_mutex);
         struct fc_alloc *a = fc_alloc_get(n->dptr);
         if (a && a->kind == A_GRAPHVA) {
@@ -472,5 +585,15 @@ FC_API CUresult cuGraphDestroy(CUgraph hGraph) {
     }
     free(g->nodes);
     free(g);
+}
+
+/* An embedded graph is its node's: INVALID_VALUE (it goes with the parent graph). */
+FC_API CUresult cuGraphDestroy(CUgraph hGraph) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_graph *g = fc_handle_get(hGraph, K_GRAPH);
+    if (!g || g->embedded) return CUDA_ERROR_INVALID_VALUE;
+    fc_handle_free(hGraph);
+    destroy_graph(g);
     return CUDA_SUCCESS;
 }

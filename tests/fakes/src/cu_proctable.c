@@ -143,6 +143,8 @@
     X(cuGraphDestroy, 10000, 0, cuGraphDestroy)                         \
     X(cuGraphGetNodes, 10000, 0, cuGraphGetNodes)                       \
     X(cuGraphNodeGetType, 10000, 0, cuGraphNodeGetType)                 \
+    X(cuGraphAddChildGraphNode, 10000, 0, cuGraphAddChildGraphNode)     \
+    X(cuGraphChildGraphNodeGetGraph, 10000, 0, cuGraphChildGraphNodeGetGraph) \
     X(cuGraphAddMemAllocNode, 11040, 0, cuGraphAddMemAllocNode)         \
     X(cuGraphMemAllocNodeGetParams, 11040, 0, cuGraphMemAllocNodeGetParams) \
     X(cuGraphAddMemFreeNode, 11040, 0, cuGraphAddMemFreeNode)           \

@@ -138,7 +138,9 @@ typedef struct {
     X(cuGraphCreate, "cuGraphCreate", CUresult, (CUgraph *, unsigned))                   \
     X(cuGraphAddKernelNode_v2, "cuGraphAddKernelNode", CUresult, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const KNODE_V2 *)) \
     X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", CUresult, (CUgraphExec *, CUgraph, unsigned long long)) \
-    X(cuGraphLaunch, "cuGraphLaunch", CUresult, (CUgraphExec, CUstream))
+    X(cuGraphLaunch, "cuGraphLaunch", CUresult, (CUgraphExec, CUstream))                 \
+    X(cuGraphAddChildGraphNode, "cuGraphAddChildGraphNode", CUresult, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph)) \
+    X(cuGraphDestroy, "cuGraphDestroy", CUresult, (CUgraph))
 
 #define NVFUNCS(X)                                                                         \
     X(nvmlInit_v2, nvmlReturn_t, (void))                                                 \
@@ -312,7 +314,10 @@ static void ctx(void)
 }
 
 /* launch BLOCKS SECONDS [KIND] [NS]: launch back to back for SECONDS; NS picks the
- * fake driver's kernel fake_ns_NS (NS ns of work per block per wave) */
+ * fake driver's kernel fake_ns_NS (NS ns of work per block per wave).  KIND: kernel
+ * (cuLaunchKernel), ex, coop, graph (a graph of 4 kernel nodes of BLOCKS/4 blocks each),
+ * nested (the same 4 kernel nodes inside one child graph node), nestedD (D levels of child
+ * graphs, e.g. nested3) */
 static void launch_loop(unsigned blocks, double seconds, const char *kind, const char *ns)
 {
     CUmodule m;
@@ -323,13 +328,26 @@ static void launch_loop(unsigned blocks, double seconds, const char *kind, const
     CUresult r = f.cuModuleLoadData(&m, image);
     if (!r) r = f.cuModuleGetFunction(&fn, m, name);
     CUgraphExec exec = NULL;
-    if (!r && !strcmp(kind, "graph")) {
+    int nested = !strncmp(kind, "nested", 6);
+    if (!r && (!strcmp(kind, "graph") || nested)) {
         CUgraph g;
         r = f.cuGraphCreate(&g, 0);
         for (int i = 0; !r && i < 4; i++) {
             CUgraphNode n;
             KNODE_V2 p = {fn, blocks / 4 ? blocks / 4 : 1, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL, NULL};
             r = f.cuGraphAddKernelNode_v2(&n, g, NULL, 0, &p);
+        }
+        /* nested: each level a graph whose only node is a child graph node (a clone of g) */
+        int levels = nested ? (kind[6] ? atoi(kind + 6) : 1) : 0;
+        if (!r && levels && (!f.cuGraphAddChildGraphNode || !f.cuGraphDestroy))
+            r = CUDA_ERROR_NOT_FOUND;
+        for (int l = 0; !r && l < levels; l++) {
+            CUgraph parent;
+            CUgraphNode n;
+            r = f.cuGraphCreate(&parent, 0);
+            if (!r) r = f.cuGraphAddChildGraphNode(&n, parent, NULL, 0, g);
+            if (!r) f.cuGraphDestroy(g);
+            if (!r) g = parent;
         }
         if (!r) r = f.cuGraphInstantiateWithFlags(&exec, g, 0);
     }
@@ -341,7 +359,7 @@ static void launch_loop(unsigned blocks, double seconds, const char *kind, const
             r = f.cuLaunchKernelEx(&cfg, fn, NULL, NULL);
         } else if (!strcmp(kind, "coop")) {
             r = f.cuLaunchCooperativeKernel(fn, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL);
-        } else if (!strcmp(kind, "graph")) {
+        } else if (!strcmp(kind, "graph") || nested) {
             r = f.cuGraphLaunch(exec, NULL);
         } else {
             r = f.cuLaunchKernel(fn, blocks, 1, 1, 128, 1, 1, 0, NULL, NULL, NULL);

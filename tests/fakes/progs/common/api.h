@@ -130,6 +130,9 @@
     X(cuGraphDestroy, cuGraphDestroy, 0, (CUgraph))                                          \
     X(cuGraphGetNodes, cuGraphGetNodes, 0, (CUgraph, CUgraphNode *, size_t *))               \
     X(cuGraphNodeGetType, cuGraphNodeGetType, 0, (CUgraphNode, CUgraphNodeType *))           \
+    X(cuGraphAddChildGraphNode, cuGraphAddChildGraphNode, 0,                                \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph))                        \
+    X(cuGraphChildGraphNodeGetGraph, cuGraphChildGraphNodeGetGraph, 0, (CUgraphNode, CUgraph *)) \
     X(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 0,                                     \
       (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *))   \
     X(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, 0,                                       \

@@ -599,6 +599,193 @@ static void op_graphlaunch(char **a) {
     emit("graphlaunch", rc, "\"launches\":%ld", done);
 }
 
+/* ---- child graphs ---- */
+/* Adds k kernel nodes of blocks blocks (the current kernel and threads) to g, in a chain. */
+static int add_kernels(CUgraph g, int k, unsigned blocks) {
+    int rc = 0;
+    CUgraphNode prev = NULL;
+    for (int i = 0; !rc && i < k; i++) {
+        CUDA_KERNEL_NODE_PARAMS_v2 p;
+        memset(&p, 0, sizeof p);
+        p.func = kernel;
+        p.gridDimX = blocks;
+        p.gridDimY = p.gridDimZ = 1;
+        p.blockDimX = threads_per_block;
+        p.blockDimY = p.blockDimZ = 1;
+        CUgraphNode node;
+        rc = CALL(cuGraphAddKernelNode_v2, &node, g, prev ? &prev : NULL, prev ? 1 : 0, &p);
+        prev = node;
+    }
+    return rc;
+}
+
+/* The only node of g (*node) and the count of g's nodes. */
+static int first_node(CUgraph g, CUgraphNode *node, size_t *count) {
+    *node = NULL;
+    int rc = CALL(cuGraphGetNodes, g, NULL, count);
+    size_t room = 1;
+    if (!rc && *count) rc = CALL(cuGraphGetNodes, g, node, &room);
+    return rc;
+}
+
+/* graphnest D K BLOCKS [NS]: a graph whose only node is a child graph node whose embedded
+ * graph's only node is a child graph node ... D levels (D 0: the kernels in the top graph),
+ * the innermost graph holding K kernel nodes of BLOCKS blocks (NS: the kernel fake_ns_NS,
+ * as "kernel NS" does, for the later ops too); each level's original graph is destroyed once
+ * embedded (the node holds a clone).  Walks back down through cuGraphGetNodes,
+ * cuGraphNodeGetType and cuGraphChildGraphNodeGetGraph; instantiates the top graph.  The id
+ * launches it ("graphlaunch ID [N]", "graphlaunchfor ID MS") and frees it ("free ID"). */
+static void op_graphnest(char **a) {
+    int depth = a[0] ? atoi(a[0]) : 1;
+    int k = a[1] ? atoi(a[1]) : 1;
+    unsigned blocks = a[2] ? (unsigned)parse_size(a[2]) : 1;
+    if (a[3]) {
+        snprintf(kernel_name, sizeof kernel_name, "fake_ns_%llu", (unsigned long long)parse_size(a[3]));
+        kernel = NULL;
+    }
+    int rc = depth < 0 || k < 0 ? CUDA_ERROR_INVALID_VALUE : ensure_kernel();
+    CUgraph g = NULL;
+    CUgraphExec ex = NULL;
+    if (!rc) rc = CALL(cuGraphCreate, &g, 0);
+    if (!rc) rc = add_kernels(g, k, blocks);
+    for (int level = 0; !rc && level < depth; level++) {
+        CUgraph parent = NULL;
+        CUgraphNode node;
+        rc = CALL(cuGraphCreate, &parent, 0);
+        if (!rc) rc = CALL(cuGraphAddChildGraphNode, &node, parent, NULL, 0, g);
+        if (!rc) rc = CALL(cuGraphDestroy, g); /* the node has its own clone */
+        if (rc) {
+            if (parent) CALL(cuGraphDestroy, parent);
+        } else {
+            g = parent;
+        }
+    }
+    /* back down: every level one child graph node, the innermost K kernel nodes */
+    int levels = 0, types_ok = 1;
+    size_t inner = 0;
+    CUgraph cur = g;
+    while (!rc) {
+        CUgraphNode node;
+        size_t count = 0;
+        CUgraphNodeType t = CU_GRAPH_NODE_TYPE_EMPTY;
+        rc = first_node(cur, &node, &count);
+        if (!rc && count) rc = CALL(cuGraphNodeGetType, node, &t);
+        if (rc || count != 1 || t != CU_GRAPH_NODE_TYPE_GRAPH || levels == depth) {
+            inner = count;
+            break;
+        }
+        rc = CALL(cuGraphChildGraphNodeGetGraph, node, &cur);
+        levels++;
+    }
+    CUgraphNodeType top = (CUgraphNodeType)-1;
+    if (!rc && levels > 0) {
+        CUgraphNode node;
+        size_t count;
+        rc = first_node(g, &node, &count);
+        if (!rc) rc = CALL(cuGraphNodeGetType, node, &top);
+        types_ok = top == CU_GRAPH_NODE_TYPE_GRAPH;
+    }
+    if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
+    int id = -1;
+    if (!rc) {
+        id = new_id((struct rec){.kind = R_GRAPH, .graph = g, .exec = ex});
+    } else {
+        if (ex) CALL(cuGraphExecDestroy, ex);
+        if (g) CALL(cuGraphDestroy, g);
+    }
+    emit("graphnest", rc, "\"id\":%d,\"depth\":%d,\"levels\":%d,\"kernels\":%zu,\"toptype\":%d,\"typesok\":%d",
+         id, depth, levels, inner, (int)top, types_ok);
+}
+
+/* A graph with one memory alloc node on the current device (no memory is taken). */
+static int mem_graph(CUgraph *g) {
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = cur_dev;
+    p.bytesize = 1 << 20;
+    CUgraphNode node;
+    int rc = CALL(cuGraphCreate, g, 0);
+    if (!rc) rc = CALL(cuGraphAddMemAllocNode, &node, *g, NULL, 0, &p);
+    return rc;
+}
+
+/* graphchild BLOCKS [EMB]: a graph P with one child graph node cloned from a graph C of one
+ * kernel node of BLOCKS blocks; then one more kernel node is added to C (not P's: the node
+ * holds a clone) and EMB to the embedded graph cuGraphChildGraphNodeGetGraph returns (P's).
+ * Reports the node counts of C ("orig") and of the embedded graph ("embedded"), the node's
+ * type, and the rcs of: cuGraphAddChildGraphNode of a graph with a memory alloc node
+ * ("memchild"), cuGraphAddMemAllocNode on the embedded graph ("memembedded"), cuGraphDestroy
+ * of the embedded graph ("destroyembedded").  P instantiated: the id launches it
+ * ("graphlaunch ID [N]") and frees it ("free ID"). */
+static void op_graphchild(char **a) {
+    unsigned blocks = a[0] ? (unsigned)parse_size(a[0]) : 1;
+    int emb = a[1] ? atoi(a[1]) : 0;
+    int rc = ensure_kernel();
+    CUgraph c = NULL, p = NULL, e = NULL, m = NULL;
+    CUgraphExec ex = NULL;
+    CUgraphNode node = NULL, other;
+    CUgraphNodeType type = (CUgraphNodeType)-1;
+    size_t orig = 0, embedded = 0;
+    int memchild = MISSING, memembedded = MISSING, destroyembedded = MISSING;
+    if (!rc) rc = CALL(cuGraphCreate, &c, 0);
+    if (!rc) rc = add_kernels(c, 1, blocks);
+    if (!rc) rc = CALL(cuGraphCreate, &p, 0);
+    if (!rc) rc = CALL(cuGraphAddChildGraphNode, &node, p, NULL, 0, c);
+    if (!rc) rc = add_kernels(c, 1, blocks);
+    if (!rc) rc = CALL(cuGraphChildGraphNodeGetGraph, node, &e);
+    if (!rc) rc = add_kernels(e, emb, blocks);
+    if (!rc) rc = CALL(cuGraphGetNodes, c, NULL, &orig);
+    if (!rc) rc = CALL(cuGraphGetNodes, e, NULL, &embedded);
+    if (!rc) rc = CALL(cuGraphNodeGetType, node, &type);
+    if (!rc) rc = mem_graph(&m);
+    if (!rc) memchild = CALL(cuGraphAddChildGraphNode, &other, p, NULL, 0, m);
+    if (!rc) {
+        CUDA_MEM_ALLOC_NODE_PARAMS mp;
+        memset(&mp, 0, sizeof mp);
+        mp.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        mp.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        mp.poolProps.location.id = cur_dev;
+        mp.bytesize = 1 << 20;
+        memembedded = CALL(cuGraphAddMemAllocNode, &other, e, NULL, 0, &mp);
+        destroyembedded = CALL(cuGraphDestroy, e);
+    }
+    if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, p, 0);
+    if (m) CALL(cuGraphDestroy, m);
+    if (c) CALL(cuGraphDestroy, c);
+    int id = -1;
+    if (!rc) {
+        id = new_id((struct rec){.kind = R_GRAPH, .graph = p, .exec = ex});
+    } else {
+        if (ex) CALL(cuGraphExecDestroy, ex);
+        if (p) CALL(cuGraphDestroy, p);
+    }
+    emit("graphchild", rc,
+         "\"id\":%d,\"orig\":%zu,\"embedded\":%zu,\"type\":%d,\"memchild\":%d,\"memembedded\":%d,"
+         "\"destroyembedded\":%d",
+         id, orig, embedded, (int)type, memchild, memembedded, destroyembedded);
+}
+
+/* graphlaunchfor ID MS [EVERY]: cuGraphLaunch of a graph id back to back for MS ms
+ * (cuCtxSynchronize every EVERY launches, and at the end), as launchfor does for kernels */
+static void op_graphlaunchfor(char **a) {
+    struct rec *r = get_id(a[0]);
+    double ms = a[1] ? atof(a[1]) : 1000;
+    long every = a[2] ? atol(a[2]) : 0;
+    int rc = ensure(cur_dev);
+    if (!rc && (!r || r->kind != R_GRAPH)) rc = CUDA_ERROR_INVALID_VALUE;
+    double t0 = now_ms();
+    long n = 0;
+    while (!rc && now_ms() - t0 < ms) {
+        rc = CALL(cuGraphLaunch, r->exec, NULL);
+        if (!rc) n++;
+        if (!rc && every > 0 && n % every == 0) rc = CALL(cuCtxSynchronize);
+    }
+    if (!rc) rc = CALL(cuCtxSynchronize);
+    emit("graphlaunchfor", rc, "\"launches\":%ld,\"ms\":%.3f", n, now_ms() - t0);
+}
+
 static void op_graphmem(char **a) {
     int dev = dev_arg(a[0]);
     cuuint64_t v[4] = {0, 0, 0, 0};
@@ -1186,6 +1373,12 @@ static void run_line(char *line) {
         op_graphalloc(a);
     } else if (!strcmp(op, "graphlaunch")) {
         op_graphlaunch(a);
+    } else if (!strcmp(op, "graphnest")) {
+        op_graphnest(a);
+    } else if (!strcmp(op, "graphchild")) {
+        op_graphchild(a);
+    } else if (!strcmp(op, "graphlaunchfor")) {
+        op_graphlaunchfor(a);
     } else if (!strcmp(op, "graphmem")) {
         op_graphmem(a);
     } else if (!strcmp(op, "graphmemreset")) {
