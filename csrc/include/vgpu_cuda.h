@@ -171,8 +171,10 @@ typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
 
 typedef enum CUgraphNodeType_enum {
     CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,
     CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
-    CU_GRAPH_NODE_TYPE_MEM_FREE = 11
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+    CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
 } CUgraphNodeType;
 
 typedef enum CUgraphMem_attribute_enum {

@@ -71,18 +71,38 @@ CUresult vg_impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, u
 
 /* ---- graphs: per exec, its kernel nodes (aux) and its allocations (bytes, on the
  * device of ordinal refs), recorded at instantiation ---- */
-static CUresult instantiated(CUresult r, CUgraphExec *exec, CUgraph graph)
+#define GRAPH_DEPTH 16 /* child graphs are followed this deep */
+
+/* A graph's kernel nodes, its child graphs' included, whatever their depth (finding 11:
+ * a graph of child graphs counted one kernel). A node of unknown type is taken for a
+ * kernel; a conditional node for one (its body runs zero or more times: the launch
+ * cannot know, and calibration corrects the estimate by what NVML sees). */
+static size_t kernel_nodes(CUgraph graph, int depth)
 {
-    if (r != CUDA_SUCCESS || !exec || !*exec) return r;
     size_t n = 0, kernels = 0;
     CUgraphNode *nodes = vg_graph_nodes(graph, &n);
     for (size_t i = 0; i < n; i++) {
         CUgraphNodeType t;
+        CUgraph child;
         if (!vg_real.cuGraphNodeGetType || vg_real.cuGraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS ||
-            t == CU_GRAPH_NODE_TYPE_KERNEL)
-            kernels++; /* a node of unknown type is taken for a kernel */
+            t == CU_GRAPH_NODE_TYPE_KERNEL || t == CU_GRAPH_NODE_TYPE_CONDITIONAL)
+            kernels++;
+        else if (t == CU_GRAPH_NODE_TYPE_GRAPH)
+            kernels += depth < GRAPH_DEPTH && vg_real.cuGraphChildGraphNodeGetGraph &&
+                               vg_real.cuGraphChildGraphNodeGetGraph(nodes[i], &child) ==
+                                   CUDA_SUCCESS
+                           ? kernel_nodes(child, depth + 1)
+                           : 1;
     }
     free(nodes);
+    return kernels;
+}
+
+static CUresult instantiated(CUresult r, CUgraphExec *exec, CUgraph graph)
+{
+    if (r != CUDA_SUCCESS || !exec || !*exec) return r;
+    size_t kernels = kernel_nodes(graph, 0);
+    VG_DEBUG("graph exec %p: %zu kernel nodes", (void *)*exec, kernels);
     uint64_t bytes;
     int ordinal;
     vg_graph_memory(graph, &bytes, &ordinal);

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 from pathlib import Path
@@ -154,7 +155,7 @@ def test_fixed_30_beside_a_50_neighbour(built: Built, tmp_path: Path, gpu: Path,
     assert together >= 0.8 * min(80.0, could), (share_a, share_b, cap_a, cap_b)
 
 
-@pytest.mark.parametrize("kind", ["coop", "graph", "ex"])
+@pytest.mark.parametrize("kind", ["coop", "graph", "ex", "nested3"])
 def test_every_launch_kind_is_charged(built: Built, tmp_path: Path, gpu: Path,
                                       kind: str) -> None:
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
@@ -238,3 +239,19 @@ def test_processes_sharing_a_limit_with_long_kernels_are_held_together(
     print(f"4 x 50ms fixed 21: {[round(t, 1) for t in total]}, late mean "
           f"{statistics.mean(late):.1f}")
     assert abs(statistics.mean(late) - 21) <= 3.0 + one_kernel, total
+
+
+@pytest.mark.parametrize("kind", ["graph", "nested", "nested3"])
+def test_a_graph_costs_every_kernel_of_its_child_graphs(built: Built, tmp_path: Path,
+                                                        gpu: Path, kind: str) -> None:
+    """Finding 11: a graph's kernels were counted at its top level only, so a graph whose
+    four kernels sit in a child graph (or three levels of them) cost one kernel per
+    launch, and only calibration, after the fact, caught up. The shim now counts them
+    through every level (its debug log says what it counted at instantiation)."""
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
+    a.env["VGPUD_LOG_LEVEL"] = "debug"
+    p = a.start("10us", kind, seconds=0.3)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    counted = {int(n) for n in re.findall(r"graph exec \S+: (\d+) kernel nodes", err)}
+    assert counted == {4}, err[-2000:]
