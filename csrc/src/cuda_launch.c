@@ -5,6 +5,7 @@
  * the growth of its device's graph memory pool before it is launched (cuda_pool.c). */
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "shim.h"
 
@@ -103,11 +104,19 @@ static CUresult instantiated(CUresult r, CUgraphExec *exec, CUgraph graph)
     if (r != CUDA_SUCCESS || !exec || !*exec) return r;
     size_t kernels = kernel_nodes(graph, 0);
     VG_DEBUG("graph exec %p: %zu kernel nodes", (void *)*exec, kernels);
-    uint64_t bytes;
-    int ordinal;
-    vg_graph_memory(graph, &bytes, &ordinal);
-    vg_remember(VG_T_GRAPH, (vg_alloc){.key = (uint64_t)(uintptr_t)*exec, .bytes = bytes,
-                                       .refs = ordinal, .aux = kernels ? kernels : 1});
+    /* what it allocates, per device: the first device in the record, the others (a
+     * graph with allocation nodes on several GPUs) in an array the record points to */
+    vg_graph_dev devs[VG_GRAPH_DEVS];
+    int nd = vg_graph_memory(graph, devs);
+    vg_graph_dev *more = NULL;
+    if (nd > 1 && (more = malloc(sizeof *more * (size_t)(nd - 1))) != NULL)
+        memcpy(more, devs + 1, sizeof *more * (size_t)(nd - 1));
+    vg_remember(VG_T_GRAPH, (vg_alloc){.key = (uint64_t)(uintptr_t)*exec,
+                                       .bytes = nd ? devs[0].bytes : 0,
+                                       .refs = nd ? devs[0].ordinal : -1,
+                                       .aux = kernels ? kernels : 1,
+                                       .ctx = (uint64_t)(uintptr_t)more,
+                                       .holds = more ? nd - 1 : 0});
     return r;
 }
 
@@ -152,7 +161,9 @@ CUresult vg_impl_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUg
 CUresult vg_impl_cuGraphExecDestroy(CUgraphExec h)
 {
     CUresult r = vg_real.cuGraphExecDestroy(h);
-    if (r == CUDA_SUCCESS) vg_forget(VG_T_GRAPH, (uint64_t)(uintptr_t)h, NULL);
+    vg_alloc g;
+    if (r == CUDA_SUCCESS && vg_forget(VG_T_GRAPH, (uint64_t)(uintptr_t)h, &g))
+        free((void *)(uintptr_t)g.ctx);
     return r;
 }
 
@@ -160,7 +171,15 @@ static CUresult graph_launch(CUgraphExec h, CUstream s, int ptsz)
 {
     vg_alloc g = {.aux = 1, .refs = -1};
     vg_peek(VG_T_GRAPH, (uint64_t)(uintptr_t)h, &g);
+    const vg_graph_dev *more = (const vg_graph_dev *)(uintptr_t)g.ctx;
     CUresult c = vg_graph_launch_charge(g.bytes, g.refs);
+    for (int i = 0; c == CUDA_SUCCESS && i < g.holds; i++) {
+        c = vg_graph_launch_charge(more[i].bytes, more[i].ordinal);
+        if (c != CUDA_SUCCESS) { /* give back what the others' pools were charged */
+            vg_graph_launched(g.refs);
+            for (int j = 0; j < i; j++) vg_graph_launched(more[j].ordinal);
+        }
+    }
     if (c != CUDA_SUCCESS) return c;
     if (__atomic_load_n(&vg_sm_any_limited, __ATOMIC_RELAXED)) {
         int dev;
@@ -168,6 +187,7 @@ static CUresult graph_launch(CUgraphExec h, CUstream s, int ptsz)
     }
     CUresult r = ptsz ? vg_real.cuGraphLaunch_ptsz(h, s) : vg_real.cuGraphLaunch(h, s);
     if (g.bytes) vg_graph_launched(g.refs);
+    for (int i = 0; i < g.holds; i++) vg_graph_launched(more[i].ordinal);
     return r;
 }
 

@@ -299,12 +299,13 @@ CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n)
     return nodes;
 }
 
-/* what a graph allocates, summed over its allocation nodes (one device: the first) */
-void vg_graph_memory(CUgraph graph, uint64_t *bytes, int *ordinal)
+/* what a graph allocates, summed over its allocation nodes per device (finding 2: all
+ * were charged to the first node's device); returns how many devices, at most
+ * VG_GRAPH_DEVS (the rest are counted on the last one) */
+int vg_graph_memory(CUgraph graph, vg_graph_dev out[VG_GRAPH_DEVS])
 {
-    *bytes = 0;
-    *ordinal = -1;
-    if (!vg_real.cuGraphNodeGetType || !vg_real.cuGraphMemAllocNodeGetParams) return;
+    int nd = 0;
+    if (!vg_real.cuGraphNodeGetType || !vg_real.cuGraphMemAllocNodeGetParams) return 0;
     size_t n;
     CUgraphNode *nodes = vg_graph_nodes(graph, &n); /* all of them: the 513th too */
     for (size_t i = 0; i < n; i++) {
@@ -314,10 +315,16 @@ void vg_graph_memory(CUgraph graph, uint64_t *bytes, int *ordinal)
             t != CU_GRAPH_NODE_TYPE_MEM_ALLOC ||
             vg_real.cuGraphMemAllocNodeGetParams(nodes[i], &p) != CUDA_SUCCESS)
             continue;
-        *bytes += p.bytesize;
-        if (*ordinal < 0) *ordinal = p.poolProps.location.id;
+        int j = 0, ordinal = p.poolProps.location.id;
+        while (j < nd && out[j].ordinal != ordinal) j++;
+        if (j == nd) {
+            if (nd == VG_GRAPH_DEVS) j = nd - 1;
+            else out[nd++] = (vg_graph_dev){.ordinal = ordinal, .bytes = 0};
+        }
+        out[j].bytes += p.bytesize;
     }
     free(nodes);
+    return nd;
 }
 
 /* before a launch of a graph that allocates: its pool's growth, against the limit */

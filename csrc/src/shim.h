@@ -126,7 +126,8 @@ typedef struct vg_alloc {
     int32_t kind;     /* enum vg_kind */
     int32_t refs;     /* a VMM handle's live mappings */
     int32_t flags;    /* VG_F_* */
-    int32_t holds;    /* a VMM allocation's handles not released yet (create, retain, import) */
+    int32_t holds;    /* a VMM allocation's handles not released yet (create, retain, import);
+                       * a graph exec's devices past the first (their bytes at ctx) */
 } vg_alloc;
 #define VG_F_RELEASED 1 /* a VMM handle released while still mapped */
 #define VG_F_PENDING 2  /* a context whose memory is not measured yet */
@@ -186,7 +187,9 @@ void vg_context_created(CUcontext ctx, CUdevice ordinal, int primary);
 /* ---- cuda_pool.c ---- */
 void vg_pools_reconcile(int dev);            /* dev -1: every device */
 extern int vg_pools_dirty;                   /* a pool may have released memory */
-void vg_graph_memory(CUgraph graph, uint64_t *bytes, int *ordinal);
+#define VG_GRAPH_DEVS 8
+typedef struct { int ordinal; uint64_t bytes; } vg_graph_dev;
+int vg_graph_memory(CUgraph graph, vg_graph_dev out[VG_GRAPH_DEVS]);
 CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal);
 void vg_graph_launched(int ordinal);
 

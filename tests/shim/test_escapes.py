@@ -352,3 +352,18 @@ def test_vmm_memory_another_handle_keeps_stays_charged(
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_graph_allocating_on_two_gpus_is_charged_on_each(shim: Shim) -> None:
+    """Finding 2 (allocation nodes on several devices): a graph's allocation nodes were
+    all charged to the first node's device, so 2 GiB on a 1 GiB-limited GPU went through
+    behind 1 MiB on a 4 GiB one. Each device's nodes are now charged to that device."""
+    shim.config(device__0__memory_limit=str(4 * GIB), device__1__memory_limit=str(GIB))
+    out = shim.interp("use 0; graphalloc2 0 1m 1 2g; graphlaunch 0; "
+                      "graphalloc2 0 1m 1 512m; graphlaunch 1; info; use 1; info; "
+                      "alloc 1 600m; alloc 1 500m", env=NO_CTX)
+    assert rcs(out, "graphlaunch") == [OOM, 0], out
+    on0, on1 = free_bytes(out)
+    assert on0 == 4 * GIB - 2 * MIB  # 1 MiB, in the graph pool's 2 MiB steps
+    assert on1 == GIB - 512 * MIB
+    assert rcs(out, "alloc") == [OOM, 0]

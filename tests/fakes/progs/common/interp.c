@@ -588,6 +588,39 @@ static void op_graphalloc(char **a) {
          id, (unsigned long long)p.dptr, size, nodes, (int)types[0], fn ? (int)types[1] : -1);
 }
 
+/* graphalloc2 D1 SIZE1 D2 SIZE2: one graph with an allocation node on each of two
+ * devices (the context is D1's), instantiated; its id works with graphlaunch */
+static void op_graphalloc2(char **a) {
+    int d1 = dev_arg(a[0]), d2 = a[1] && a[2] ? dev_arg(a[2]) : 0;
+    uint64_t s1 = parse_size(a[1]), s2 = a[2] ? parse_size(a[3]) : 0;
+    int rc = ensure(d1);
+    CUgraph g = NULL;
+    CUgraphExec ex = NULL;
+    CUgraphNode n1 = NULL, n2 = NULL;
+    CUDA_MEM_ALLOC_NODE_PARAMS p1, p2;
+    memset(&p1, 0, sizeof p1);
+    p1.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p1.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p1.poolProps.location.id = d1;
+    p1.bytesize = s1;
+    p2 = p1;
+    p2.poolProps.location.id = d2;
+    p2.bytesize = s2;
+    if (!rc) rc = CALL(cuGraphCreate, &g, 0);
+    if (!rc) rc = CALL(cuGraphAddMemAllocNode, &n1, g, NULL, 0, &p1);
+    if (!rc) rc = CALL(cuGraphAddMemAllocNode, &n2, g, NULL, 0, &p2);
+    if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
+    int id = -1;
+    if (!rc) {
+        id = new_id((struct rec){.kind = R_GRAPH, .graph = g, .exec = ex, .ptr = p1.dptr,
+                                 .size = s1});
+    } else {
+        if (ex) CALL(cuGraphExecDestroy, ex);
+        if (g) CALL(cuGraphDestroy, g);
+    }
+    emit("graphalloc2", rc, "\"id\":%d", id);
+}
+
 static void op_graphlaunch(char **a) {
     struct rec *r = get_id(a[0]);
     long n = a[1] ? atol(a[1]) : 1;
@@ -1371,6 +1404,8 @@ static void run_line(char *line) {
         emit(op, rc ? CUDA_ERROR_INVALID_VALUE : 0, NULL);
     } else if (!strcmp(op, "graphalloc")) {
         op_graphalloc(a);
+    } else if (!strcmp(op, "graphalloc2")) {
+        op_graphalloc2(a);
     } else if (!strcmp(op, "graphlaunch")) {
         op_graphlaunch(a);
     } else if (!strcmp(op, "graphnest")) {
