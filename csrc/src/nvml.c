@@ -10,6 +10,7 @@
  * matches no process of the container is never shown, even before any mapping is
  * known: another container's processes are not this container's business. */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,6 +139,29 @@ static int view_slot(const view *v, unsigned pid)
     return -1;
 }
 
+/* Keeps, in place and in order, the rows (size bytes each, the PID an unsigned at pid_at)
+ * of the container's own processes, each under its own PID; returns how many. slots (if
+ * given, VG_MAX_SLOTS long) gets the first kept rows' slots in the view. Every NVML view of the GPU's processes
+ * is filtered through here. */
+static unsigned own_rows(const view *v, void *rows, size_t size, size_t pid_at, unsigned n,
+                         int *slots)
+{
+    unsigned char *r = rows;
+    unsigned k = 0;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned pid;
+        memcpy(&pid, r + i * size + pid_at, sizeof pid);
+        int j = view_slot(v, pid);
+        if (j < 0) continue;
+        if (k != i) memmove(r + k * size, r + i * size, size);
+        pid = (unsigned)v->cp[j];
+        memcpy(r + k * size + pid_at, &pid, sizeof pid);
+        if (slots && k < VG_MAX_SLOTS) slots[k] = j;
+        k++;
+    }
+    return k;
+}
+
 static int container_rows(nvmlDevice_t device, const proc_row *all, int n, proc_row *out)
 {
     view v;
@@ -236,14 +260,8 @@ nvmlReturn_t vg_impl_nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     unsigned n = 0;
     nvmlReturn_t r = vg_nvml_samples(device, lastSeen, &buf, &n);
     if (r != NVML_SUCCESS) return r;
-    unsigned k = 0;
-    for (unsigned i = 0; i < n; i++) {
-        int j = view_slot(&v, buf[i].pid);
-        if (j < 0) continue;
-        buf[k] = buf[i];
-        buf[k].pid = (unsigned)v.cp[j];
-        k++;
-    }
+    unsigned k = own_rows(&v, buf, sizeof *buf, offsetof(nvmlProcessUtilizationSample_t, pid), n,
+                          NULL);
     nvmlReturn_t out = NVML_SUCCESS;
     if (k == 0) {
         out = NVML_ERROR_NOT_FOUND; /* as the driver answers when it has no sample */
@@ -376,17 +394,13 @@ nvmlReturn_t vg_impl_nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
     if (!plist || v.all) return vg_real.nvmlDeviceGetRunningProcessDetailList(device, plist);
     if (plist->version != nvmlProcessDetailList_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     nvmlProcessDetail_v1_t *buf = NULL;
-    unsigned n = 0, k = 0;
+    unsigned n = 0;
     nvmlReturn_t r = read_whole(fill_detail, device, &plist->mode, sizeof *buf, (void **)&buf, &n);
     if (r != NVML_SUCCESS) return r;
-    for (unsigned i = 0; i < n; i++) {
-        int j = view_slot(&v, buf[i].pid);
-        if (j < 0) continue;
-        buf[k] = buf[i];
-        buf[k].pid = (unsigned)v.cp[j];
-        buf[k].usedGpuMemory = v.used[j];
-        k++;
-    }
+    int slots[VG_MAX_SLOTS];
+    unsigned k = own_rows(&v, buf, sizeof *buf, offsetof(nvmlProcessDetail_v1_t, pid), n, slots);
+    for (unsigned i = 0; i < k && i < VG_MAX_SLOTS; i++)
+        buf[i].usedGpuMemory = v.used[slots[i]]; /* as charged */
     if (!plist->procArray || plist->numProcArrayEntries < k) {
         r = NVML_ERROR_INSUFFICIENT_SIZE;
     } else if (k) {
@@ -415,17 +429,12 @@ nvmlReturn_t vg_impl_nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device,
     if (info->version != nvmlProcessesUtilizationInfo_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     nvmlProcessUtilizationInfo_v1_t *buf = NULL;
-    unsigned n = 0, k = 0;
+    unsigned n = 0;
     nvmlReturn_t r = read_whole(fill_util_info, device, &info->lastSeenTimeStamp, sizeof *buf,
                                 (void **)&buf, &n);
     if (r != NVML_SUCCESS) return r;
-    for (unsigned i = 0; i < n; i++) {
-        int j = view_slot(&v, buf[i].pid);
-        if (j < 0) continue;
-        buf[k] = buf[i];
-        buf[k].pid = (unsigned)v.cp[j];
-        k++;
-    }
+    unsigned k = own_rows(&v, buf, sizeof *buf, offsetof(nvmlProcessUtilizationInfo_v1_t, pid),
+                          n, NULL);
     if (k == 0) {
         r = NVML_ERROR_NOT_FOUND; /* as the driver answers when it has no sample */
     } else {
@@ -453,13 +462,10 @@ nvmlReturn_t vg_impl_nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned i
     view v;
     container_view(device, &v);
     if (!count || v.all) return vg_real.nvmlDeviceGetAccountingPids(device, count, pids);
-    unsigned *buf = NULL, n = 0, k = 0;
+    unsigned *buf = NULL, n = 0;
     nvmlReturn_t r = read_whole(fill_pids, device, NULL, sizeof *buf, (void **)&buf, &n);
     if (r != NVML_SUCCESS) return r;
-    for (unsigned i = 0; i < n; i++) {
-        int j = view_slot(&v, buf[i]);
-        if (j >= 0) buf[k++] = (unsigned)v.cp[j];
-    }
+    unsigned k = own_rows(&v, buf, sizeof *buf, 0, n, NULL);
     if (!pids || *count < k) r = NVML_ERROR_INSUFFICIENT_SIZE;
     else if (k) memcpy(pids, buf, sizeof *buf * k);
     *count = k;

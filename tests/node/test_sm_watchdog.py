@@ -8,7 +8,6 @@ file (a neighbour's host PID, say) is never held against anyone."""
 
 from __future__ import annotations
 
-import struct
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +20,8 @@ from vgpud.core.arbitration import Arbiter
 from vgpud.node.arbiter import Member, Publisher, run_arbiter
 from vgpud.node.registration import Owner, Registry
 from vgpud.node.watchdog import SmKill, SmReport, SmUsage, Watchdog, Watched, sm_margin
+
+from .test_usage_file import valid_file
 
 GIB = 1 << 30
 GPU = "GPU-0"
@@ -59,21 +60,6 @@ def test_an_honest_overshoot_is_no_incident() -> None:
     assert w.decide_sm(29.0, [u]) == []
 
 
-def _usage_file(state: Path, host_pid: int) -> None:
-    """A container's usage file naming ``host_pid`` as one of its processes."""
-    buf = bytearray(shm.FILE_SIZE)
-    h = shm.HEADER_FIELDS
-    for name, value in (("magic", shm.MAGIC), ("version", shm.VERSION),
-                        ("header_size", shm.HEADER_SIZE), ("slot_size", shm.SLOT_SIZE),
-                        ("max_slots", shm.MAX_SLOTS), ("max_devices", shm.MAX_DEVICES),
-                        ("device_count", 1), ("generation", 2)):
-        struct.pack_into(h[name][1], buf, h[name][0], value)
-    struct.pack_into("<i", buf, shm.HEADER_SIZE + shm.SLOT_FIELDS["pid"][0], 7)
-    struct.pack_into("<i", buf, shm.HEADER_SIZE + shm.SLOT_FIELDS["host_pid"][0], host_pid)
-    state.mkdir(parents=True, exist_ok=True)
-    (state / shm.STATE_FILE).write_bytes(bytes(buf))
-
-
 @pytest.mark.anyio
 async def test_the_arbiters_rounds_feed_the_watchdog_which_kills_the_abuser(
         tmp_path: Path) -> None:
@@ -84,7 +70,8 @@ async def test_the_arbiters_rounds_feed_the_watchdog_which_kills_the_abuser(
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     abuser, bystander = await anyio.open_process(sleeper), await anyio.open_process(sleeper)
     try:
-        _usage_file(tmp_path / "b", bystander.pid)
+        (tmp_path / "b").mkdir()
+        valid_file(tmp_path / "b" / shm.STATE_FILE, host_pid=bystander.pid)
         watched = {"ka": Watched(A, {GPU: GIB}, {GPU: 30}),
                    "kb": Watched(B, {GPU: GIB}, {GPU: 30})}
         members = [Member("ka", 0, (GPU,), tmp_path / "a"), Member("kb", 0, (GPU,), tmp_path / "b")]

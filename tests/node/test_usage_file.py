@@ -18,7 +18,8 @@ import pytest
 from vgpud import shm
 
 
-def _valid_file(path: Path, used: int = 123 << 20) -> None:
+def valid_file(path: Path, used: int = 123 << 20, host_pid: int = 0) -> None:
+    """A version-1 usage file at ``path``; with ``host_pid``, one process slot naming it."""
     buf = bytearray(shm.FILE_SIZE)
     h = shm.HEADER_FIELDS
     for name, value in (("magic", shm.MAGIC), ("version", shm.VERSION),
@@ -27,18 +28,21 @@ def _valid_file(path: Path, used: int = 123 << 20) -> None:
                         ("device_count", 1), ("generation", 2)):
         struct.pack_into(h[name][1], buf, h[name][0], value)
     struct.pack_into("<Q", buf, h["used"][0], used)
+    if host_pid:
+        struct.pack_into("<i", buf, shm.HEADER_SIZE + shm.SLOT_FIELDS["pid"][0], 7)
+        struct.pack_into("<i", buf, shm.HEADER_SIZE + shm.SLOT_FIELDS["host_pid"][0], host_pid)
     path.write_bytes(bytes(buf))
 
 
 def test_a_valid_file_reads(tmp_path: Path) -> None:
-    _valid_file(tmp_path / shm.STATE_FILE)
+    valid_file(tmp_path / shm.STATE_FILE)
     snap = shm.read_usage(tmp_path)
     assert (snap.device_count, snap.devices[0].used) == (1, 123 << 20)
 
 
 def test_truncation_in_a_loop_never_kills_the_reader(tmp_path: Path) -> None:
     """Run in a child: before the fix the reader died of SIGBUS (rc -7)."""
-    _valid_file(tmp_path / shm.STATE_FILE)
+    valid_file(tmp_path / shm.STATE_FILE)
     script = textwrap.dedent(f"""
         import os, sys, threading
         from pathlib import Path
@@ -83,7 +87,7 @@ def test_a_fifo_in_its_place_is_refused_at_once(tmp_path: Path) -> None:
 def test_a_link_to_a_neighbours_file_is_not_followed(tmp_path: Path) -> None:
     neighbour = tmp_path / "other"
     neighbour.mkdir()
-    _valid_file(neighbour / shm.STATE_FILE)
+    valid_file(neighbour / shm.STATE_FILE)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / shm.STATE_FILE).symlink_to(neighbour / shm.STATE_FILE)
