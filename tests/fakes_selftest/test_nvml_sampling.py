@@ -119,15 +119,27 @@ def test_samples_come_from_the_timeline_of_every_process(fake: Fake) -> None:
         assert '"rc":0' in p.proc.stdout.readline()
     time.sleep(max(0, start + 5 * W + 5_000_000 - time.monotonic_ns()) / 1e9)
     nv = fake.nvml()
-    got = nv.do(f"util 0 {mono_to_real_us(start) + 1000}")["samples"]
+    # the query averages every window completed when it runs: five, or more where a busy
+    # host delayed it (one CI run queried after a sixth window and read 30 for 36.3 over
+    # five), so the windows are counted around the query and it is asked again if one
+    # ended while it ran
+    while True:
+        before = time.monotonic_ns()
+        got = nv.do(f"util 0 {mono_to_real_us(start) + 1000}")["samples"]
+        windows = (before - start) // W
+        if (time.monotonic_ns() - start) // W == windows:
+            break
+    assert windows >= 5
     shares = []
     for p in (a, b):
-        # the five windows the query averages (idle ones count 0), exactly, in percent
-        busy = p.ok(f"fake_busy_ns 0 {p.pid} {start} {start + 5 * W}")["value"]
-        exact = 100 * busy / (5 * W)
+        # the windows the query averages (idle ones count 0), exactly, in percent
+        busy = p.ok(f"fake_busy_ns 0 {p.pid} {start} {start + windows * W}")["value"]
+        exact = 100 * busy / (windows * W)
         util = got[str(p.pid)]["smUtil"]
         assert abs(util - exact) <= 1.5, (p.pid, util, exact, got)  # per-window rounding
-        assert util >= 5, got  # both processes ran and are sampled under their own pid
+        # both processes ran and are sampled under their own pid (how much each ran is the
+        # OS scheduler's: one run gave a launcher 3 % beside its neighbour's 75)
+        assert busy > 0 and str(p.pid) in got, got
         shares.append(util)
     assert sum(shares) <= 101, got
 
