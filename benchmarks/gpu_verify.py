@@ -295,6 +295,24 @@ def environment() -> dict[str, Any]:
             "sms": torch.cuda.get_device_properties(0).multi_processor_count}
 
 
+class Results(list[dict[str, Any]]):
+    """The checks' results, each printed (and written to ``out``) as it comes: a run cut
+    short by the machine's lease still leaves what it measured."""
+
+    def __init__(self, out: Path | None) -> None:
+        super().__init__()
+        self.out = out
+        if out:
+            out.write_text("")
+
+    def append(self, r: dict[str, Any]) -> None:
+        super().append(r)
+        print(json.dumps(r), flush=True)
+        if self.out:
+            with self.out.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", type=int, default=0, help="CUDA ordinal to verify")
@@ -319,7 +337,9 @@ def main() -> int:
     subprocess.run(["make", "-s", "-C", str(ROOT / "csrc")], check=True)
     limit = args.limit_mib * MIB
     base_env = {"CUDA_VISIBLE_DEVICES": str(args.device)}
-    results = [environment(), proc_addresses()]
+    results = Results(args.out)
+    results.append(environment())
+    results.append(proc_addresses())
     with tempfile.TemporaryDirectory() as d:
         state = Path(d) / "state"
         state.mkdir()
@@ -333,13 +353,13 @@ def main() -> int:
         for check in ("meminfo", "oom", "nvml") if "memory" in groups else ():
             results.append(child(check, config(0), limit, 0, base_env))
         if "memory" in groups:
-            results.append(child("oom", config(0), limit, 0, dict(
-                base_env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")))
-            results[-1]["check"] = "oom_expandable_segments"
+            results.append({**child("oom", config(0), limit, 0, dict(
+                base_env, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")),
+                "check": "oom_expandable_segments"})
             results.append(child("legacy", config(0), limit, 0, base_env))
-            results.append(child("oom", config(0), limit, 0, dict(
-                base_env, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")))
-            results[-1]["check"] = "oom_cudaMallocAsync"
+            results.append({**child("oom", config(0), limit, 0, dict(
+                base_env, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")),
+                "check": "oom_cudaMallocAsync"})
             results.append(child("setlimit", config(0), limit, 0, base_env))
         if "views" in groups:
             results.append(child("views", config(0), limit, 0, base_env))
@@ -381,10 +401,6 @@ def main() -> int:
                 capture_output=True, text=True)
             results.append({"check": "nvidia-smi", "ok": smi.returncode == 0,
                             "output": smi.stdout[-1500:]})
-    for r in results:
-        print(json.dumps(r))
-    if args.out:
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in results))
     ok = all(r.get("ok") for r in results)
     print(json.dumps({"summary": "pass" if ok else "fail", "date": time.strftime("%Y-%m-%d")}))
     return 0 if ok else 1
