@@ -111,12 +111,23 @@ static CUresult instantiated(CUresult r, CUgraphExec *exec, CUgraph graph)
     vg_graph_dev *more = NULL;
     if (nd > 1 && (more = malloc(sizeof *more * (size_t)(nd - 1))) != NULL)
         memcpy(more, devs + 1, sizeof *more * (size_t)(nd - 1));
-    vg_remember(VG_T_GRAPH, (vg_alloc){.key = (uint64_t)(uintptr_t)*exec,
-                                       .bytes = nd ? devs[0].bytes : 0,
-                                       .refs = nd ? devs[0].ordinal : -1,
-                                       .aux = kernels ? kernels : 1,
-                                       .ctx = (uint64_t)(uintptr_t)more,
-                                       .holds = more ? nd - 1 : 0});
+    if (nd > 1 && !more) { /* what it allocates past the first device cannot be kept */
+        vg_real.cuGraphExecDestroy(*exec);
+        *exec = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (vg_remember(VG_T_GRAPH, (vg_alloc){.key = (uint64_t)(uintptr_t)*exec,
+                                           .bytes = nd ? devs[0].bytes : 0,
+                                           .refs = nd ? devs[0].ordinal : -1,
+                                           .aux = kernels ? kernels : 1,
+                                           .ctx = (uint64_t)(uintptr_t)more,
+                                           .holds = more ? nd - 1 : 0}) != 0) {
+        /* an executable the shim cannot remember would launch uncharged: refused */
+        free(more);
+        vg_real.cuGraphExecDestroy(*exec);
+        *exec = NULL;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return r;
 }
 
@@ -170,14 +181,14 @@ CUresult vg_impl_cuGraphExecDestroy(CUgraphExec h)
 static CUresult graph_launch(CUgraphExec h, CUstream s, int ptsz)
 {
     vg_alloc g = {.aux = 1, .refs = -1};
-    vg_peek(VG_T_GRAPH, (uint64_t)(uintptr_t)h, &g);
+    int known = vg_peek(VG_T_GRAPH, (uint64_t)(uintptr_t)h, &g);
     const vg_graph_dev *more = (const vg_graph_dev *)(uintptr_t)g.ctx;
     CUresult c = vg_graph_launch_charge(g.bytes, g.refs);
     for (int i = 0; c == CUDA_SUCCESS && i < g.holds; i++) {
         c = vg_graph_launch_charge(more[i].bytes, more[i].ordinal);
         if (c != CUDA_SUCCESS) { /* give back what the others' pools were charged */
-            vg_graph_launched(g.refs);
-            for (int j = 0; j < i; j++) vg_graph_launched(more[j].ordinal);
+            vg_graph_launched(g.refs, c);
+            for (int j = 0; j < i; j++) vg_graph_launched(more[j].ordinal, c);
         }
     }
     if (c != CUDA_SUCCESS) return c;
@@ -186,8 +197,12 @@ static CUresult graph_launch(CUgraphExec h, CUstream s, int ptsz)
         if (vg_current(NULL, &dev) && dev >= 0) vg_sm_charge_graph(dev, g.aux);
     }
     CUresult r = ptsz ? vg_real.cuGraphLaunch_ptsz(h, s) : vg_real.cuGraphLaunch(h, s);
-    if (g.bytes) vg_graph_launched(g.refs);
-    for (int i = 0; i < g.holds; i++) vg_graph_launched(more[i].ordinal);
+    if (g.bytes) vg_graph_launched(g.refs, r);
+    for (int i = 0; i < g.holds; i++) vg_graph_launched(more[i].ordinal, r);
+    /* an executable the shim never saw instantiated (none should be: every instantiate
+     * is hooked, and one it cannot remember is refused) may allocate anywhere: every
+     * graph pool is read now and again at the next synchronisation */
+    if (!known && r == CUDA_SUCCESS) vg_graph_unknown_launched();
     return r;
 }
 

@@ -22,13 +22,14 @@
 VG_MUTEX(table_mu);
 static vg_alloc_table tables[VG_T_N];
 
-void vg_remember(int table, vg_alloc a)
+int vg_remember(int table, vg_alloc a)
 {
     vg_lock(&table_mu);
     int r = vg_table_put(&tables[table], a);
     vg_unlock(&table_mu);
     if (r) VG_ERROR("allocation table full: %llu bytes will stay charged",
                     (unsigned long long)a.bytes);
+    return r;
 }
 
 /* A forked child owns none of its parent's allocations (CUDA does not carry into a

@@ -59,11 +59,17 @@ static int pool_now(const vg_alloc *p, uint64_t *reserved, uint64_t *used)
 }
 
 /* charge exactly what the pool reserves now; a pool the driver no longer knows
- * reserves nothing. Caller holds pool_mu. */
+ * reserves nothing. A graph pool charged for a launch whose memory the driver may map
+ * only when the work runs keeps that charge (its floor, in .ctx) until the pool has
+ * grown to it or a synchronisation of the context has passed. Caller holds pool_mu. */
 static void settle(vg_alloc *p)
 {
     uint64_t reserved = 0, used = 0;
     if (pool_now(p, &reserved, &used) != 0) reserved = 0;
+    if (p->kind && p->ctx) {
+        if (reserved >= p->ctx) p->ctx = 0; /* grown: exact from here on */
+        else reserved = p->ctx;
+    }
     if (reserved > p->bytes)
         vg_state_charge(p->dev, reserved - p->bytes, VG_KIND_DEVICE, VG_CHARGE_FORCE);
     else if (reserved < p->bytes)
@@ -266,6 +272,34 @@ static CUresult synced(CUresult r)
     return r;
 }
 
+static int unfloor(vg_alloc *p, void *arg)
+{
+    if (p->kind && p->ctx && p->dev == *(const int *)arg) {
+        p->ctx = 0;
+        vg_remember(VG_T_POOL, *p);
+    }
+    return 0;
+}
+
+/* a context has run all its work: every graph launch's memory on its device is mapped
+ * by now, so what that device's graph pool reserves is exact, floor or not */
+static CUresult ctx_synced(CUresult r, CUcontext ctx)
+{
+    int dev = -1;
+    vg_alloc c;
+    if (!ctx) {
+        if (!vg_current(NULL, &dev)) dev = -1;
+    } else if (vg_peek(VG_T_CTX, (uint64_t)(uintptr_t)ctx, &c)) {
+        dev = c.dev;
+    }
+    if (r == CUDA_SUCCESS && dev >= 0 && __atomic_load_n(&vg_pools_dirty, __ATOMIC_ACQUIRE)) {
+        vg_lock(&pool_mu);
+        vg_each(VG_T_POOL, unfloor, &dev);
+        vg_unlock(&pool_mu);
+    }
+    return synced(r);
+}
+
 CUresult vg_impl_cuStreamSynchronize(CUstream s) { return synced(vg_real.cuStreamSynchronize(s)); }
 
 CUresult vg_impl_cuStreamSynchronize_ptsz(CUstream s)
@@ -273,11 +307,11 @@ CUresult vg_impl_cuStreamSynchronize_ptsz(CUstream s)
     return synced(vg_real.cuStreamSynchronize_ptsz(s));
 }
 
-CUresult vg_impl_cuCtxSynchronize(void) { return synced(vg_real.cuCtxSynchronize()); }
+CUresult vg_impl_cuCtxSynchronize(void) { return ctx_synced(vg_real.cuCtxSynchronize(), NULL); }
 
 CUresult vg_impl_cuCtxSynchronize_v2(CUcontext ctx)
 {
-    return synced(vg_real.cuCtxSynchronize_v2(ctx));
+    return ctx_synced(vg_real.cuCtxSynchronize_v2(ctx), ctx);
 }
 
 CUresult vg_impl_cuEventSynchronize(CUevent e) { return synced(vg_real.cuEventSynchronize(e)); }
@@ -339,24 +373,54 @@ CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal)
     if (pool_now(&p, &reserved, &used) == 0)
         growth = reserved - used >= bytes ? 0 : round_up(bytes - (reserved - used));
     CUresult r = CUDA_SUCCESS;
-    if (growth && vg_state_charge(dev, growth, VG_KIND_DEVICE, 0) != 0) r = CUDA_ERROR_OUT_OF_MEMORY;
-    else p.bytes += growth;
+    if (growth && vg_state_charge(dev, growth, VG_KIND_DEVICE, 0) != 0) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (growth) {
+        p.bytes += growth;
+        p.ctx = p.bytes; /* the floor: kept until the launch's memory is mapped */
+    }
     vg_remember(VG_T_POOL, p);
     vg_unlock(&pool_mu);
     return r;
 }
 
-void vg_graph_launched(int ordinal)
+/* after a launch (or a refused one: launch is its result): the pool is read back. A
+ * launch's memory may be mapped only when its work runs (after the call returns), so
+ * the charge made before it stays (settle's floor), and the next synchronisation reads
+ * the pool again (finding 2: it was settled on return, the charge dropped back, and an
+ * allocation fitted beside memory the pool took a moment later). */
+void vg_graph_launched(int ordinal, CUresult launch)
 {
     vg_alloc p;
     vg_lock(&pool_mu);
-    if (ordinal >= 0 && vg_peek(VG_T_POOL, GRAPH_POOL(ordinal), &p)) settle(&p);
+    if (ordinal >= 0 && vg_peek(VG_T_POOL, GRAPH_POOL(ordinal), &p)) {
+        if (launch != CUDA_SUCCESS) p.ctx = 0; /* nothing will be mapped */
+        settle(&p);
+        if (p.ctx) __atomic_store_n(&vg_pools_dirty, 1, __ATOMIC_RELEASE);
+    }
     vg_unlock(&pool_mu);
+}
+
+/* after a launch of an executable the shim has no record of: every device's graph
+ * pool is read now, and again at the next synchronisation */
+void vg_graph_unknown_launched(void)
+{
+    int n = 0;
+    if (!vg_real.cuDeviceGetCount || vg_real.cuDeviceGetCount(&n) != CUDA_SUCCESS) return;
+    vg_lock(&pool_mu);
+    for (int ordinal = 0; ordinal < n; ordinal++) {
+        int dev = vg_dev_index(ordinal);
+        if (dev < 0) continue;
+        vg_alloc p = pool_record(GRAPH_POOL(ordinal), dev, 1, ordinal);
+        settle(&p);
+    }
+    vg_unlock(&pool_mu);
+    __atomic_store_n(&vg_pools_dirty, 1, __ATOMIC_RELEASE);
 }
 
 CUresult vg_impl_cuDeviceGraphMemTrim(CUdevice device)
 {
     CUresult r = vg_real.cuDeviceGraphMemTrim(device);
-    if (r == CUDA_SUCCESS) vg_graph_launched(device);
+    if (r == CUDA_SUCCESS) vg_graph_launched(device, CUDA_SUCCESS);
     return r;
 }

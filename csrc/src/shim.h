@@ -171,7 +171,7 @@ int vg_stream_device(CUstream s, CUdevice *ordinal, int *index);
 
 /* ---- cuda_memory.c: this process's allocations ---- */
 enum { VG_T_PTR, VG_T_ARRAY, VG_T_HANDLE, VG_T_MAP, VG_T_POOL, VG_T_CTX, VG_T_GRAPH, VG_T_N };
-void vg_remember(int table, vg_alloc a);
+int vg_remember(int table, vg_alloc a); /* 0, or -1 (logged) when it cannot be kept */
 int vg_forget(int table, uint64_t key, vg_alloc *out);
 int vg_peek(int table, uint64_t key, vg_alloc *out);
 /* Call fn on (a copy of) every record of a table; fn returns 1 to remove the record. */
@@ -191,7 +191,8 @@ extern int vg_pools_dirty;                   /* a pool may have released memory 
 typedef struct { int ordinal; uint64_t bytes; } vg_graph_dev;
 int vg_graph_memory(CUgraph graph, vg_graph_dev out[VG_GRAPH_DEVS]);
 CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal);
-void vg_graph_launched(int ordinal);
+void vg_graph_launched(int ordinal, CUresult launch);
+void vg_graph_unknown_launched(void);
 
 /* ---- nvml.c ---- */
 CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n); /* every node, malloc'd; NULL if none */

@@ -354,6 +354,26 @@ def test_vmm_memory_another_handle_keeps_stays_charged(
         p.wait()
 
 
+def test_a_graph_launch_stays_charged_until_its_memory_is_mapped(shim: Shim) -> None:
+    """Finding 2 (the graph pool settled on return): a driver may map a launch's graph
+    memory only when the work runs (the fake does with FAKECUDA_GRAPHMEM_LAZY). The
+    shim read the pool back as the launch call returned, found it not grown yet, gave
+    back the charge it had made for the launch, and 700 MiB then fitted under a 1 GiB
+    limit beside the 512 MiB the pool took a moment later. The launch's charge now
+    stays until the pool has grown to it or the context has synchronised."""
+    shim.config(device__0__memory_limit=str(GIB))
+    lazy = NO_CTX | {"FAKECUDA_GRAPHMEM_LAZY": "1"}
+    out = shim.interp("use 0; graphalloc 0 512m 0; graphlaunch 0; alloc 0 700m", env=lazy)
+    assert rcs(out, "graphlaunch") == [0], out
+    assert rcs(out, "alloc") == [OOM], out
+    # once the work has run and the pool holds the memory, the charge is the pool's
+    out = shim.interp("use 0; graphalloc 0 512m 1; graphlaunch 0; sync; info; "
+                      "graphtrim 0; info; alloc 0 1000m", env=lazy)
+    before, after = free_bytes(out)
+    assert before == GIB - 512 * MIB and after == GIB, out  # freed in the graph, trimmed
+    assert rcs(out, "alloc") == [0], out
+
+
 def test_a_graph_allocating_on_two_gpus_is_charged_on_each(shim: Shim) -> None:
     """Finding 2 (allocation nodes on several devices): a graph's allocation nodes were
     all charged to the first node's device, so 2 GiB on a 1 GiB-limited GPU went through

@@ -143,7 +143,7 @@ CUresult fc_pool_take(struct fc_pool *p, uint64_t size);
 /* Gives size bytes back to the pool (still reserved). */
 void fc_pool_give(struct fc_pool *p, uint64_t size);
 /* Synchronisation point: pools over their release threshold release what they can. */
-void fc_pools_sync(void);
+CUresult fc_pools_sync(void);
 /* No context of this process left on dev: pools and graph memory of dev release every
  * unused reserved byte. */
 void fc_release_device_caches(int dev);

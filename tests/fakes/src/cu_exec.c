@@ -98,8 +98,7 @@ FC_API CUresult cuStreamSynchronize(CUstream hStream) {
     CUresult r = fc_stream_ctx(hStream, &c, &s);
     if (r) return r;
     wait_until(stream_end(c, s));
-    fc_pools_sync();
-    return CUDA_SUCCESS;
+    return fc_pools_sync();
 }
 
 FC_API CUresult cuStreamSynchronize_ptsz(CUstream hStream) { return cuStreamSynchronize(hStream); }
@@ -119,8 +118,7 @@ FC_API CUresult cuCtxSynchronize(void) {
     CUresult r = fc_current(&c);
     if (r) return r;
     wait_until(load(&c->last_end));
-    fc_pools_sync();
-    return CUDA_SUCCESS;
+    return fc_pools_sync();
 }
 
 FC_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
@@ -130,8 +128,7 @@ FC_API CUresult cuCtxSynchronize_v2(CUcontext ctx) {
     struct fc_ctx *c = fc_ctx_of(ctx);
     if (!c || !c->active) return CUDA_ERROR_INVALID_CONTEXT;
     wait_until(load(&c->last_end));
-    fc_pools_sync();
-    return CUDA_SUCCESS;
+    return fc_pools_sync();
 }
 
 /* ---- events ---- */
@@ -173,8 +170,7 @@ FC_API CUresult cuEventSynchronize(CUevent hEvent) {
     struct fc_event *e = fc_handle_get(hEvent, K_EVENT);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
     wait_until(load(&e->t));
-    fc_pools_sync();
-    return CUDA_SUCCESS;
+    return fc_pools_sync();
 }
 
 FC_API CUresult cuEventQuery(CUevent hEvent) {

@@ -15,7 +15,8 @@
  * free node of the same launch is unused-but-reserved at its end; an allocation not freed
  * in its graph stays used until cuMemFreeAsync/cuMemFree of its address (or a free node of
  * another graph); the reserve stays until cuDeviceGraphMemTrim or the last context of the
- * process on the device goes.
+ * process on the device goes.  With FAKECUDA_GRAPHMEM_LAZY the mapping happens when the
+ * launch's work runs instead: at the next synchronisation (cu_pool.c).
  *
  * Each alloc node's address is an A_GRAPHVA record of the allocation table: live while
  * mapped; its maps field counts the graph and the execs that hold it (the record goes when

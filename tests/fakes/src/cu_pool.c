@@ -139,17 +139,6 @@ void fc_pool_give(struct fc_pool *p, uint64_t size) {
     pthread_mutex_unlock(&pool_mutex);
 }
 
-void fc_pools_sync(void) {
-    if (!__atomic_load_n(&pools, __ATOMIC_ACQUIRE)) return; /* no pool: nothing to do */
-    pthread_mutex_lock(&pool_mutex);
-    for (struct fc_pool *p = pools; p; p = p->next) {
-        if (p->reserved <= p->threshold) continue;
-        uint64_t release = trim_locked(p, p->threshold);
-        if (release) fc_uncharge(p->dev, release);
-    }
-    pthread_mutex_unlock(&pool_mutex);
-}
-
 /* ---- graph memory: one pool per device, reserved until cuDeviceGraphMemTrim ---- */
 static struct {
     uint64_t used, used_high, reserved, reserved_high;
@@ -163,10 +152,10 @@ static uint64_t graph_trim_locked(int dev) {
     return bytes;
 }
 
-CUresult fc_graphmem_launch(const uint64_t alloc[FC_MAX_DEV], const uint64_t freed[FC_MAX_DEV]) {
+/* maps a launch's graph memory (the pool grows to cover it). Caller holds pool_mutex. */
+static CUresult graphmem_map(const uint64_t alloc[FC_MAX_DEV], const uint64_t freed[FC_MAX_DEV]) {
     int ndev = fc_knobs()->ndev;
     uint64_t grown[FC_MAX_DEV] = {0};
-    pthread_mutex_lock(&pool_mutex);
     for (int d = 0; d < ndev; d++) {
         uint64_t need = gmem[d].used + alloc[d];
         if (!alloc[d] || need <= gmem[d].reserved) continue;
@@ -177,7 +166,6 @@ CUresult fc_graphmem_launch(const uint64_t alloc[FC_MAX_DEV], const uint64_t fre
                 gmem[e].reserved -= grown[e];
                 fc_uncharge(e, grown[e]);
             }
-            pthread_mutex_unlock(&pool_mutex);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
         grown[d] = grow;
@@ -189,18 +177,66 @@ CUresult fc_graphmem_launch(const uint64_t alloc[FC_MAX_DEV], const uint64_t fre
         gmem[d].used_high = max64(gmem[d].used_high, gmem[d].used);
         gmem[d].used = gmem[d].used > freed[d] ? gmem[d].used - freed[d] : 0;
     }
-    pthread_mutex_unlock(&pool_mutex);
     return CUDA_SUCCESS;
+}
+
+/* FAKECUDA_GRAPHMEM_LAZY: launches whose memory is not mapped yet, in order */
+#define LAZY_MAX 64
+static struct { uint64_t alloc[FC_MAX_DEV], freed[FC_MAX_DEV]; } lazy[LAZY_MAX];
+static int nlazy;
+
+/* maps what lazy launches left, in order; the first that does not fit fails (the launch
+ * failed on the device: the synchronisation that finds it returns OUT_OF_MEMORY), and
+ * so does every launch queued behind it. Caller holds pool_mutex. */
+static CUresult lazy_catch_up_locked(void) {
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < nlazy; i++)
+        if (!r) r = graphmem_map(lazy[i].alloc, lazy[i].freed);
+    nlazy = 0;
+    return r;
+}
+
+CUresult fc_graphmem_launch(const uint64_t alloc[FC_MAX_DEV], const uint64_t freed[FC_MAX_DEV]) {
+    pthread_mutex_lock(&pool_mutex);
+    CUresult r = CUDA_SUCCESS;
+    if (fc_knobs()->graphmem_lazy) {
+        if (nlazy == LAZY_MAX) r = lazy_catch_up_locked();
+        if (!r) {
+            memcpy(lazy[nlazy].alloc, alloc, sizeof lazy[nlazy].alloc);
+            memcpy(lazy[nlazy].freed, freed, sizeof lazy[nlazy].freed);
+            nlazy++;
+        }
+    } else {
+        r = graphmem_map(alloc, freed);
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return r;
+}
+
+/* A synchronisation: pools above their release threshold give memory back, and lazy
+ * graph launches (the work has run) have mapped their memory. */
+CUresult fc_pools_sync(void) {
+    pthread_mutex_lock(&pool_mutex);
+    CUresult r = lazy_catch_up_locked();
+    for (struct fc_pool *p = pools; p; p = p->next) {
+        if (p->reserved <= p->threshold) continue;
+        uint64_t release = trim_locked(p, p->threshold);
+        if (release) fc_uncharge(p->dev, release);
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return r;
 }
 
 void fc_graphmem_free(int dev, uint64_t size) {
     pthread_mutex_lock(&pool_mutex);
+    (void)lazy_catch_up_locked(); /* a free synchronises: the launches before it have run */
     gmem[dev].used = gmem[dev].used > size ? gmem[dev].used - size : 0;
     pthread_mutex_unlock(&pool_mutex);
 }
 
 void fc_release_device_caches(int dev) {
     pthread_mutex_lock(&pool_mutex);
+    (void)lazy_catch_up_locked();
     for (struct fc_pool *p = pools; p; p = p->next) {
         if (p->dev != dev) continue;
         uint64_t release = trim_locked(p, 0);

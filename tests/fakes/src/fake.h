@@ -34,6 +34,8 @@ struct fc_knobs {
     int pool_fragments;     /* FAKECUDA_POOL_FRAGMENTS=1: a pool's freed blocks do not merge */
     int reuse_addresses;    /* FAKECUDA_REUSE_ADDRESSES=1: a freed address is handed out again */
     uint64_t free_pause_ms; /* FAKECUDA_FREE_PAUSE_MS: cuMemFree returns this long after freeing */
+    int graphmem_lazy;      /* FAKECUDA_GRAPHMEM_LAZY=1: a graph launch maps its memory when
+                             * the work runs (at the next synchronisation), not in the call */
     char nvml_driver_version[80]; /* nvmlSystemGetDriverVersion */
     int nvml_driver_major;        /* >= 560: process lists in the caller's PID namespace */
     const char *host_pid_sock;    /* FAKECUDA_HOST_PID_SOCK: NULL when unset */

@@ -196,6 +196,7 @@ static void knobs_read(void) {
     knobs.pool_fragments = env_u64("FAKECUDA_POOL_FRAGMENTS", 0) != 0;
     knobs.reuse_addresses = env_u64("FAKECUDA_REUSE_ADDRESSES", 0) != 0;
     knobs.free_pause_ms = env_u64("FAKECUDA_FREE_PAUSE_MS", 0);
+    knobs.graphmem_lazy = env_u64("FAKECUDA_GRAPHMEM_LAZY", 0) != 0;
     knobs.mps = env_u64("FAKECUDA_MPS", 0) != 0;
     knobs.accounting = env_u64("FAKECUDA_ACCOUNTING", 1) != 0;
     const char *sp = getenv("FAKECUDA_STATE");
