@@ -184,7 +184,14 @@ typedef enum CUgraphMem_attribute_enum {
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3
 } CUgraphMem_attribute;
 
-typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS; /* opaque */
+/* cuda.h 12.0+ */
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2ull
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult: 0 success, 1 error */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* opaque to the shim */
 

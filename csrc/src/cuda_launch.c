@@ -155,18 +155,46 @@ CUresult vg_impl_cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
                         phGraphExec, hGraph);
 }
 
+static CUresult graph_upload(CUgraphExec h, CUstream s, int ptsz);
+CUresult vg_impl_cuGraphExecDestroy(CUgraphExec h);
+
+/* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD backs the graph's memory at instantiation: the
+ * driver is asked to instantiate only, and the upload goes through the shim's, charged */
+static CUresult instantiate_params(CUgraphExec *exec, CUgraph graph,
+                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params, int ptsz)
+{
+    CUDA_GRAPH_INSTANTIATE_PARAMS own, *p = params;
+    if (params && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) {
+        own = *params;
+        own.flags &= ~CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+        p = &own;
+    }
+    CUresult r = instantiated(ptsz ? vg_real.cuGraphInstantiateWithParams_ptsz(exec, graph, p)
+                                   : vg_real.cuGraphInstantiateWithParams(exec, graph, p),
+                              exec, graph);
+    if (p == params) return r;
+    params->hErrNode_out = own.hErrNode_out;
+    params->result_out = own.result_out;
+    if (r != CUDA_SUCCESS) return r;
+    r = graph_upload(*exec, params->hUploadStream, ptsz);
+    if (r != CUDA_SUCCESS) {
+        vg_impl_cuGraphExecDestroy(*exec);
+        *exec = NULL;
+        params->result_out = 1; /* CUDA_GRAPH_INSTANTIATE_ERROR */
+    }
+    return r;
+}
+
 CUresult vg_impl_cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
                                               CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
-    return instantiated(vg_real.cuGraphInstantiateWithParams(phGraphExec, hGraph, params),
-                        phGraphExec, hGraph);
+    return instantiate_params(phGraphExec, hGraph, params, 0);
 }
 
 CUresult vg_impl_cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
                                                    CUDA_GRAPH_INSTANTIATE_PARAMS *params)
 {
-    return instantiated(vg_real.cuGraphInstantiateWithParams_ptsz(phGraphExec, hGraph, params),
-                        phGraphExec, hGraph);
+    return instantiate_params(phGraphExec, hGraph, params, 1);
 }
 
 CUresult vg_impl_cuGraphExecDestroy(CUgraphExec h)
@@ -178,33 +206,64 @@ CUresult vg_impl_cuGraphExecDestroy(CUgraphExec h)
     return r;
 }
 
+/* a launch's (or an upload's) growth of each device's graph pool, charged first */
+static CUresult graph_charge(const vg_alloc *g)
+{
+    const vg_graph_dev *more = (const vg_graph_dev *)(uintptr_t)g->ctx;
+    CUresult c = vg_graph_launch_charge(g->bytes, g->refs);
+    for (int i = 0; c == CUDA_SUCCESS && i < g->holds; i++) {
+        c = vg_graph_launch_charge(more[i].bytes, more[i].ordinal);
+        if (c != CUDA_SUCCESS) { /* give back what the others' pools were charged */
+            vg_graph_launched(g->refs, c);
+            for (int j = 0; j < i; j++) vg_graph_launched(more[j].ordinal, c);
+        }
+    }
+    return c;
+}
+
+/* after the driver's call (r): the pools read back. An executable the shim never saw
+ * instantiated (none should be: every instantiate is hooked, and one it cannot remember
+ * is refused) may allocate anywhere: every graph pool is read now and again at the
+ * next synchronisation */
+static void graph_settle(const vg_alloc *g, int known, CUresult r)
+{
+    const vg_graph_dev *more = (const vg_graph_dev *)(uintptr_t)g->ctx;
+    if (g->bytes) vg_graph_launched(g->refs, r);
+    for (int i = 0; i < g->holds; i++) vg_graph_launched(more[i].ordinal, r);
+    if (!known && r == CUDA_SUCCESS) vg_graph_unknown_launched();
+}
+
 static CUresult graph_launch(CUgraphExec h, CUstream s, int ptsz)
 {
     vg_alloc g = {.aux = 1, .refs = -1};
     int known = vg_peek(VG_T_GRAPH, (uint64_t)(uintptr_t)h, &g);
-    const vg_graph_dev *more = (const vg_graph_dev *)(uintptr_t)g.ctx;
-    CUresult c = vg_graph_launch_charge(g.bytes, g.refs);
-    for (int i = 0; c == CUDA_SUCCESS && i < g.holds; i++) {
-        c = vg_graph_launch_charge(more[i].bytes, more[i].ordinal);
-        if (c != CUDA_SUCCESS) { /* give back what the others' pools were charged */
-            vg_graph_launched(g.refs, c);
-            for (int j = 0; j < i; j++) vg_graph_launched(more[j].ordinal, c);
-        }
-    }
+    CUresult c = graph_charge(&g);
     if (c != CUDA_SUCCESS) return c;
     if (__atomic_load_n(&vg_sm_any_limited, __ATOMIC_RELAXED)) {
         int dev;
         if (vg_current(NULL, &dev) && dev >= 0) vg_sm_charge_graph(dev, g.aux);
     }
     CUresult r = ptsz ? vg_real.cuGraphLaunch_ptsz(h, s) : vg_real.cuGraphLaunch(h, s);
-    if (g.bytes) vg_graph_launched(g.refs, r);
-    for (int i = 0; i < g.holds; i++) vg_graph_launched(more[i].ordinal, r);
-    /* an executable the shim never saw instantiated (none should be: every instantiate
-     * is hooked, and one it cannot remember is refused) may allocate anywhere: every
-     * graph pool is read now and again at the next synchronisation */
-    if (!known && r == CUDA_SUCCESS) vg_graph_unknown_launched();
+    graph_settle(&g, known, r);
     return r;
 }
+
+/* cuGraphUpload backs the graph's memory before any launch (finding 19: the pool grew
+ * uncharged): charged as a launch is, without the kernels */
+static CUresult graph_upload(CUgraphExec h, CUstream s, int ptsz)
+{
+    vg_alloc g = {.aux = 1, .refs = -1};
+    int known = vg_peek(VG_T_GRAPH, (uint64_t)(uintptr_t)h, &g);
+    CUresult c = graph_charge(&g);
+    if (c != CUDA_SUCCESS) return c;
+    CUresult r = ptsz ? vg_real.cuGraphUpload_ptsz(h, s) : vg_real.cuGraphUpload(h, s);
+    graph_settle(&g, known, r);
+    return r;
+}
+
+CUresult vg_impl_cuGraphUpload(CUgraphExec h, CUstream s) { return graph_upload(h, s, 0); }
+
+CUresult vg_impl_cuGraphUpload_ptsz(CUgraphExec h, CUstream s) { return graph_upload(h, s, 1); }
 
 CUresult vg_impl_cuGraphLaunch(CUgraphExec h, CUstream s) { return graph_launch(h, s, 0); }
 

@@ -374,6 +374,27 @@ def test_a_graph_launch_stays_charged_until_its_memory_is_mapped(shim: Shim) -> 
     assert rcs(out, "alloc") == [0], out
 
 
+@pytest.mark.parametrize("how", ["graphupload", "instantiate-with-upload"])
+def test_a_graph_upload_is_charged(shim: Shim, how: str) -> None:
+    """Finding 19 (cuGraphUpload, instantiate-with-upload): an upload backs the graph's
+    memory before any launch, and the pool grew uncharged: 512 MiB uploaded, then 700
+    MiB fitted under a 1 GiB limit. The upload is charged as a launch is, and refused
+    where it does not fit."""
+    shim.config(device__0__memory_limit=str(GIB))
+    make = ("graphalloc 0 512m 1; graphupload 0" if how == "graphupload"
+            else "graphalloc 0 512m 1 up")
+    out = shim.interp(f"use 0; {make}; alloc 0 700m; info", env=NO_CTX)
+    assert all(o["rc"] == 0 for o in out if o["op"].startswith("graph")), out
+    assert rcs(out, "alloc") == [OOM], out
+    assert free_bytes(out) == [GIB - 512 * MIB], out
+    # an upload that does not fit is refused, and charges nothing
+    make = ("graphalloc 0 2g 1; graphupload 0" if how == "graphupload"
+            else "graphalloc 0 2g 1 up")
+    out = shim.interp(f"use 0; {make}; info", env=NO_CTX)
+    assert [o["rc"] for o in out if o["op"].startswith("graph")][-1] == OOM, out
+    assert free_bytes(out) == [GIB], out
+
+
 def test_a_graph_allocating_on_two_gpus_is_charged_on_each(shim: Shim) -> None:
     """Finding 2 (allocation nodes on several devices): a graph's allocation nodes were
     all charged to the first node's device, so 2 GiB on a 1 GiB-limited GPU went through

@@ -151,6 +151,7 @@ void fc_release_device_caches(int dev);
  * bytes of them (or of other graphs' allocations) its free nodes return. */
 CUresult fc_graphmem_launch(const uint64_t alloc[FC_MAX_DEV], const uint64_t freed[FC_MAX_DEV]);
 void fc_graphmem_free(int dev, uint64_t size);
+CUresult fc_graphmem_back(const uint64_t bytes[FC_MAX_DEV]);
 
 /* ---- graphs (cu_graph.c) ---- */
 /* cuMemFree/cuMemFreeAsync of a graph allocation's address (record a, A_GRAPHVA). */

@@ -524,6 +524,51 @@ FC_API CUresult cuGraphLaunch(CUgraphExec hExec, CUstream hStream) {
     return CUDA_SUCCESS;
 }
 
+FC_API CUresult cuGraphExecDestroy(CUgraphExec hExec);
+
+/* cuGraphUpload: the graph's memory is backed (its device's pool grows to cover every
+ * allocation node, as a launch would) without running anything; a launch after it finds
+ * the reserve there. */
+FC_API CUresult cuGraphUpload(CUgraphExec hExec, CUstream hStream) {
+    struct fc_ctx *c;
+    struct fc_stream *s;
+    CUresult r = fc_stream_ctx(hStream, &c, &s);
+    if (r) return r;
+    struct fc_exec *e = fc_handle_get(hExec, K_EXEC);
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes[FC_MAX_DEV] = {0};
+    for (size_t k = 0; k < e->nalloc; k++) bytes[e->allocs[k].dev] += e->allocs[k].size;
+    return e->nalloc ? fc_graphmem_back(bytes) : CUDA_SUCCESS;
+}
+
+FC_API CUresult cuGraphUpload_ptsz(CUgraphExec hExec, CUstream hStream) {
+    return cuGraphUpload(hExec, hStream);
+}
+
+/* CUDA 12's instantiate: the flags of cuGraphInstantiateWithFlags, and
+ * CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, which uploads it (cuGraphUpload) on hUploadStream. */
+FC_API CUresult cuGraphInstantiateWithParams(CUgraphExec *phExec, CUgraph hGraph,
+                                             CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    if (!params) return CUDA_ERROR_INVALID_VALUE;
+    params->hErrNode_out = NULL;
+    CUresult r = cuGraphInstantiateWithFlags(
+        phExec, hGraph, params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    if (!r && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) {
+        r = cuGraphUpload(*phExec, params->hUploadStream);
+        if (r) {
+            cuGraphExecDestroy(*phExec);
+            *phExec = NULL;
+        }
+    }
+    params->result_out = r ? CUDA_GRAPH_INSTANTIATE_ERROR : CUDA_GRAPH_INSTANTIATE_SUCCESS;
+    return r;
+}
+
+FC_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phExec, CUgraph hGraph,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *params) {
+    return cuGraphInstantiateWithParams(phExec, hGraph, params);
+}
+
 FC_API CUresult cuGraphLaunch_ptsz(CUgraphExec hExec, CUstream hStream) {
     return cuGraphLaunch(hExec, hStream);
 }

@@ -227,6 +227,35 @@ CUresult fc_pools_sync(void) {
     return r;
 }
 
+/* cuGraphUpload: each device's pool grows to back bytes more than it has in use
+ * (charged to the device and the process), nothing used yet; OUT_OF_MEMORY when the
+ * device lacks it */
+CUresult fc_graphmem_back(const uint64_t bytes[FC_MAX_DEV]) {
+    int ndev = fc_knobs()->ndev;
+    uint64_t grown[FC_MAX_DEV] = {0};
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_mutex);
+    (void)lazy_catch_up_locked(); /* ordered behind the launches before it */
+    for (int d = 0; d < ndev && !r; d++) {
+        uint64_t need = gmem[d].used + bytes[d];
+        if (!bytes[d] || need <= gmem[d].reserved) continue;
+        uint64_t grow = fc_round_up(need - gmem[d].reserved, FC_GRANULARITY);
+        if (fc_charge(d, grow) < 0) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+            for (int e = 0; e < d; e++) {
+                gmem[e].reserved -= grown[e];
+                if (grown[e]) fc_uncharge(e, grown[e]);
+            }
+            break;
+        }
+        grown[d] = grow;
+        gmem[d].reserved += grow;
+        gmem[d].reserved_high = max64(gmem[d].reserved_high, gmem[d].reserved);
+    }
+    pthread_mutex_unlock(&pool_mutex);
+    return r;
+}
+
 void fc_graphmem_free(int dev, uint64_t size) {
     pthread_mutex_lock(&pool_mutex);
     (void)lazy_catch_up_locked(); /* a free synchronises: the launches before it have run */

@@ -139,6 +139,10 @@
     X(cuGraphInstantiateWithFlags, 11040, 0, cuGraphInstantiateWithFlags) \
     X(cuGraphLaunch, 10000, 0, cuGraphLaunch)                           \
     X(cuGraphLaunch, 10000, 1, cuGraphLaunch_ptsz)                      \
+    X(cuGraphUpload, 11010, 0, cuGraphUpload)                           \
+    X(cuGraphUpload, 11010, 1, cuGraphUpload_ptsz)                      \
+    X(cuGraphInstantiateWithParams, 12000, 0, cuGraphInstantiateWithParams) \
+    X(cuGraphInstantiateWithParams, 12000, 1, cuGraphInstantiateWithParams_ptsz) \
     X(cuGraphExecDestroy, 10000, 0, cuGraphExecDestroy)                 \
     X(cuGraphDestroy, 10000, 0, cuGraphDestroy)                         \
     X(cuGraphGetNodes, 10000, 0, cuGraphGetNodes)                       \

@@ -126,6 +126,9 @@
     X(cuGraphInstantiate_v2, cuGraphInstantiate, 11000,                                      \
       (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))                               \
     X(cuGraphLaunch, cuGraphLaunch, 0, (CUgraphExec, CUstream))                              \
+    X(cuGraphUpload, cuGraphUpload, 0, (CUgraphExec, CUstream))                              \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 0,                         \
+      (CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *))                             \
     X(cuGraphExecDestroy, cuGraphExecDestroy, 0, (CUgraphExec))                              \
     X(cuGraphDestroy, cuGraphDestroy, 0, (CUgraph))                                          \
     X(cuGraphGetNodes, cuGraphGetNodes, 0, (CUgraph, CUgraphNode *, size_t *))               \

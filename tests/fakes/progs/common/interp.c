@@ -536,7 +536,8 @@ static void op_launchfor(char **a) {
 /* graphalloc D SIZE [FREE] [INST] [PAD]: a graph with one mem alloc node on D (and a free
  * node of it when FREE=1), after PAD kernel nodes, instantiated through INST (flags:
  * cuGraphInstantiateWithFlags, the default; v1: the unversioned cuGraphInstantiate; v2:
- * cuGraphInstantiate_v2); the id frees both ("free ID"). */
+ * cuGraphInstantiate_v2; params: cuGraphInstantiateWithParams; up: the same with
+ * CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD on the NULL stream); the id frees both ("free ID"). */
 static void op_graphalloc(char **a) {
     int dev = dev_arg(a[0]);
     uint64_t size = parse_size(a[1]);
@@ -576,7 +577,13 @@ static void op_graphalloc(char **a) {
     const char *inst = a[2] && a[3] ? a[3] : "flags";
     if (!rc && !strcmp(inst, "v1")) rc = CALL(cuGraphInstantiate, &ex, g, NULL, NULL, 0);
     else if (!rc && !strcmp(inst, "v2")) rc = CALL(cuGraphInstantiate_v2, &ex, g, NULL, NULL, 0);
-    else if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
+    else if (!rc && (!strcmp(inst, "params") || !strcmp(inst, "up"))) {
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+        memset(&ip, 0, sizeof ip);
+        if (!strcmp(inst, "up")) ip.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+        rc = CALL(cuGraphInstantiateWithParams, &ex, g, &ip);
+        if (!rc && ip.result_out != CUDA_GRAPH_INSTANTIATE_SUCCESS) rc = CUDA_ERROR_UNKNOWN;
+    } else if (!rc) rc = CALL(cuGraphInstantiateWithFlags, &ex, g, 0);
     int id = -1;
     if (!rc) {
         id = new_id((struct rec){.kind = R_GRAPH, .graph = g, .exec = ex, .ptr = p.dptr, .size = size});
@@ -619,6 +626,15 @@ static void op_graphalloc2(char **a) {
         if (g) CALL(cuGraphDestroy, g);
     }
     emit("graphalloc2", rc, "\"id\":%d", id);
+}
+
+/* graphupload ID: cuGraphUpload of a graphalloc id's executable on the NULL stream */
+static void op_graphupload(char **a) {
+    struct rec *r = get_id(a[0]);
+    int rc = ensure(cur_dev);
+    if (!rc && (!r || r->kind != R_GRAPH)) rc = CUDA_ERROR_INVALID_VALUE;
+    if (!rc) rc = CALL(cuGraphUpload, r->exec, NULL);
+    emit("graphupload", rc, "");
 }
 
 static void op_graphlaunch(char **a) {
@@ -1406,6 +1422,8 @@ static void run_line(char *line) {
         op_graphalloc(a);
     } else if (!strcmp(op, "graphalloc2")) {
         op_graphalloc2(a);
+    } else if (!strcmp(op, "graphupload")) {
+        op_graphupload(a);
     } else if (!strcmp(op, "graphlaunch")) {
         op_graphlaunch(a);
     } else if (!strcmp(op, "graphnest")) {
