@@ -557,7 +557,8 @@ def test_every_container_has_requests_and_a_tagged_image() -> None:
 
 def test_everything_namespaced_is_in_the_release_namespace() -> None:
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                      "ValidatingWebhookConfiguration"}
+                      "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
     for d in M.docs:
         ns = d["metadata"].get("namespace")
         if d["kind"] in cluster_scoped:

@@ -211,6 +211,18 @@ def test_the_charts_floor_renders_without_match_conditions(helm: Path) -> None:
         validate_built_in(m, version)
 
 
+def test_the_grant_policy_renders_from_kubernetes_1_30_and_can_be_turned_off(
+        helm: Path) -> None:
+    """ValidatingAdmissionPolicy is v1 from Kubernetes 1.30: below, the chart leaves the
+    grant policy out (docs/install.md says what then stands in its way)."""
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    for version, present in (("1.29.0", False), ("1.30.0", True)):
+        m = _template_for(helm, version)
+        assert all(bool(m.of_kind(k)) is present for k in kinds), version
+    m = _template_for(helm, "1.30.0", "grantPolicy.enabled=false")
+    assert not any(m.of_kind(k) for k in kinds)
+
+
 # -- resource presets ---------------------------------------------------------------------
 
 FIELDS = ("number", "memory", "cores", "memory_percent", "priority")

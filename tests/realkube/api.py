@@ -44,6 +44,10 @@ KINDS: dict[str, tuple[str, str, bool]] = {
         "/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", False),
     "ValidatingWebhookConfiguration": (
         "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
 }
 
 

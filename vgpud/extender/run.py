@@ -31,6 +31,7 @@ from vgpud.extender.state import (
     NodeInfo,
     PodInfo,
     SchedulerState,
+    granted_by,
     project_budget,
     project_node,
     project_pod,
@@ -71,7 +72,9 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                                   burst=settings.kubeBurst) as kube:
         nodes: Informer[NodeInfo] = Informer(kube, NODES, project=project_node)
         waits = waits_for_gpu(settings.schedulerName, alloc.defaults)
-        pods: Informer[PodInfo] = Informer(kube, PODS, project=partial(project_pod, waits=waits))
+        grants = granted_by(settings.schedulerName, alloc.defaults)
+        pods: Informer[PodInfo] = Informer(kube, PODS, project=partial(
+            project_pod, waits=waits, grants=grants))
         budgets: Informer[Budget] = Informer(kube, PDBS, project=project_budget)
         state = SchedulerState(alloc, pod_lookup=pods.get)
         metrics.count_pending(state.pending_since)

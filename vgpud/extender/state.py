@@ -109,6 +109,18 @@ def waits_for_gpu(scheduler_name: str, defaults: Defaults) -> PodFilter:
     return check
 
 
+def granted_by(scheduler_name: str, defaults: Defaults) -> PodFilter:
+    """Could this scheduler have granted a pod its assignment? Only to a pod that names
+    this scheduler and asks for a vGPU (issue 23, finding 2: a plain pod, or one of
+    another scheduler, bound by its own ``nodeName`` with an assignment claiming every
+    GPU of a node, held them all in the ledger and made the node unschedulable)."""
+    return waits_for_gpu(scheduler_name, defaults)
+
+
+NOT_GRANTED = ("not a grant of this scheduler: the pod does not name it or asks for no "
+               "vGPU, so its assignment holds nothing")
+
+
 def _created(meta: dict[str, Any]) -> float:
     try:
         return datetime.fromisoformat(str(meta["creationTimestamp"])).timestamp()
@@ -116,14 +128,18 @@ def _created(meta: dict[str, Any]) -> float:
         return -1.0
 
 
-def project_pod(obj: dict[str, Any], waits: PodFilter | None = None) -> PodInfo:
+def project_pod(obj: dict[str, Any], waits: PodFilter | None = None,
+                grants: PodFilter | None = None) -> PodInfo:
     """The pod as the scheduler keeps it; ``waits`` (:func:`waits_for_gpu`) marks the
-    pods counted as pending (unbound, not terminated, not being deleted)."""
+    pods counted as pending (unbound, not terminated, not being deleted); ``grants``
+    (:func:`granted_by`) the pods whose assignment can be this scheduler's."""
     meta = obj.get("metadata") or {}
     ann = meta.get("annotations") or {}
     raw = ann.get(ASSIGNMENT)
     placement, error = None, None
-    if raw is not None:
+    if raw is not None and grants is not None and not grants(obj):
+        error = NOT_GRANTED
+    elif raw is not None:
         try:
             placement = decode_assignment(raw)
         except CodecError as e:
@@ -152,7 +168,7 @@ def project_pod(obj: dict[str, Any], waits: PodFilter | None = None) -> PodInfo:
         start_time=str(status.get("startTime") or "") if holds else "",
         deleting=bool(meta.get("deletionTimestamp")),
         controller=sys.intern(owner) if owner else "",
-        failure=kubelet_failure(status) if raw is not None else None,
+        failure=kubelet_failure(status) if raw is not None and error != NOT_GRANTED else None,
         pending_since=_created(meta) if (
             waits is not None and not spec.get("nodeName") and not meta.get("deletionTimestamp")
             and status.get("phase") in (None, "", "Pending") and waits(obj)) else 0.0,
