@@ -206,11 +206,15 @@ async def run_plugin(
     publisher = await anyio.to_thread.run_sync(
         Publisher, arbiter_dir, [d.gpu.uuid for d in found])
 
-    async def env_ignored(owner: Owner, r: Registered) -> None:
+    async def env_ignored(owner: Owner, r: Registered, held: int) -> None:
+        names = list(r.claim.ignored)
+        if r.claim.unknown:
+            names.append(f"{r.claim.unknown} other VGPUD_* name{'s' * (r.claim.unknown > 1)}")
         await cluster.pod_event(
             _pod_of(owner), "VgpuEnvIgnored",
             f"container {owner.container!r} (process {r.host_pid}) set "
-            f"{', '.join(r.claim.ignored)}: ignored, its limits come from the vgpud plugin")
+            f"{', '.join(names)}: ignored, its limits come from the vgpud plugin"
+            + (f" ({held} more such reports about it were held back)" if held else ""))
 
     registrar = Registrar(registry, on_ignored_env=env_ignored)
     reconciling = anyio.Lock()
