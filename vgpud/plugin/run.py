@@ -43,6 +43,7 @@ from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
 from vgpud.node.inventory import publish_inventory
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
+from vgpud.node.tenant import TenantReads
 from vgpud.node.watchdog import SmUsage, Usage, Watchdog, Watched
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.kubelet import serve_plugin
@@ -271,6 +272,7 @@ async def run_plugin(
     sockets: dict[str, Path] = {}
     used: dict[str, int] = {}
     observed = Observed()  # the arbiter's last round, for the metrics
+    reads = TenantReads()  # the containers' usage files, for the arbiter and the metrics
     listen = settings.plugin.metricsListen if opts.metrics_listen is None else opts.metrics_listen
     gates = settings.plugin.featureGates
     try:
@@ -300,17 +302,19 @@ async def run_plugin(
                 publisher, source.utilisation, lambda: _members(store),
                 lambda pid: registry.allocation_of(pid, procfs.read(pid)),
                 period=plug.arbitrationPeriodSeconds, observed=observed,
-                on_sm=watchdog.record_sm))
+                on_sm=watchdog.record_sm, reads=reads))
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
                 memory=gates.MemoryPlugin))
             port = None
             if listen:
                 metrics = CollectorRegistry(auto_describe=False)
-                metrics.register(PluginCollector(opts.node_name, devices, store, lambda: used,
-                                                 registry=registry, watchdog=watchdog,
-                                                 arbiter=observed))
-                port = await tg.start(_serve_metrics, metrics_app(metrics), listen)
+                collector = PluginCollector(opts.node_name, devices, store, lambda: used,
+                                            registry=registry, watchdog=watchdog,
+                                            arbiter=observed, reads=reads)
+                metrics.register(collector)
+                port = await tg.start(_serve_metrics, metrics_app(metrics, collector.refresh),
+                                      listen)
             options = await service.get_device_plugin_options(pb.Empty())
             for r in resources:  # each re-registers on its own after kubelet restarts
                 sockets[r.name] = await tg.start(_serve, services[r.name], opts, options)
