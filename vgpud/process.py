@@ -1,5 +1,6 @@
 """What every long-running role does the same way: read its HOST:PORT flags, learn the
-port it got, and stop cleanly on SIGTERM/SIGINT."""
+port it got, read a request's body whatever the client sent, and stop cleanly on
+SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -33,3 +34,27 @@ async def cancel_on_signals(scope: anyio.CancelScope, event: str) -> None:
             log.info(event, signal=signal.Signals(sig).name)
             scope.cancel()
             return
+
+
+class BadBody(Exception):
+    """A request body that could not be read; ``status`` is the HTTP status to answer (413
+    or 400) and ``str()`` says why, for a person."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The whole body of ``request`` (its app's ``client_max_size`` is ``limit``), or
+    :class:`BadBody`: longer than ``limit`` (413), or not what its ``Content-Encoding``
+    says, or cut short (400). aiohttp answers a body it cannot decompress with a 500."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadBody(413, f"the body is larger than {limit} bytes") from None
+    except web.RequestPayloadError as e:
+        cause = e.__cause__ or e
+        raise BadBody(400, "the body could not be read as its Content-Encoding "
+                      f"({request.headers.get('Content-Encoding') or 'none'}) says: "
+                      f"{str(cause).strip()}") from None

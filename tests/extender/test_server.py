@@ -106,6 +106,40 @@ async def test_malformed_bodies_get_400_and_a_reason(server: tuple[str, Allocato
         assert r.status == 200  # still serving
 
 
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+POD_HOLE = b'{"metadata": {"name": "p", "uid": "u"}, "spec": {"x": HOLE}}'
+
+
+@pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind", "/preempt"])
+@pytest.mark.parametrize(("body", "fragment", "headers"), [
+    (nested(100_000), "deeper than 100 levels", {}),
+    (b'{"Pod": ' + POD_HOLE.replace(b"HOLE", nested(150)) + b', "NodeNames": ["big"], '
+     b'"PodName": "p", "Node": "big"}', "deeper than 100 levels", {}),
+    (b'{"Pod": NaN, "NodeNames": ["big"]}', "not valid JSON", {}),
+    (b'{"NodeNames": ["' + bytes([0xC3, 0x28]) + b'"]}', "not UTF-8", {}),
+    (b'{"PodName": "p", "Node": "big"}', "Content-Encoding (gzip)",
+     {"Content-Encoding": "gzip"}),
+], ids=["deep", "deep-pod", "nan", "not-utf8", "not-gzip"])
+async def test_hostile_bodies_get_400_and_a_reason(server: tuple[str, Allocator], path: str,
+                                                   body: bytes, fragment: str,
+                                                   headers: dict[str, str]) -> None:
+    """Every verb decodes through the one edge decoder: nesting past what kube-scheduler
+    ever sends (a pod nested 150 deep was scheduled), JSON's forbidden constants, text
+    that is not UTF-8 and a body that is not its Content-Encoding get a 400 naming the
+    problem (not a 200 carrying an internal error, not a 5xx)."""
+    url, _ = server
+    async with aiohttp.ClientSession() as s, s.post(
+            f"{url}{path}", data=body,
+            headers={"Content-Type": "application/json", **headers}) as r:
+        status, doc = r.status, await r.json(content_type=None)
+    assert (status, fragment in doc["Error"]) == (400, True), doc
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/healthz") as r:
+        assert r.status == 200  # still serving
+
+
 @pytest.mark.parametrize(("limits", "fragment"), [
     ({"memory": -5}, "negative"),
     ({"memory": "1e30"}, "absurd"),

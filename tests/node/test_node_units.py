@@ -12,8 +12,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tests.kube.clocks import ManualClock
 from vgpud.node import procfs
 from vgpud.node.registration import (
+    KNOWN_ENV,
+    OTHER_ENV,
     Claim,
     Owner,
     Registered,
@@ -125,19 +128,38 @@ def _proc(uuid: str, pid: int, b: int):  # type: ignore[no-untyped-def]
     return GpuProcess(uuid, pid, b)
 
 
-@pytest.mark.anyio
-async def test_registration_round_trip_uses_the_kernels_pid(tmp_path: Path) -> None:
-    """The peer's PID comes from SO_PEERCRED, its cgroup from (here, a fake) /proc; the
-    claim in the request does not matter. Prints the round-trip latency."""
+def fake_proc(tmp_path: Path, *keys: str) -> tuple[Path, list[Path]]:
+    """A /proc tree where this process is in OWNER's pod, with the directory of each of
+    ``keys``' allocations mounted; (the tree, those directories)."""
     me = os.getpid()
     proc = tmp_path / "proc"
     (proc / str(me)).mkdir(parents=True)
     (proc / str(me) / "stat").write_text(f"{me} (python) S " + " ".join(["0"] * 18) + " 5 0\n")
     (proc / str(me) / "cgroup").write_text(POD_CG)
     (proc / str(me) / "status").write_text(f"Name:\tpython\nNSpid:\t{me}\n")
-    alloc = tmp_path / "k1" / "etc"
-    alloc.mkdir(parents=True)
-    (proc / str(me) / "mountinfo").write_text(f"23 22 8:1 {alloc} /etc/vgpud ro - ext4 x rw\n")
+    dirs = [tmp_path / k / "etc" for k in keys]
+    for d in dirs:
+        d.mkdir(parents=True)
+    (proc / str(me) / "mountinfo").write_text("".join(
+        f"{23 + i} 22 8:1 {d} /etc/vgpud ro - ext4 x rw\n" for i, d in enumerate(dirs)))
+    return proc, dirs
+
+
+def register(sock: Path, ignored: str = "-") -> str:
+    """One registration, as the shim makes it (blocking: run it in a thread)."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall(f"vgpud-register 1 pid=1 start=1 slot=0 ignored={ignored}\n".encode())
+        return s.recv(200).decode()
+
+
+@pytest.mark.anyio
+async def test_registration_round_trip_uses_the_kernels_pid(tmp_path: Path) -> None:
+    """The peer's PID comes from SO_PEERCRED, its cgroup from (here, a fake) /proc; the
+    claim in the request does not matter. Prints the round-trip latency."""
+    me = os.getpid()
+    proc, (alloc,) = fake_proc(tmp_path, "k1")
     registry = Registry()
     registrar = Registrar(registry, proc=proc)
     async with anyio.create_task_group() as tg:
@@ -165,6 +187,151 @@ async def test_registration_round_trip_uses_the_kernels_pid(tmp_path: Path) -> N
     times.sort()
     print(f"registration round trip: p50 {times[25] * 1e3:.2f} ms, "
           f"max {times[-1] * 1e3:.2f} ms")
+
+
+@pytest.mark.anyio
+async def test_made_up_variable_names_make_no_series(tmp_path: Path) -> None:
+    """Every VGPUD_* name a registration gave became a label of
+    vgpud_container_env_ignored_total, forever (2,000 registrations made 14,000 series).
+    Only the names the shim reads are counted by name; any other is ``other``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vgpud.node.allocations import AllocationStore
+    from vgpud.node.devices import NodeDevices
+    from vgpud.plugin.metrics import PluginCollector
+
+    proc, (alloc,) = fake_proc(tmp_path, "k1")
+    registry = Registry()
+    registrar = Registrar(registry, proc=proc)
+
+    def flood(n: int) -> set[str]:
+        return {register(alloc / "register.sock", ",".join(
+            [f"VGPUD_MADE_UP_{i}_{j}" for j in range(7)] + ["VGPUD_MEMORY_LIMIT_3"]))
+            for i in range(n)}
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(registrar.run)
+        await registrar.open("k1", alloc, OWNER)
+        answers = await anyio.to_thread.run_sync(flood, 200)
+        tg.cancel_scope.cancel()
+    assert answers == {f"ok {os.getpid()}\n"}  # made-up names do not cost a registration
+    assert registry.ignored_env == {"VGPUD_MEMORY_LIMIT_3": 200, OTHER_ENV: 200}
+    assert "VGPUD_MEMORY_LIMIT_15" in KNOWN_ENV and "VGPUD_MEMORY_LIMIT_16" not in KNOWN_ENV
+    assert parse_claim("vgpud-register 1 pid=1 ignored=VGPUD_X,VGPUD_CONFIG,VGPUD_X,VGPUD_Y"
+                       ) == Claim(1, 0, -1, ("VGPUD_CONFIG",), 2)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(PluginCollector("n1", NodeDevices((), split=1, memory_scaling=1.0,
+                                                   core_scaling=1.0),
+                                 AllocationStore(tmp_path / "state"), dict,
+                                 lambda state, uuids: None, registry=registry))
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    env = fams["vgpud_container_env_ignored"].samples
+    assert sorted(s.labels["variable"] for s in env if s.name.endswith("_total")) == [
+        "VGPUD_MEMORY_LIMIT_3", OTHER_ENV]
+
+
+@pytest.mark.anyio
+async def test_connections_past_the_bound_are_refused_at_once(tmp_path: Path) -> None:
+    """800 idle clients held 1,610 descriptors. Past ``max_connections`` a connection is
+    answered ``refused busy`` and closed at once, while those already open are served;
+    once they are done the socket serves again."""
+    proc, (alloc,) = fake_proc(tmp_path, "k1")
+    registry = Registry()
+    registrar = Registrar(registry, proc=proc, max_connections=4, read_timeout=30)
+    sock = str(alloc / "register.sock")
+    me = os.getpid()
+    async with anyio.create_task_group() as tg:
+        await tg.start(registrar.run)
+        await registrar.open("k1", alloc, OWNER)
+        idle = [await anyio.connect_unix(sock) for _ in range(4)]  # accepted in turn
+        with anyio.fail_after(1):
+            extra = await anyio.connect_unix(sock)
+            answer = await extra.receive()
+            assert answer.startswith(b"refused busy: 4 registrations"), answer
+            with pytest.raises(anyio.EndOfStream):
+                await extra.receive()  # and closed: its descriptor is given back
+            await extra.aclose()
+            for s in idle:  # the first four are still served
+                await s.send(b"vgpud-register 1 pid=1 start=1 slot=0 ignored=-\n")
+                assert await s.receive() == f"ok {me}\n".encode()
+                await s.aclose()
+            # a new client is served once those are done (their handlers end just after
+            # their answers: it may have to try again, as the shim does)
+            while (reply := await anyio.to_thread.run_sync(
+                    register, alloc / "register.sock")) != f"ok {me}\n":
+                assert reply.startswith("refused busy"), reply
+        tg.cancel_scope.cancel()
+    assert registry.accepted == 5
+
+
+@pytest.mark.anyio
+async def test_an_idle_client_is_dropped_after_the_timeout(tmp_path: Path) -> None:
+    """A client that connects and says nothing is told so and closed after
+    ``read_timeout`` (it was closed without a word); the socket keeps serving."""
+    proc, (alloc,) = fake_proc(tmp_path, "k1")
+    registry = Registry()
+    registrar = Registrar(registry, proc=proc, read_timeout=0.2)
+    async with anyio.create_task_group() as tg:
+        await tg.start(registrar.run)
+        await registrar.open("k1", alloc, OWNER)
+        with anyio.fail_after(1.5):
+            idle = await anyio.connect_unix(str(alloc / "register.sock"))
+            assert await idle.receive() == b"refused no request line within 0.2 s\n"
+            with pytest.raises(anyio.EndOfStream):
+                await idle.receive()
+        assert (await anyio.to_thread.run_sync(register, alloc / "register.sock")
+                ).startswith("ok ")
+        tg.cancel_scope.cancel()
+    assert (registry.accepted, registry.refused) == (1, 1)
+
+
+@pytest.mark.anyio
+async def test_ignored_variable_events_are_paced_per_allocation(tmp_path: Path) -> None:
+    """Each registration that gave ignored names posted an event. Now a token bucket per
+    allocation on the injected clock: a burst, then one per period, each saying how many
+    were held back; every registration is still counted."""
+    proc, (a1, a2) = fake_proc(tmp_path, "k1", "k2")
+    registry = Registry()
+    clock = ManualClock()
+    events: list[tuple[str, int]] = []
+
+    async def notify(owner: Owner, r: Registered, held: int = 0) -> None:
+        events.append((r.key, held))
+
+    registrar = Registrar(registry, proc=proc, on_ignored_env=notify, clock=clock,
+                          report_burst=2, report_every=60.0)
+
+    def registrations(sock: Path, n: int) -> None:
+        for _ in range(n):
+            assert register(sock, "VGPUD_CONFIG").startswith("ok ")
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(registrar.run)
+        await registrar.open("k1", a1, OWNER)
+        await registrar.open("k2", a2, Owner("k2", "ns", "p", "side", "1234-abcd"))
+        await anyio.to_thread.run_sync(registrations, a1 / "register.sock", 20)
+        assert events == [("k1", 0), ("k1", 0)]
+        await anyio.to_thread.run_sync(registrations, a2 / "register.sock", 1)
+        assert events[2:] == [("k2", 0)]  # each allocation has its own bucket
+        clock.advance(59)
+        await anyio.to_thread.run_sync(registrations, a1 / "register.sock", 1)
+        clock.advance(1)
+        await anyio.to_thread.run_sync(registrations, a1 / "register.sock", 1)
+        assert events[3:] == [("k1", 19)]  # one per minute, with the count held back
+        tg.cancel_scope.cancel()
+    assert registry.ignored_env == {"VGPUD_CONFIG": 23}
+
+
+def test_registered_processes_are_bounded_per_allocation() -> None:
+    r = Registry(max_processes=3)
+    for pid in range(10, 20):
+        r.add(Registered("k1", pid, 7, "/cg1", Claim(pid, 7, 0, ())))
+    r.add(Registered("k2", 99, 7, "/cg2", Claim(1, 7, 0, ())))
+    assert sorted(r.by_pid) == [17, 18, 19, 99]  # the latest three of k1
+    r.add(Registered("k2", 19, 7, "/cg2", Claim(1, 7, 0, ())))  # a PID reused elsewhere
+    r.forget("k1")
+    assert sorted(r.by_pid) == [19, 99] and r.accepted == 12
 
 
 @pytest.fixture

@@ -18,8 +18,9 @@ import pytest
 from vgpud import shm
 
 
-def valid_file(path: Path, used: int = 123 << 20, host_pid: int = 0) -> None:
-    """A version-1 usage file at ``path``; with ``host_pid``, one process slot naming it."""
+def valid_file(path: Path, used: int = 123 << 20, host_pid: int = 0, slot_used: int = 0) -> None:
+    """A version-1 usage file at ``path``; with ``host_pid``, one process slot naming it
+    (its process charged ``slot_used`` bytes on the first device)."""
     buf = bytearray(shm.FILE_SIZE)
     h = shm.HEADER_FIELDS
     for name, value in (("magic", shm.MAGIC), ("version", shm.VERSION),
@@ -31,6 +32,7 @@ def valid_file(path: Path, used: int = 123 << 20, host_pid: int = 0) -> None:
     if host_pid:
         struct.pack_into("<i", buf, shm.HEADER_SIZE + shm.SLOT_FIELDS["pid"][0], 7)
         struct.pack_into("<i", buf, shm.HEADER_SIZE + shm.SLOT_FIELDS["host_pid"][0], host_pid)
+        struct.pack_into("<Q", buf, shm.HEADER_SIZE + shm.SLOT_FIELDS["used"][0], slot_used)
     path.write_bytes(bytes(buf))
 
 

@@ -144,7 +144,7 @@ async def test_requests_larger_than_any_gpu_are_denied_from_node_annotations(
 async def test_bad_bodies_get_4xx_and_the_server_keeps_serving(webhook: Webhook) -> None:
     good = review(pod(limits={NUM: 1}))
     cases: list[tuple[bytes, int, str]] = [
-        (b"not json", 400, "not JSON"),
+        (b"not json", 400, "not valid JSON"),
         (b"[1, 2]", 400, "not a JSON object"),
         (b"null", 400, "not a JSON object"),
         (json.dumps({**good, "apiVersion": "admission.k8s.io/v1beta1"}).encode(), 400,
@@ -175,6 +175,51 @@ async def test_bad_bodies_get_4xx_and_the_server_keeps_serving(webhook: Webhook)
     async with webhook.session.get(webhook.ops_url + "/metrics") as r:
         text = await r.text()
     assert 'vgpud_webhook_reviews_total{endpoint="validate",outcome="bad_request"} 10.0' in text
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+async def test_hostile_json_gets_a_400_that_says_why(webhook: Webhook) -> None:
+    """Whatever the body holds, the answer is a 4xx naming what was wrong, never a 5xx:
+    a body nested past the decoder's recursion limit (it answered 500), one nested past
+    what any Kubernetes object needs, one nested inside the pod of a good review, JSON's
+    forbidden constants, an integer too long to convert, text that is not UTF-8, a body
+    that is not what its Content-Encoding says."""
+    good = review(pod(limits={NUM: 1}))
+    deep_pod = json.dumps({**good, "request": {**good["request"], "object": "HOLE"}}).encode()
+    cases: list[tuple[bytes, str]] = [
+        (nested(100_000), "deeper than 100 levels"),
+        (nested(500), "deeper than 100 levels"),
+        (deep_pod.replace(b'"HOLE"', b'{"spec": {"x": ' + nested(150) + b"}}"),
+         "deeper than 100 levels"),
+        (b'{"apiVersion": NaN}', "not valid JSON"),
+        (b'{"apiVersion": -Infinity}', "not valid JSON"),
+        (b'{"request": ' + b"9" * 5000 + b"}", "not valid JSON"),
+        (b'{"apiVersion": "\\x41"}', "not valid JSON"),  # not a JSON escape
+        (b'{"apiVersion": "' + bytes([0xC3, 0x28]) + b'"}', "not UTF-8"),
+    ]
+    gzip = {"Content-Encoding": "gzip"}  # the body is not gzip: aiohttp answered 500
+    for path in ("/mutate", "/validate"):
+        for body, fragment, headers in [(b, f, {}) for b, f in cases] + [
+                (json.dumps(good).encode(), "Content-Encoding (gzip)", gzip)]:
+            async with webhook.session.post(webhook.url + path, data=body, ssl=webhook.ssl,
+                                            headers={"Content-Type": "application/json",
+                                                     **headers}) as r:
+                status, text = r.status, await r.text()
+            assert status == 400, (path, body[:60], status, text[:200])
+            assert fragment in json.loads(text)["error"], (body[:60], text)
+        resp = await webhook.admit(path, pod(limits={NUM: 1}))
+        assert resp["allowed"] is True  # still serving
+    # depth up to the limit is a review like any other
+    shallow = json.dumps({**good, "request": {**good["request"], "object": "HOLE"}}).encode()
+    ok = pod(limits={NUM: 1})
+    ok["metadata"]["labels"] = {"a": "b"}
+    body = shallow.replace(b'"HOLE"', json.dumps(
+        {**ok, "spec": {**ok["spec"], "x": json.loads(nested(80))}}).encode())
+    async with webhook.session.post(webhook.url + "/validate", data=body, ssl=webhook.ssl) as r:
+        assert r.status == 200 and (await r.json())["response"]["allowed"] is True
 
 
 async def test_200_concurrent_reviews_are_answered_correctly(webhook: Webhook) -> None:

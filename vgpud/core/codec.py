@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from itertools import compress, repeat
 from typing import Any
 
 from vgpud.core.model import (
@@ -28,10 +29,60 @@ NODE_DEVICES = "vgpud.io/node-devices"
 ASSIGNMENT = "vgpud.io/assignment"
 VERSION = 1
 MAX_TEXT = 1 << 20  # an annotation is bounded by the API server at 256 KiB anyway
+# Kubernetes objects nest about 15 levels deep (a pod's managedFields, an affinity term, in
+# an AdmissionReview); 100 is far above that and far below the interpreter's recursion limit,
+# so nothing that walks a decoded document recursively (copy, json.dumps, logging) overflows.
+MAX_DEPTH = 100
 
 
 class CodecError(ValueError):
-    """An annotation that cannot be decoded; the message says where and why."""
+    """An annotation or a request body that cannot be decoded; the message says where and
+    why."""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+_NESTED = (dict, list)
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` nests more than ``limit`` objects and arrays, walked one level at a
+    time (no recursion); the scalars of a level are skipped at C speed."""
+    level = [doc] if isinstance(doc, _NESTED) else []
+    for _ in range(limit):
+        below: list[Any] = []
+        for v in level:
+            items = v.values() if isinstance(v, dict) else v
+            below.extend(compress(items, map(isinstance, items, repeat(_NESTED))))
+        if not below:
+            return False
+        level = below
+    return True
+
+
+def load_json(raw: str | bytes, what: str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """JSON from outside the process, decoded once at the edge: every annotation and
+    every request body (the webhook's reviews, the extender's verbs) comes through here.
+
+    Raises only :class:`CodecError`, whose message names ``what`` and says what was wrong:
+    not UTF-8, not JSON (``NaN`` and ``Infinity`` are not JSON either), or nested deeper
+    than ``max_depth`` (a body deep enough to exhaust the decoder's recursion included).
+    """
+    try:
+        doc = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise CodecError(f"{what} nests objects or arrays deeper than {max_depth} levels "
+                         "(no Kubernetes object does)") from None
+    except UnicodeDecodeError as e:
+        raise CodecError(f"{what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except ValueError as e:  # json.JSONDecodeError, and integers too long to convert
+        raise CodecError(f"{what} is not valid JSON: {e}") from None
+    if _deeper_than(doc, max_depth):
+        raise CodecError(f"{what} nests objects or arrays deeper than {max_depth} levels "
+                         "(no Kubernetes object does)")
+    return doc
 
 
 def _load(raw: str | bytes | object, what: str) -> dict[str, Any]:
@@ -43,10 +94,7 @@ def _load(raw: str | bytes | object, what: str) -> dict[str, Any]:
     if isinstance(raw, str):
         if len(raw) > MAX_TEXT:
             raise CodecError(f"{what}: {len(raw)} characters is too long")
-        try:
-            raw = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            raise CodecError(f"{what}: not valid JSON ({e})") from e
+        raw = load_json(raw, what)
     if not isinstance(raw, dict):
         raise CodecError(f"{what}: expected a JSON object, got {type(raw).__name__}")
     v = raw.get("v")

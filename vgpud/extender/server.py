@@ -34,6 +34,7 @@ from vgpud.extender.wire import (
     parse_extender_args,
     parse_preemption_args,
 )
+from vgpud.process import BadBody, read_body
 
 log = structlog.get_logger()
 
@@ -57,7 +58,7 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
         async def handler(request: web.Request) -> web.Response:
             done = timed(ext.metrics, name)
             try:
-                raw = await request.read()
+                raw = await read_body(request, MAX_BODY)
                 if not ready():
                     ext.metrics.requests.labels(name, "not_ready").inc()
                     return _json({"Error": NOT_READY})
@@ -65,9 +66,9 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
                 outcome = "error" if isinstance(doc, dict) and doc.get("Error") else "ok"
                 ext.metrics.requests.labels(name, outcome).inc()
                 return _json(doc)
-            except web.HTTPRequestEntityTooLarge:
+            except BadBody as e:
                 ext.metrics.requests.labels(name, "bad_request").inc()
-                return _json({"Error": f"request body larger than {MAX_BODY} bytes"}, 413)
+                return _json({"Error": f"bad {name} request: {e}"}, e.status)
             except WireError as e:
                 ext.metrics.requests.labels(name, "bad_request").inc()
                 return _json({"Error": f"bad {name} request: {e}"}, 400)

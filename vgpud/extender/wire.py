@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, TypedDict
 
+from vgpud.core.codec import CodecError, load_json
+
 
 class WireError(ValueError):
     """A request body that is not what kube-scheduler sends."""
@@ -62,9 +64,9 @@ def _body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise WireError("empty request body; expected a JSON object")
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise WireError(f"request body is not valid JSON: {e}") from None
+        doc = load_json(raw, "the request body")
+    except CodecError as e:
+        raise WireError(str(e)) from None
     if not isinstance(doc, dict):
         raise WireError(f"request body must be a JSON object, got {type(doc).__name__}")
     return doc

@@ -5,7 +5,10 @@ PIDs), each process mapped to its container (the registration's trusted PID, els
 the container's cgroup, else the host PIDs the container's own usage file lists —
 see :mod:`vgpud.core.arbitration` for why that last one is safe), the decision
 (:class:`~vgpud.core.arbitration.Arbiter`), and one record per GPU written in place.
-The last round's figures stay in an :class:`Observed` for the plugin's metrics.
+The last round's figures stay in an :class:`Observed` for the plugin's metrics. The usage
+files are the containers' to write: they are read through
+:class:`~vgpud.node.tenant.TenantReads` (worker threads, bounded in number and time), and a
+round whose files were not read in time goes on without the PIDs they name.
 
 The record's layout is ``csrc/include/vgpu_arbiter_abi.h`` (version 1, 64 bytes),
 mirrored here; ``tests/shim/test_arbiter.py`` checks the two agree by running the
@@ -16,18 +19,21 @@ sequence lock, never replaced (the shims keep them mapped).
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import anyio
 import structlog
 
 from vgpud.core.arbitration import Arbiter, Contender, Record
+from vgpud.node.tenant import NotRead, TenantReads
 from vgpud.shm import StateFileError, read_usage
 
 log = structlog.get_logger(__name__)
@@ -130,10 +136,15 @@ class Observed:
         self.rounds += 1
 
 
-def declared_pids(members: Sequence[Member]) -> dict[int, str]:
-    """Host PIDs the containers' usage files name (see the module docstring)."""
-    out: dict[int, str] = {}
+def declared_pids(members: Sequence[Member], out: dict[int, str] | None = None,
+                  until: float = math.inf) -> dict[int, str]:
+    """Host PIDs the containers' usage files name (see the module docstring), into
+    ``out`` as it goes (a caller that stops waiting keeps what was read), reading until
+    ``until`` (monotonic): blocking file I/O, for a worker thread."""
+    out = {} if out is None else out
     for m in members:
+        if time.monotonic() >= until:
+            break
         try:
             snap = read_usage(m.state_dir)
         except StateFileError:
@@ -158,13 +169,17 @@ async def run_arbiter(
     observed: Observed | None = None,
     on_sm: Callable[[float, Mapping[tuple[str, str], int],
                      Mapping[tuple[str, str], tuple[int, ...]]], None] | None = None,
+    reads: TenantReads | None = None,
 ) -> None:
     """Measure, decide, publish, every ``period`` seconds, until cancelled; ``observed``
     (if given) keeps each round's figures for metrics; ``on_sm`` (if given) gets each
     round's SM percent and PIDs per (container, GPU) counting only the processes
     ``owner_of`` names (registration, cgroup): what a container wrote in its own usage
-    file may help arbitrate, never decide what is held against it."""
+    file may help arbitrate, never decide what is held against it. ``reads`` runs the
+    reads of those files (its own, bounded, if not given)."""
     period_ms = max(1, round(period * 1000))
+    reads = reads if reads is not None else TenantReads()
+    warned = -math.inf  # when unread usage files were last logged (once a minute at most)
     while True:
         try:
             ms = members()
@@ -175,7 +190,15 @@ async def run_arbiter(
             prio = {m.key: m.priority for m in ms}
             used = await utilisation()
             unknown = {pid for rows in used.values() for pid, _ in rows if owner_of(pid) is None}
-            declared = await anyio.to_thread.run_sync(declared_pids, ms) if unknown else {}
+            declared: dict[int, str] = {}
+            if unknown:
+                try:
+                    await reads.run(partial(declared_pids, ms, declared), "usage files")
+                except NotRead as e:
+                    if clock() - warned >= 60:
+                        warned = clock()
+                        log.warning("arbiter_usage_files_not_read", why=str(e))
+                declared = dict(declared)  # a copy: a read left behind may still add to it
             samples: list[Contender] = []
             trusted: dict[tuple[str, str], int] = {}
             pids: dict[tuple[str, str], list[int]] = {}

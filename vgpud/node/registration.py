@@ -23,6 +23,17 @@ so the allocation is known from the socket, not from anything the process says. 
 the process does say is kept for people: the ``VGPUD_*`` variables its shim ignored
 (an attempt to lift limits through the environment) become a metric and an event.
 
+A container can open its socket as often as it likes and say anything, so all of that is
+bounded: only the names the shim reads are counted under their own name (any other
+``VGPUD_*`` name counts as ``other``: a metric label per name a container makes up would
+be a series per name, forever); at most :data:`MAX_CONNECTIONS` connections are served
+at once per socket (more are answered ``refused busy`` and closed at once), each must
+say its line within ``read_timeout`` (else ``refused`` and closed); at most
+:data:`MAX_PROCESSES` registered processes are remembered per allocation (the oldest
+forgotten: the container's cgroup still names its processes); and events and warnings
+about one allocation are paced by a token bucket on the injected clock (a burst, then
+one every so often), the rest counted in the next one.
+
 :class:`Registry` is the record (host PID → allocation), read by the watchdog and the
 metrics; :class:`Registrar` serves the sockets. Wire format, one line each way::
 
@@ -43,23 +54,40 @@ import anyio
 import structlog
 from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 
+from vgpud.kube.budget import RequestBudget
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.node import procfs
+from vgpud.shm import MAX_DEVICES
 
 log = structlog.get_logger(__name__)
 
 MAX_LINE = 512
-READ_TIMEOUT = 2.0
+READ_TIMEOUT = 2.0  # the shim says its line at once; its own timeouts are 2 s
 SOCKET_NAME = "register.sock"
+MAX_CONNECTIONS = 16  # served at once per socket; a shim registers once per process
+MAX_PROCESSES = 1024  # registered processes remembered per allocation
+REPORT_BURST = 3  # events (and warnings) about one allocation before pacing starts ...
+REPORT_EVERY = 600.0  # ... then one per this many seconds
+
+# The VGPUD_* names the shim reads (csrc/src/config.c), the only ones counted by name.
+KNOWN_ENV = frozenset({"VGPUD_CONFIG", "VGPUD_MEMORY_LIMIT", "VGPUD_CORE_LIMIT",
+                       "VGPUD_CORE_POLICY", "VGPUD_STATE_DIR"}
+                      | {f"VGPUD_{what}_LIMIT_{i}" for what in ("MEMORY", "CORE")
+                         for i in range(MAX_DEVICES)})
+OTHER_ENV = "other"  # the label of every other VGPUD_* name
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What a process says about itself (informative only)."""
+    """What a process says about itself (informative only): the variables its shim
+    ignored, the known names (:data:`KNOWN_ENV`) each once, and how many other
+    ``VGPUD_*`` names it gave."""
 
     pid: int
     start: int
     slot: int
     ignored: tuple[str, ...]
+    unknown: int = 0
 
 
 def parse_claim(line: str) -> Claim | str:
@@ -74,9 +102,8 @@ def parse_claim(line: str) -> Claim | str:
     except ValueError:
         return "pid, start and slot must be integers"
     raw = kv.get("ignored", "-")
-    ignored = () if raw in ("", "-") else tuple(
-        n for n in raw.split(",") if n.startswith("VGPUD_") and len(n) < 64)
-    return Claim(pid, start, slot, ignored)
+    names = set() if raw in ("", "-") else {n for n in raw.split(",") if n.startswith("VGPUD_")}
+    return Claim(pid, start, slot, tuple(sorted(names & KNOWN_ENV)), len(names - KNOWN_ENV))
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,19 +146,32 @@ def judge(owner: Owner | None, facts: procfs.ProcessFacts | None, claim: Claim,
 
 @dataclass
 class Registry:
-    """Registered processes by host PID, and each allocation's container cgroup."""
+    """Registered processes by host PID (at most :data:`MAX_PROCESSES` per allocation, the
+    latest), and each allocation's container cgroup."""
 
     by_pid: dict[int, Registered] = field(default_factory=dict)
     cgroups: dict[str, str] = field(default_factory=dict)  # allocation key -> cgroup path
     accepted: int = 0
     refused: int = 0
-    ignored_env: dict[str, int] = field(default_factory=dict)  # VGPUD_* name -> times
+    # a name of KNOWN_ENV, or OTHER_ENV -> processes that gave it
+    ignored_env: dict[str, int] = field(default_factory=dict)
+    max_processes: int = MAX_PROCESSES
+    # allocation key -> its registered PIDs, oldest first
+    _pids: dict[str, dict[int, None]] = field(default_factory=dict, repr=False)
 
     def add(self, r: Registered) -> None:
+        old = self.by_pid.pop(r.host_pid, None)
+        if old is not None:
+            self._pids.get(old.key, {}).pop(r.host_pid, None)
         self.by_pid[r.host_pid] = r
+        pids = self._pids.setdefault(r.key, {})
+        pids[r.host_pid] = None
+        while len(pids) > self.max_processes:
+            oldest = next(iter(pids))
+            del pids[oldest], self.by_pid[oldest]
         self.cgroups[r.key] = r.cgroup  # the container's latest incarnation
         self.accepted += 1
-        for name in r.claim.ignored:
+        for name in r.claim.ignored + ((OTHER_ENV,) if r.claim.unknown else ()):
             self.ignored_env[name] = self.ignored_env.get(name, 0) + 1
 
     def allocation_of(self, pid: int, facts: procfs.ProcessFacts | None) -> str | None:
@@ -149,7 +189,7 @@ class Registry:
 
     def forget(self, key: str) -> None:
         self.cgroups.pop(key, None)
-        for pid in [p for p, r in self.by_pid.items() if r.key == key]:
+        for pid in self._pids.pop(key, {}):
             del self.by_pid[pid]
 
 
@@ -162,29 +202,47 @@ def peer_pid(stream: SocketStream) -> int:
 
 async def _read_line(stream: SocketStream) -> str:
     buf = b""
-    with anyio.fail_after(READ_TIMEOUT):
-        while b"\n" not in buf and len(buf) < MAX_LINE:
-            try:
-                buf += await stream.receive(MAX_LINE - len(buf))
-            except anyio.EndOfStream:
-                break
+    while b"\n" not in buf and len(buf) < MAX_LINE:
+        try:
+            buf += await stream.receive(MAX_LINE - len(buf))
+        except anyio.EndOfStream:
+            break
     return buf.split(b"\n", 1)[0].decode("ascii", errors="replace")
 
 
-Notify = Callable[[Owner, Registered], Awaitable[None]]
+Notify = Callable[[Owner, Registered, int], Awaitable[None]]
+"""Report a registration's ignored variables: the owner, the registration, and how many
+earlier reports about the allocation the pacing held back since the last one."""
 
 
 class Registrar:
-    """Serves one registration socket per allocation, in its own task group."""
+    """Serves one registration socket per allocation, in its own task group.
+
+    ``max_connections`` per socket are served at once, each given ``read_timeout`` seconds
+    to say its line; ``on_ignored_env`` and the warnings about an allocation are paced
+    by a token bucket of ``report_burst`` reports refilled at one per ``report_every``
+    seconds of ``clock``.
+    """
 
     def __init__(self, registry: Registry, *, proc: Path = procfs.PROC,
-                 on_ignored_env: Notify | None = None) -> None:
+                 on_ignored_env: Notify | None = None,
+                 max_connections: int = MAX_CONNECTIONS, read_timeout: float = READ_TIMEOUT,
+                 report_burst: int = REPORT_BURST, report_every: float = REPORT_EVERY,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.registry = registry
         self.proc = proc
         self.on_ignored_env = on_ignored_env
+        self.max_connections = max_connections
+        self.read_timeout = read_timeout
+        self.clock = clock
+        self._report_burst, self._report_every = report_burst, report_every
         self._owners: dict[str, Owner | None] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._dirs: dict[str, Path] = {}  # allocation key -> the directory of its socket
+        self._serving: dict[str, int] = {}  # allocation key -> connections being served
+        # ("event" or "log", allocation key) -> (its bucket, reports held back since the
+        # last one let through): events and warnings are paced apart
+        self._paced: dict[tuple[str, str], tuple[RequestBudget, int]] = {}
         self._tg: TaskGroup | None = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -212,7 +270,7 @@ class Registrar:
         async def serve() -> None:
             with scope:
                 async with listener:
-                    await listener.serve(lambda s: self._handle(key, s))
+                    await listener.serve(lambda s: self._accept(key, s))
 
         self._tg.start_soon(serve)
 
@@ -222,16 +280,67 @@ class Registrar:
             scope.cancel()
         self._owners.pop(key, None)
         self._dirs.pop(key, None)
+        self._serving.pop(key, None)
+        self._paced.pop(("event", key), None)
+        self._paced.pop(("log", key), None)
         self.registry.forget(key)
 
-    async def _handle(self, key: str, stream: SocketStream) -> None:
+    def _report(self, kind: str, key: str) -> int | None:
+        """Whether a report of ``kind`` about allocation ``key`` may go out now: None if
+        not (it is counted), else how many were held back since the last one."""
+        bucket, held = self._paced.get((kind, key)) or (RequestBudget(
+            1 / self._report_every, self._report_burst, clock=self.clock), 0)
+        if bucket.try_acquire():
+            self._paced[(kind, key)] = (bucket, 0)
+            return held
+        self._paced[(kind, key)] = (bucket, held + 1)
+        return None
+
+    def _warn(self, event: str, key: str, **kw: object) -> None:
+        held = self._report("log", key)
+        if held is not None:
+            log.warning(event, key=key, **kw, **({"held_back": held} if held else {}))
+
+    async def _accept(self, key: str, stream: SocketStream) -> None:
+        serving = self._serving.get(key, 0)
+        if serving >= self.max_connections:
+            async with stream:
+                self.registry.refused += 1
+                self._warn("registration_busy", key, connections=serving)
+                with anyio.move_on_after(self.read_timeout):
+                    try:
+                        await stream.send(f"refused busy: {serving} registrations of this "
+                                          "container in progress; try again later\n".encode())
+                    except (OSError, anyio.BrokenResourceError):
+                        pass
+            return
+        self._serving[key] = serving + 1
+        try:
+            report = await self._handle(key, stream)
+        finally:
+            if key in self._serving:
+                self._serving[key] -= 1
+        if report is not None and self.on_ignored_env is not None:
+            held = self._report("event", key)
+            if held is not None:
+                await self.on_ignored_env(*report, held)
+
+    async def _handle(self, key: str, stream: SocketStream) -> tuple[Owner, Registered] | None:
+        """Serve one connection; what to report about its ignored variables, if anything."""
         async with stream:
             try:
                 pid = peer_pid(stream)
-                line = await _read_line(stream)
-            except (OSError, TimeoutError, anyio.BrokenResourceError) as e:
-                log.warning("registration_unreadable", key=key, error=str(e) or type(e).__name__)
-                return
+                with anyio.fail_after(self.read_timeout):
+                    line = await _read_line(stream)
+            except TimeoutError:
+                self.registry.refused += 1
+                self._warn("registration_timed_out", key, seconds=self.read_timeout)
+                await self._send(stream, f"refused no request line within "
+                                         f"{self.read_timeout:g} s\n")
+                return None
+            except (OSError, anyio.BrokenResourceError) as e:
+                self._warn("registration_unreadable", key, error=str(e) or type(e).__name__)
+                return None
             claim = parse_claim(line)
             owner = self._owners.get(key)
             if isinstance(claim, str):
@@ -242,20 +351,23 @@ class Registrar:
                 verdict = judge(owner, facts, claim, mounts, self._dirs[key])
             if isinstance(verdict, str):
                 self.registry.refused += 1
-                log.warning("registration_refused", key=key, pid=pid, why=verdict)
-                answer = f"refused {verdict}\n"
-            else:
-                self.registry.add(verdict)
-                log.info("registered", key=key, host_pid=pid, cgroup=verdict.cgroup,
-                         ignored=list(verdict.claim.ignored))
-                answer = f"ok {pid}\n"
+                self._warn("registration_refused", key, pid=pid, why=verdict)
+                await self._send(stream, f"refused {verdict}\n")
+                return None
+            self.registry.add(verdict)
+            log.debug("registered", key=key, host_pid=pid, cgroup=verdict.cgroup,
+                      ignored=list(verdict.claim.ignored), unknown=verdict.claim.unknown)
+            await self._send(stream, f"ok {pid}\n")
+        if (verdict.claim.ignored or verdict.claim.unknown) and owner is not None:
+            return owner, verdict
+        return None
+
+    async def _send(self, stream: SocketStream, answer: str) -> None:
+        with anyio.move_on_after(self.read_timeout):
             try:
                 await stream.send(answer.encode())
             except (OSError, anyio.BrokenResourceError):
                 pass
-            if (isinstance(verdict, Registered) and verdict.claim.ignored and owner is not None
-                    and self.on_ignored_env is not None):
-                await self.on_ignored_env(owner, verdict)
 
     def owners(self) -> Mapping[str, Owner | None]:
         return dict(self._owners)

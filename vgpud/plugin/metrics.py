@@ -10,11 +10,19 @@ Node-wide: process registrations, ``VGPUD_*`` variables that containers set and 
 shim ignored, the watchdog's reports and kills. Labels name the GPU by uuid and index
 and the container by namespace, pod and container. Memory is in bytes, shares of SMs
 are ratios of one GPU (0.3 = 30 %); ``docs/metrics.md`` lists every metric.
+
+The usage files are the containers' to write: a scrape reads them first, through
+:class:`~vgpud.node.tenant.TenantReads` (worker threads, bounded in number and time; the
+event loop never waits on a container's file), then formats everything on the loop from
+memory. A file not read in time leaves its container without a usage figure for that
+scrape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,7 @@ from vgpud.node.allocations import AllocationStore
 from vgpud.node.arbiter import Observed
 from vgpud.node.devices import NodeDevices
 from vgpud.node.registration import Registry
+from vgpud.node.tenant import NotRead, TenantReads
 from vgpud.node.watchdog import Watchdog
 
 log = structlog.get_logger(__name__)
@@ -59,10 +68,32 @@ def shim_usage(state: Path, uuids: Sequence[str]) -> Mapping[str, int] | None:
     snap = shm.read_usage(state)
     out = dict.fromkeys(uuids[: snap.device_count], 0)
     for p in snap.processes:
-        if _alive(p):
+        if any(p.used[: len(uuids)]) and _alive(p):
             for i, b in enumerate(p.used[: len(uuids)]):
                 out[uuids[i]] += b
     return out
+
+
+Target = tuple[str, Path, tuple[str, ...]]  # allocation key, its state directory, its GPUs
+
+
+def read_usages(targets: Sequence[Target], reader: UsageReader,
+                out: dict[str, Mapping[str, int]], until: float) -> None:
+    """Each target's usage that ``reader`` found, into ``out`` as it goes (a caller that
+    stops waiting keeps what was read), reading until ``until`` (monotonic): blocking
+    file I/O, for a worker thread."""
+    for n, (key, state, uuids) in enumerate(targets):
+        if time.monotonic() >= until:
+            log.warning("usage_files_not_read", left=len(targets) - n,
+                        why="out of time for this scrape")
+            break
+        try:
+            usage = reader(state, uuids)
+        except Exception as e:  # a scrape never fails on one unreadable file
+            log.debug("usage_unreadable", key=key, error=str(e))
+            continue
+        if usage is not None:
+            out[key] = usage
 
 
 class PluginCollector(Collector):
@@ -70,7 +101,7 @@ class PluginCollector(Collector):
                  used: Callable[[], Mapping[str, int]],
                  usage_reader: UsageReader | None = None, *,
                  registry: Registry | None = None, watchdog: Watchdog | None = None,
-                 arbiter: Observed | None = None) -> None:
+                 arbiter: Observed | None = None, reads: TenantReads | None = None) -> None:
         self.registry = registry
         self.watchdog = watchdog
         self.arbiter = arbiter
@@ -79,6 +110,20 @@ class PluginCollector(Collector):
         self.store = store
         self.used = used
         self.usage_reader = usage_reader if usage_reader is not None else shim_usage
+        self.reads = reads if reads is not None else TenantReads()
+        self.usage: Mapping[str, Mapping[str, int]] = {}  # the last read, by allocation key
+
+    async def refresh(self) -> None:
+        """Read the containers' usage files for the next :meth:`collect` (off the loop)."""
+        targets = [(g.key, g.state, tuple(d.uuid for d in g.devices))
+                   for g in self.store.configured()]
+        got: dict[str, Mapping[str, int]] = {}
+        try:
+            await self.reads.run(partial(read_usages, targets, self.usage_reader, got),
+                                 "usage files")
+        except NotRead as e:
+            log.warning("usage_files_not_read", why=str(e), read=len(got), of=len(targets))
+        self.usage = dict(got)  # a copy: a read left behind may still add to 'got'
 
     def collect(self) -> Iterator[Any]:
         inv = self.devices.inventory()
@@ -110,12 +155,7 @@ class PluginCollector(Collector):
         containers: dict[tuple[str, str], list[str]] = {}  # (allocation key, uuid) -> labels
         for g in self.store.configured():
             assert g.owner is not None  # configured() holds owned allocations only
-            usage = None
-            if self.usage_reader is not None:
-                try:
-                    usage = self.usage_reader(g.state, [d.uuid for d in g.devices])
-                except Exception as e:  # a scrape never fails on one unreadable file
-                    log.debug("usage_unreadable", key=g.key, error=str(e))
+            usage = self.usage.get(g.key)
             for d in g.devices:
                 mem[d.uuid] = mem.get(d.uuid, 0) + d.memory
                 cores[d.uuid] = cores.get(d.uuid, 0) + d.cores
@@ -229,9 +269,19 @@ class PluginCollector(Collector):
             yield from (regs, env)
 
 
-def metrics_app(registry: CollectorRegistry) -> web.Application:
+def metrics_app(registry: CollectorRegistry,
+                before: Callable[[], Awaitable[None]] | None = None) -> web.Application:
+    """``/metrics`` and ``/healthz``; ``before`` (if given) runs before each scrape is
+    formatted (:meth:`PluginCollector.refresh`)."""
     app = web.Application()
-    app.router.add_get("/metrics", make_aiohttp_handler(registry))
+    exposition = make_aiohttp_handler(registry)
+
+    async def scrape(request: web.Request) -> web.StreamResponse:
+        if before is not None:
+            await before()
+        return await exposition(request)
+
+    app.router.add_get("/metrics", scrape)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -43,6 +43,7 @@ from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
 from vgpud.node.inventory import publish_inventory
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
+from vgpud.node.tenant import TenantReads
 from vgpud.node.watchdog import SmUsage, Usage, Watchdog, Watched
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.kubelet import serve_plugin
@@ -206,11 +207,15 @@ async def run_plugin(
     publisher = await anyio.to_thread.run_sync(
         Publisher, arbiter_dir, [d.gpu.uuid for d in found])
 
-    async def env_ignored(owner: Owner, r: Registered) -> None:
+    async def env_ignored(owner: Owner, r: Registered, held: int) -> None:
+        names = list(r.claim.ignored)
+        if r.claim.unknown:
+            names.append(f"{r.claim.unknown} other VGPUD_* name{'s' * (r.claim.unknown > 1)}")
         await cluster.pod_event(
             _pod_of(owner), "VgpuEnvIgnored",
             f"container {owner.container!r} (process {r.host_pid}) set "
-            f"{', '.join(r.claim.ignored)}: ignored, its limits come from the vgpud plugin")
+            f"{', '.join(names)}: ignored, its limits come from the vgpud plugin"
+            + (f" ({held} more such reports about it were held back)" if held else ""))
 
     registrar = Registrar(registry, on_ignored_env=env_ignored)
     reconciling = anyio.Lock()
@@ -267,6 +272,7 @@ async def run_plugin(
     sockets: dict[str, Path] = {}
     used: dict[str, int] = {}
     observed = Observed()  # the arbiter's last round, for the metrics
+    reads = TenantReads()  # the containers' usage files, for the arbiter and the metrics
     listen = settings.plugin.metricsListen if opts.metrics_listen is None else opts.metrics_listen
     gates = settings.plugin.featureGates
     try:
@@ -296,17 +302,19 @@ async def run_plugin(
                 publisher, source.utilisation, lambda: _members(store),
                 lambda pid: registry.allocation_of(pid, procfs.read(pid)),
                 period=plug.arbitrationPeriodSeconds, observed=observed,
-                on_sm=watchdog.record_sm))
+                on_sm=watchdog.record_sm, reads=reads))
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
                 memory=gates.MemoryPlugin))
             port = None
             if listen:
                 metrics = CollectorRegistry(auto_describe=False)
-                metrics.register(PluginCollector(opts.node_name, devices, store, lambda: used,
-                                                 registry=registry, watchdog=watchdog,
-                                                 arbiter=observed))
-                port = await tg.start(_serve_metrics, metrics_app(metrics), listen)
+                collector = PluginCollector(opts.node_name, devices, store, lambda: used,
+                                            registry=registry, watchdog=watchdog,
+                                            arbiter=observed, reads=reads)
+                metrics.register(collector)
+                port = await tg.start(_serve_metrics, metrics_app(metrics, collector.refresh),
+                                      listen)
             options = await service.get_device_plugin_options(pb.Empty())
             for r in resources:  # each re-registers on its own after kubelet restarts
                 sockets[r.name] = await tg.start(_serve, services[r.name], opts, options)

@@ -4,8 +4,9 @@ The *review* app (HTTPS): ``POST /mutate`` and ``POST /validate``, each an
 ``AdmissionReview`` v1 in and out. The *ops* app: ``GET /healthz``, ``/readyz``,
 ``/metrics`` — on the HTTPS port too, unless ``--metrics-listen`` puts them apart.
 
-A body that is not a review gets a 400 with the reason, a body over
-:data:`MAX_BODY` a 413; an unexpected failure is logged and answered with a 500-free
+A body that is not a review gets a 400 with the reason (whatever it holds: not JSON,
+nested too deep, not what its ``Content-Encoding`` says), a body over :data:`MAX_BODY` a
+413; an unexpected failure is logged and answered with a 500-free
 ``allowed: false`` review naming it, so the API server shows the user a reason (and
 the server keeps serving).
 """
@@ -31,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, mutate, validate
+from vgpud.process import BadBody, read_body
 from vgpud.webhook.wire import Review, WireError, answer, parse_review
 
 log = structlog.get_logger(__name__)
@@ -101,8 +103,7 @@ def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metric
             start = time.perf_counter()
             outcome = "error"
             try:
-                raw = await request.read()
-                review = parse_review(raw)
+                review = parse_review(await read_body(request, MAX_BODY))
                 try:
                     doc, outcome = _review(review, name, policy, catalogue)
                 except Exception as e:  # a bug must not become a 5xx and a blocked pod
@@ -114,10 +115,10 @@ def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metric
                     log.info("pod_denied", namespace=review.namespace,
                              reason=doc["response"]["status"]["message"])
                 return web.json_response(doc, dumps=_dumps)
-            except web.HTTPRequestEntityTooLarge:
+            except BadBody as e:
                 outcome = "bad_request"
-                return web.json_response(
-                    {"error": f"the review is larger than {MAX_BODY} bytes"}, status=413)
+                return web.json_response({"error": f"bad AdmissionReview: {e}"},
+                                         status=e.status)
             except WireError as e:
                 outcome = "bad_request"
                 return web.json_response({"error": f"bad AdmissionReview: {e}"}, status=400)

@@ -1,8 +1,10 @@
 """``AdmissionReview`` (``admission.k8s.io/v1``) in and out, as the API server sends it.
 
 :func:`parse_review` turns a body into a :class:`Review` or raises :class:`WireError`
-with what was wrong (the server answers it with a 400: the API server then applies
-the webhook's ``failurePolicy``). :func:`answer` builds the response review: the
+with what was wrong, whatever the body holds (not JSON, not UTF-8, nested past
+:data:`vgpud.core.codec.MAX_DEPTH`: :func:`vgpud.core.codec.load_json` decodes it); the
+server answers it with a 400, and the API server then applies the webhook's
+``failurePolicy``. :func:`answer` builds the response review: the
 request's ``uid``, ``allowed``, a ``status`` with the denial message, a base64
 JSON patch and warnings.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpud.core.admission import PatchOp, Verdict
+from vgpud.core.codec import CodecError, load_json
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -42,9 +45,9 @@ class Review:
 
 def parse_review(raw: bytes) -> Review:
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise WireError(f"the body is not JSON: {e}") from None
+        doc = load_json(raw, "the body")
+    except CodecError as e:
+        raise WireError(str(e)) from None
     if not isinstance(doc, dict):
         raise WireError("the body is not a JSON object")
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
