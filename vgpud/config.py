@@ -116,10 +116,11 @@ class OpsSettings(_Model):
     trustLoopback: bool = True
     # per client address: requests per second, and how many may come at once; past that
     # the answer is 429 with Retry-After
-    clientQPS: float = Field(default=5.0, gt=0, le=10000)
-    clientBurst: int = Field(default=20, ge=1, le=100000)
+    clientQPS: float = Field(default=20.0, gt=0, le=10000)
+    clientBurst: int = Field(default=100, ge=1, le=100000)
     # status pages, API pages and scrapes rendered at once (each yields to filter and bind
-    # between chunks; more at once would each add their chunk to a verb's wait): 429 beyond
+    # between chunks; more at once would each add their chunk to a verb's wait); four times
+    # as many wait their turn (5 s at most), 429 beyond
     maxConcurrentRenders: int = Field(default=2, ge=1, le=64)
 
 

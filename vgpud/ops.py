@@ -12,8 +12,10 @@ serves what must not wait: filter and bind, kubelet's Allocate, admission review
 3. With ``tokenFile`` set, ``Authorization: Bearer <token>`` or ``401`` saying so; a client
    on loopback needs none while ``trustLoopback`` is on (``kubectl port-forward``).
 4. At most ``maxConcurrentRenders`` answers that render something (all but the static files)
-   in progress; one more gets ``429`` with ``Retry-After: 1``. Each render yields between
-   chunks, so a verb waits at most a chunk per render in progress: the cap bounds that.
+   in progress. Each render yields between chunks, so a verb waits at most a chunk per
+   render in progress: the cap bounds that. Up to :data:`QUEUE_PER_SLOT` times as many
+   more wait for a slot, each at most :data:`QUEUE_WAIT` seconds (a page asks for three
+   things at once); past that, ``429`` with ``Retry-After: 1``.
 
 Time comes from an injected :class:`~vgpud.kube.clock.Clock`; the buckets are the API
 client's (:class:`~vgpud.kube.budget.RequestBudget`).
@@ -29,6 +31,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
+import anyio
 import structlog
 from aiohttp import web
 
@@ -43,6 +46,8 @@ CHEAP_PREFIXES = ("/static/", "/favicon.ico")  # constant bytes: the bucket only
 MAX_CLIENTS = 1024  # buckets kept; idle (full) ones are dropped first
 MAX_TOKEN_BYTES = 4096
 RELOAD_EVERY = 10.0  # seconds between looks at the token file (a rotated Secret)
+QUEUE_PER_SLOT = 4  # requests that may wait for a render slot, per slot
+QUEUE_WAIT = 5.0  # seconds one of them waits at most
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -127,12 +132,16 @@ class Guard:
     probes do."""
 
     def __init__(self, settings: OpsSettings, *, token: TokenFile | None = None,
-                 clock: Clock = SYSTEM_CLOCK, exempt: Iterable[str] = ()) -> None:
+                 clock: Clock = SYSTEM_CLOCK, exempt: Iterable[str] = (),
+                 queue_wait: float = QUEUE_WAIT) -> None:
         self.settings = settings
         self.token = token
         self.clock = clock
         self.exempt = PROBES | frozenset(exempt)
-        self.rendering = 0
+        self.queue_wait = queue_wait
+        self.rendering = 0  # renders in progress
+        self.waiting = 0  # requests waiting for a slot
+        self._slots = anyio.Semaphore(settings.maxConcurrentRenders)
         self.refused: Counter[str] = Counter()  # answered here: rate, busy, unauthorized
         self._buckets: dict[str, RequestBudget] = {}
 
@@ -208,14 +217,28 @@ class Guard:
         if request.path.startswith(CHEAP_PREFIXES):
             return await handler(request)
         cap = self.settings.maxConcurrentRenders
-        if self.rendering >= cap:
-            self.refused["busy"] += 1
-            return _refusal(request, 429, (
-                f"busy: {cap} status pages or scrapes are being rendered; retry in 1 s"),
-                {"Retry-After": "1"})
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            if self.waiting >= cap * QUEUE_PER_SLOT:
+                return self._busy(request, cap)
+            self.waiting += 1
+            try:
+                with anyio.move_on_after(self.queue_wait) as waited:
+                    await self._slots.acquire()
+            finally:
+                self.waiting -= 1
+            if waited.cancelled_caught:
+                return self._busy(request, cap)
         self.rendering += 1
         try:
             return await handler(request)
         finally:
             self.rendering -= 1
+            self._slots.release()
 
+    def _busy(self, request: web.Request, cap: int) -> web.Response:
+        self.refused["busy"] += 1
+        return _refusal(request, 429, (
+            f"busy: {cap} status pages or scrapes are being rendered and more are waiting; "
+            "retry in 1 s"), {"Retry-After": "1"})

@@ -23,7 +23,7 @@ from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
 from vgpud.extender.state import SchedulerState
-from vgpud.ops import RELOAD_EVERY, Guard, TokenFile, is_loopback
+from vgpud.ops import QUEUE_PER_SLOT, RELOAD_EVERY, Guard, TokenFile, is_loopback
 
 pytestmark = pytest.mark.anyio
 
@@ -201,7 +201,10 @@ async def test_each_client_gets_its_rate_then_429_with_retry_after() -> None:
     assert guard.refused["rate"] == 3
 
 
-async def test_renders_past_the_cap_get_429_busy() -> None:
+async def test_renders_past_the_cap_wait_their_turn_then_get_429_busy() -> None:
+    """One render at a time (cap 1): four more wait for the slot (QUEUE_PER_SLOT), the
+    next is answered 429 at once; a waiter is served when the slot frees, or 429 when it
+    has waited its longest."""
     ext, _ = extender()
     guard = Guard(OpsSettings(maxConcurrentRenders=1, clientBurst=100))
     release = anyio.Event()
@@ -212,16 +215,17 @@ async def test_renders_past_the_cap_get_429_busy() -> None:
         return web.Response(text="done")
 
     app.router.add_get("/slow", slow)
+    got: list[int] = []
     async with serve(app) as (ops,), aiohttp.ClientSession() as s, \
             anyio.create_task_group() as tg:
-        first: list[int] = []
 
-        async def hold() -> None:
-            first.append((await get(s, ops + "/slow"))[0])
+        async def ask() -> None:
+            got.append((await get(s, ops + "/slow"))[0])
 
-        tg.start_soon(hold)
+        for _ in range(1 + QUEUE_PER_SLOT):
+            tg.start_soon(ask)
         with anyio.fail_after(10):
-            while guard.rendering == 0:
+            while (guard.rendering, guard.waiting) != (1, QUEUE_PER_SLOT):
                 await anyio.lowlevel.checkpoint()
         status, text, headers = await get(s, ops + "/metrics")
         assert status == 429 and headers["Retry-After"] == "1" and "busy" in text
@@ -229,8 +233,50 @@ async def test_renders_past_the_cap_get_429_busy() -> None:
         assert (await get(s, ops + "/static/status.js"))[0] == 200
         assert (await get(s, ops + "/healthz"))[0] == 200
         release.set()
-    assert first == [200]
-    assert guard.rendering == 0 and guard.refused["busy"] == 1
+    assert got == [200] * (1 + QUEUE_PER_SLOT)
+    assert guard.rendering == guard.waiting == 0 and guard.refused["busy"] == 1
+
+
+async def test_a_waiter_gives_up_after_its_longest_wait() -> None:
+    ext, _ = extender()
+    guard = Guard(OpsSettings(maxConcurrentRenders=1), queue_wait=0.05)
+    release = anyio.Event()
+    app = make_app(ext, lambda: True, verbs=False, guard=guard)
+
+    async def slow(_: web.Request) -> web.Response:
+        await release.wait()
+        return web.Response(text="done")
+
+    app.router.add_get("/slow", slow)
+    async with serve(app) as (ops,), aiohttp.ClientSession() as s, \
+            anyio.create_task_group() as tg:
+        tg.start_soon(get, s, ops + "/slow")
+        with anyio.fail_after(10):
+            while guard.rendering == 0:
+                await anyio.lowlevel.checkpoint()
+        status, _, headers = await get(s, ops + "/api/v1/summary")  # waits 0.05 s, no slot
+        assert status == 429 and headers["Retry-After"] == "1"
+        release.set()
+    assert guard.refused["busy"] == 1
+
+
+async def test_a_pages_refresh_is_served_whole() -> None:
+    """The page's script asks for GPUs, pending pods and the summary at once: with the
+    defaults all three are served, none refused."""
+    ext, _ = extender(nodes=50, gpus=8)
+    guard = Guard(OpsSettings())
+    statuses: list[int] = []
+    async with serve(make_app(ext, lambda: True, verbs=False, guard=guard)) as (ops,), \
+            aiohttp.ClientSession() as s, anyio.create_task_group() as tg:
+
+        async def ask(path: str) -> None:
+            statuses.append((await get(s, ops + path))[0])
+
+        for _ in range(3):  # three refreshes in a row, each three requests at once
+            for path in ("/api/v1/gpus?limit=200", "/api/v1/pods?state=pending&limit=100",
+                         "/api/v1/summary"):
+                tg.start_soon(ask, path)
+    assert statuses == [200] * 9
 
 
 async def test_a_flood_of_status_requests_is_refused_while_filter_and_bind_go_on() -> None:
