@@ -102,6 +102,28 @@ class SchedulerSettings(_Model):
     rescheduleQPS: float = Field(default=1.0, gt=0, le=100)  # deletions/recreations per s
 
 
+class OpsSettings(_Model):
+    """The ops ports (vgpud/ops.py): the scheduler's status page, its JSON API and /metrics,
+    the plugin's and the webhook's /metrics. /healthz and /readyz are always open (kubelet's
+    probes carry no token) and never limited."""
+
+    # a file holding the bearer token those endpoints then ask for ("Authorization: Bearer
+    # <token>"); empty: no token is asked. Read at start and again when the file changes.
+    tokenFile: str = ""
+    # requests from the pod's own loopback need no token: `kubectl port-forward` arrives
+    # there, authorised by the API server (pods/portforward). Turn off under a service mesh
+    # whose sidecar forwards every connection from loopback.
+    trustLoopback: bool = True
+    # per client address: requests per second, and how many may come at once; past that
+    # the answer is 429 with Retry-After
+    clientQPS: float = Field(default=20.0, gt=0, le=10000)
+    clientBurst: int = Field(default=100, ge=1, le=100000)
+    # status pages, API pages and scrapes rendered at once (each yields to filter and bind
+    # between chunks; more at once would each add their chunk to a verb's wait); four times
+    # as many wait their turn (5 s at most), 429 beyond
+    maxConcurrentRenders: int = Field(default=2, ge=1, le=64)
+
+
 class Settings(_Model):
     deviceSplitCount: int = Field(default=10, ge=1, le=1024)
     deviceMemoryScaling: float = Field(default=1.0, gt=0, le=100)
@@ -127,6 +149,7 @@ class Settings(_Model):
     nodeConfigs: tuple[NodeConfig, ...] = ()
     plugin: PluginSettings = PluginSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    ops: OpsSettings = OpsSettings()
 
     @field_validator("resourcePreset")
     @classmethod
@@ -198,7 +221,7 @@ def _snake_upper(key: str) -> str:
 
 
 ENV_KEYS = {f"VGPUD_{_snake_upper(k)}": k for k, f in Settings.model_fields.items()
-            if k not in ("nodeConfigs", "plugin", "scheduler", "compatPresets")}
+            if k not in ("nodeConfigs", "plugin", "scheduler", "ops", "compatPresets")}
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import anyio
 import yaml
 
 from vgpud.config import Settings
@@ -42,6 +44,16 @@ from vgpud.kube.errors import NotFound
 
 MIB = 1 << 20
 PAGE = 500
+MAX_WAIT = 120.0  # seconds of 429s waited out before giving up
+
+
+def _retry_after(value: str | None) -> float:
+    """A ``Retry-After`` in seconds (its delta form), 1 when absent or not a number."""
+    try:
+        seconds = float(value or 1)
+    except ValueError:
+        return 1.0
+    return min(max(seconds, 0.0), 30.0) if math.isfinite(seconds) else 1.0
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -150,24 +162,37 @@ class ApiSource:
 
 
 class SchedulerSource:
-    """A running scheduler's JSON API."""
+    """A running scheduler's JSON API. Its ops port limits each client's rate: a ``429``
+    is waited out (``Retry-After``, at most :data:`MAX_WAIT` seconds in all)."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+    def __init__(self, session: aiohttp.ClientSession, url: str, *,
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
         self.s = session
         self.url = url.rstrip("/")
+        self.sleep = sleep
+        self.waited = 0.0
+
+    async def _get(self, path: str, query: str) -> Any:
+        while True:
+            try:
+                async with self.s.get(f"{self.url}{path}?{query}") as r:
+                    if r.status == 429 and self.waited < MAX_WAIT:
+                        wait = _retry_after(r.headers.get("Retry-After"))
+                    elif r.status != 200:
+                        raise InspectError(f"{self.url}{path}: HTTP {r.status}: "
+                                           f"{(await r.text())[:300]}")
+                    else:
+                        return await r.json()
+            except aiohttp.ClientError as e:
+                raise InspectError(f"cannot reach the scheduler at {self.url}: {e}") from None
+            self.waited += wait
+            await self.sleep(wait)
 
     async def _all(self, path: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         while True:
             q = urlencode({**params, "offset": str(len(items)), "limit": str(PAGE)})
-            try:
-                async with self.s.get(f"{self.url}{path}?{q}") as r:
-                    if r.status != 200:
-                        raise InspectError(f"{self.url}{path}: HTTP {r.status}: "
-                                           f"{(await r.text())[:200]}")
-                    doc = await r.json()
-            except aiohttp.ClientError as e:
-                raise InspectError(f"cannot reach the scheduler at {self.url}: {e}") from None
+            doc = await self._get(path, q)
             page = doc.get("items") or []
             items += page
             if not page or len(items) >= int(doc.get("total") or 0):

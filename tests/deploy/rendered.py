@@ -203,6 +203,107 @@ def seconds(duration: str) -> float:
                                                              duration))
 
 
+def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions) selects ``labels``."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        present = e["key"] in labels
+        op = e["operator"]
+        if op == "In" and not (present and labels[e["key"]] in e["values"]):
+            return False
+        if op == "NotIn" and present and labels[e["key"]] in e["values"]:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+# -- NetworkPolicies ----------------------------------------------------------------------
+
+Peers = list[dict[str, Any]] | None  # a rule's `from`; None: every source
+
+
+@dataclass(frozen=True)
+class PodPort:
+    workload: str
+    labels: dict[str, str]
+    container: str
+    name: str
+    number: int
+
+
+def pod_ports(m: Manifests) -> list[PodPort]:
+    """Every container port of every workload the chart runs, with its pods' labels."""
+    out = []
+    for kind in ("Deployment", "DaemonSet"):
+        for w in m.of_kind(kind):
+            tpl = w["spec"]["template"]
+            for c in tpl["spec"]["containers"]:
+                for p in c.get("ports") or []:
+                    out.append(PodPort(f"{kind}/{w['metadata']['name']}", tpl["metadata"]["labels"],
+                                       c["name"], p["name"], p["containerPort"]))
+    return out
+
+
+def _rule_admits(rule: dict[str, Any], port: PodPort) -> bool:
+    ports = rule.get("ports")
+    if not ports:
+        return True
+    return any(p.get("protocol", "TCP") == "TCP" and p.get("port") in (port.name, port.number)
+               for p in ports)
+
+
+def admitted_from(m: Manifests, port: PodPort) -> list[Peers]:
+    """The `from` of every ingress rule, of every NetworkPolicy selecting the port's pods,
+    that admits traffic to it (an empty list: nothing does)."""
+    out: list[Peers] = []
+    for np in m.of_kind("NetworkPolicy"):
+        spec = np["spec"]
+        if "Ingress" not in spec.get("policyTypes", ["Ingress"]):
+            continue
+        if not selector_matches(spec["podSelector"], port.labels):
+            continue
+        out += [rule.get("from") or None for rule in spec.get("ingress") or []
+                if _rule_admits(rule, port)]
+    return out
+
+
+def isolated(m: Manifests, labels: dict[str, str]) -> bool:
+    """Whether some NetworkPolicy for Ingress selects pods with ``labels`` (they then take
+    only what the policies admit)."""
+    return any("Ingress" in np["spec"].get("policyTypes", ["Ingress"])
+               and selector_matches(np["spec"]["podSelector"], labels)
+               for np in m.of_kind("NetworkPolicy"))
+
+
+def check_network_policies(m: Manifests, ops_from: list[dict[str, Any]],
+                           webhook_from: list[dict[str, Any]]) -> None:
+    """Every pod of the chart is isolated; the webhook's HTTPS port takes ``webhook_from``
+    (every source when empty) and every other port ``ops_from`` only (nobody when empty);
+    every policy selects pods of the chart and names ports those pods have."""
+    ports = pod_ports(m)
+    assert ports
+    for p in ports:
+        assert isolated(m, p.labels), f"{p.workload}: no NetworkPolicy selects its pods"
+        got = admitted_from(m, p)
+        if (p.container, p.name) == ("webhook", "https"):
+            want: list[Peers] = [webhook_from or None]
+        else:
+            want = [ops_from] if ops_from else []
+        assert got == want, f"{p.workload} {p.container}:{p.name} is admitted from {got}"
+    for np in m.of_kind("NetworkPolicy"):
+        name = np["metadata"]["name"]
+        mine = [p for p in ports if selector_matches(np["spec"]["podSelector"], p.labels)]
+        assert mine, f"NetworkPolicy {name} selects no pod of the chart"
+        for rule in np["spec"].get("ingress") or []:
+            for rp in rule.get("ports") or []:
+                assert rp["port"] in {p.name for p in mine} | {p.number for p in mine}, (
+                    f"NetworkPolicy {name} admits port {rp['port']}, which its pods lack")
+
+
 # -- what the code asks of the API server ---------------------------------------------------
 
 VGPUD = ROOT / "vgpud"

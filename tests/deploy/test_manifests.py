@@ -29,6 +29,7 @@ from tests.deploy.rendered import (
     match_condition,
     port_of,
     seconds,
+    selector_matches,
 )
 from vgpud.config import (
     PluginSettings,
@@ -703,23 +704,6 @@ def test_webhook_admission_contract() -> None:
     assert "reinvocationPolicy" not in hooks["/validate"]
 
 
-def _selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    if not selector.get("matchLabels", {}).items() <= labels.items():
-        return False
-    for e in selector.get("matchExpressions", []):
-        present = e["key"] in labels
-        op = e["operator"]
-        if op == "In" and not (present and labels[e["key"]] in e["values"]):
-            return False
-        if op == "NotIn" and present and labels[e["key"]] in e["values"]:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
-
-
 def _namespace(name: str, **labels: str) -> dict[str, str]:
     return {"kubernetes.io/metadata.name": name, **labels}  # the API server sets the first
 
@@ -729,13 +713,13 @@ def test_webhook_spares_system_and_opted_out_namespaces_but_no_pod_spares_itself
     that keep a GPU container from lifting its limits; opting out is by namespace only."""
     for hook in webhook_configurations().values():
         ns = hook["namespaceSelector"]
-        assert _selector_matches(ns, _namespace("ml-team"))
-        assert _selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "enabled"}))
-        assert not _selector_matches(ns, _namespace("kube-system"))
-        assert not _selector_matches(ns, _namespace(NAMESPACE))  # the release namespace
-        assert not _selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "disabled"}))
+        assert selector_matches(ns, _namespace("ml-team"))
+        assert selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "enabled"}))
+        assert not selector_matches(ns, _namespace("kube-system"))
+        assert not selector_matches(ns, _namespace(NAMESPACE))  # the release namespace
+        assert not selector_matches(ns, _namespace("ml-team", **{"vgpud.io/webhook": "disabled"}))
         obj = hook.get("objectSelector", {})
-        assert _selector_matches(obj, {"app": "train", "vgpud.io/webhook": "disabled"})
+        assert selector_matches(obj, {"app": "train", "vgpud.io/webhook": "disabled"})
 
 
 def test_webhook_sees_only_gpu_pods() -> None:

@@ -19,6 +19,7 @@ from tests.deploy.rendered import (
     ROOT,
     Manifests,
     check_match_condition,
+    check_network_policies,
     cli_params,
     flag,
     match_condition,
@@ -160,6 +161,9 @@ def test_kube_scheduler_image_defaults_to_the_cluster_version(helm: Path) -> Non
     ("serviceMonitor.enabled=true,podMonitor.enabled=true", "choose one"),
     ("serviceMonitor.enabled=true,plugin.service.enabled=false", "use podMonitor"),
     ("prometheusRule.enabled=true,prometheusRule.pendingMinutes=0", "1 or more"),
+    ("opsAuth.enabled=true", "opsAuth.enabled needs opsAuth.existingSecret"),
+    ("opsAuth.enabled=true,opsAuth.existingSecret=t,config.ops.tokenFile=/t",
+     "config.ops.tokenFile is set by opsAuth"),
 ])
 def test_unsupported_values_fail_with_a_reason(helm: Path, setting: str, message: str) -> None:
     with pytest.raises(render.RenderError, match=message):
@@ -188,8 +192,10 @@ def validate_built_in(m: Manifests, version: str) -> None:
     ("webhook.enabled=false",),
     ("prometheusRule.enabled=true", "podMonitor.enabled=true", "dashboards.namespace=grafana",
      "dashboards.annotations.grafana_folder=GPUs"),
+    ("networkPolicy.opsFrom=null", "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/24",
+     "opsAuth.enabled=true", "opsAuth.existingSecret=ops-token", "webhook.metricsAddress=::"),
 ], ids=["gates-and-election", "cert-manager-hami", "cert-manager-issuer", "no-webhook",
-        "monitoring"])
+        "monitoring", "fenced-with-a-token"])
 def test_variants_match_the_kubernetes_schema(helm: Path, sets: tuple[str, ...]) -> None:
     validate_built_in(template(helm, *sets), render.KUBE_VERSION)
 
@@ -473,3 +479,67 @@ def test_dashboards_follow_their_values(helm: Path) -> None:
         assert meta["annotations"] == {"grafana_folder": "GPUs"}
     off = template(helm, "dashboards.enabled=false")
     assert not [d for d in off.of_kind("ConfigMap") if "dashboard" in d["metadata"]["name"]]
+
+
+# -- who may reach the ops ports (issue 23, finding 3) ------------------------------------
+
+
+def test_network_policies_follow_their_values(helm: Path) -> None:
+    assert not template(helm, "networkPolicy.enabled=false").of_kind("NetworkPolicy")
+    # no opsFrom admits nobody to the ops ports (not everybody, as an empty `from` would)
+    check_network_policies(template(helm, "networkPolicy.opsFrom=null"), [], [])
+    prometheus = {"namespaceSelector": {"matchLabels": {"team": "obs"}},
+                  "podSelector": {"matchLabels": {"app": "prometheus"}}}
+    narrowed = template(helm, "networkPolicy.webhookFrom[0].ipBlock.cidr=10.0.0.0/24",
+                        "networkPolicy.opsFrom[0].namespaceSelector.matchLabels.team=obs",
+                        "networkPolicy.opsFrom[0].podSelector.matchLabels.app=prometheus")
+    check_network_policies(narrowed, [prometheus], [{"ipBlock": {"cidr": "10.0.0.0/24"}}])
+    no_webhook = template(helm, "webhook.enabled=false")
+    check_network_policies(no_webhook, yaml.safe_load(
+        (render.CHART / "values.yaml").read_text())["networkPolicy"]["opsFrom"], [])
+    assert "vgpud-webhook" not in {n["metadata"]["name"]
+                                   for n in no_webhook.of_kind("NetworkPolicy")}
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+def test_ops_auth_mounts_the_secret_where_the_settings_read_it(helm: Path,
+                                                               monitor: str) -> None:
+    m = template(helm, "opsAuth.enabled=true", "opsAuth.existingSecret=ops-token",
+                 "opsAuth.key=bearer", f"{monitor}.enabled=true")
+    settings = parse_settings(yaml.safe_load(m.configmap_file("vgpud-settings", "vgpud.yaml")))
+    token = Path(settings.ops.tokenFile)
+    assert token.name == "bearer"
+    for kind, name, container in (("Deployment", "vgpud-scheduler", "extender"),
+                                  ("DaemonSet", "vgpud-plugin", "plugin"),
+                                  ("Deployment", "vgpud-webhook", "webhook")):
+        volumes = {v["name"]: v for v in m.pod_spec(kind, name)["volumes"]}
+        secret = volumes["ops-auth"]["secret"]
+        assert secret["secretName"] == "ops-token"
+        assert secret["items"] == [{"key": "bearer", "path": "bearer"}]
+        (mount,) = [v for v in m.container(kind, container)["volumeMounts"]
+                    if v["name"] == "ops-auth"]
+        assert (mount["mountPath"], mount["readOnly"]) == (str(token.parent), True)
+    kube_scheduler = m.container("Deployment", "kube-scheduler")
+    assert "ops-auth" not in {v["name"] for v in kube_scheduler["volumeMounts"]}
+    (mon,) = m.of_kind("ServiceMonitor" if monitor == "serviceMonitor" else "PodMonitor")
+    endpoints = mon["spec"].get("endpoints") or mon["spec"]["podMetricsEndpoints"]
+    for ep in endpoints:
+        assert ep["authorization"] == {"type": "Bearer",
+                                       "credentials": {"name": "ops-token", "key": "bearer"}}
+    # off (the default), Prometheus sends nothing and no Secret is needed
+    (plain,) = template(helm, f"{monitor}.enabled=true").of_kind(mon["kind"])
+    for ep in plain["spec"].get("endpoints") or plain["spec"]["podMetricsEndpoints"]:
+        assert "authorization" not in ep
+
+
+def test_listen_addresses_follow_their_values(helm: Path) -> None:
+    m = template(helm, "scheduler.extender.metricsAddress=::", "webhook.address=::",
+                 "webhook.metricsAddress=10.1.2.3")
+    sched = cli_params(m.container("Deployment", "extender")["args"])
+    assert sched["metrics_listen"] == "[::]:9395"
+    assert sched["listen"] == "127.0.0.1:8888"  # the verbs: loopback, always
+    webhook = cli_params(m.container("Deployment", "webhook")["args"])
+    assert (webhook["listen"], webhook["metrics_listen"]) == ("[::]:9443", "10.1.2.3:9396")
+    from vgpud.process import parse_listen
+
+    assert parse_listen(sched["metrics_listen"]) == ("::", 9395)

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 
 from tests.core.builders import node
+from tests.e2e.cluster import Scheduler, free_port, standin
 from tests.status.cluster import EVIL, placed_cluster
 from tests.status.test_query import place
 from vgpud.core.allocate import Allocator
@@ -277,3 +278,33 @@ async def test_real_scheduler_serves_the_page_only_on_its_ops_port(tmp_path: Pat
         assert c.sched.ops_port is not None
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.2", c.sched.ops_port), timeout=2).close()
+
+
+async def test_real_scheduler_asks_for_the_token_its_settings_name(tmp_path: Path) -> None:
+    """Issue 23, finding 3: with ``ops.tokenFile`` the page, the API and /metrics answer 401
+    without the token and are served with it; /readyz and the verbs (kube-scheduler sends
+    no token) are not asked for one."""
+    token = tmp_path / "ops-token"
+    token.write_text("let-me-see\n")
+    with standin(tmp_path) as (_, kubeconfig):
+        sched = Scheduler(kubeconfig, tmp_path, ops_port=free_port(), config={
+            "ops": {"tokenFile": str(token), "trustLoopback": False}})
+        sched.start()
+        try:
+            await sched.wait_ready()  # /readyz: no token
+            async with aiohttp.ClientSession() as s:
+                for path in ("/", "/api/v1/summary", "/metrics"):
+                    async with s.get(sched.ops_url + path) as r:
+                        assert r.status == 401, path
+                        assert "bearer token" in await r.text()
+                    async with s.get(sched.ops_url + path,
+                                     headers={"Authorization": "Bearer let-me-see"}) as r:
+                        assert r.status == 200, path
+                async with s.post(sched.url + "/filter", json={
+                        "Pod": {"metadata": {"name": "p", "namespace": "default"},
+                                "spec": {"containers": [{"name": "c"}]}},
+                        "NodeNames": ["n1"]}) as r:
+                    assert r.status == 200
+                    assert (await r.json())["NodeNames"] == ["n1"]
+        finally:
+            sched.stop()

@@ -53,7 +53,8 @@ def test_notes_and_docs_say_how_to_reach_it() -> None:
     install = (ROOT / "docs" / "install.md").read_text()
     assert f"kubectl -n kube-system port-forward deploy/vgpud-scheduler {ops}:{ops}" in install
     assert f"http://localhost:{ops}/" in install
-    assert "## Status page" in install and "no authentication" in install.lower()
+    assert "## Status page" in install and "## Ports and who may reach them" in install
+    assert "opsAuth.enabled=true" in install and "networkPolicy.opsFrom" in install
 
 
 def _render_module() -> ModuleType:

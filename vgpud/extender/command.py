@@ -46,7 +46,7 @@ def scheduler(
                                         metrics_listen=metrics_listen,
                                         leader_elect=leader_elect,
                                         lease_namespace=lease_namespace))
-    except KubeConfigError as e:
+    except (KubeConfigError, ConfigError) as e:
         typer.echo(f"vgpud: {e}", err=True)
         raise typer.Exit(2) from None
     except OSError as e:

@@ -42,6 +42,7 @@ from vgpud.kube.client import KubeClient
 from vgpud.kube.lease import LeaderElector
 from vgpud.kube.resources import NODES, PDBS, PODS
 from vgpud.kube.writes import EventRecorder, PodBinder
+from vgpud.ops import Guard
 from vgpud.process import cancel_on_signals, parse_listen
 
 log = structlog.get_logger()
@@ -66,6 +67,7 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
     ``listen`` too when that is not given)."""
     host, port = parse_listen(listen)
     ops_at = parse_listen(metrics_listen) if metrics_listen else None
+    guard = Guard.from_settings(settings.ops)  # a bad token file stops the start here
     alloc = Allocator(settings.defaults(), clock=time.monotonic)
     metrics = Metrics(alloc)
     async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
@@ -111,11 +113,11 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
             def ready() -> bool:
                 return nodes.has_synced and pods.has_synced
 
-            runners = [web.AppRunner(make_app(ext, ready, ops=ops_at is None), access_log=None,
-                                     handle_signals=False)]
+            runners = [web.AppRunner(make_app(ext, ready, ops=ops_at is None, guard=guard),
+                                     access_log=None, handle_signals=False)]
             if ops_at is not None:
-                runners.append(web.AppRunner(make_app(ext, ready, verbs=False), access_log=None,
-                                             handle_signals=False))
+                runners.append(web.AppRunner(make_app(ext, ready, verbs=False, guard=guard),
+                                             access_log=None, handle_signals=False))
             try:
                 for runner, (h, p) in zip(runners, [(host, port), *([ops_at] if ops_at else [])],
                                           strict=True):

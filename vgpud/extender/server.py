@@ -6,7 +6,10 @@ kube-scheduler's extender v1 JSON. Until the caches have synced every verb answe
 The *ops* app: ``GET /healthz`` (alive), ``/readyz`` (caches synced and the ledger
 rebuilt), ``/metrics`` (Prometheus), and the status page with its JSON API
 (``/``, ``/api/v1/…``: :mod:`vgpud.extender.status`). They listen apart so the verbs can stay on
-localhost beside kube-scheduler while probes and Prometheus reach the ops port.
+localhost beside kube-scheduler while probes and Prometheus reach the ops port. A
+:class:`~vgpud.ops.Guard` (settings ``ops``) stands in front of the ops routes but the probes:
+a bearer token when one is configured, a rate per client and a cap on renders at once. The
+verbs never pass through it, on a shared app either: kube-scheduler sends no token.
 
 Bodies are bounded; a malformed body gets ``400`` and a JSON ``{"Error": ...}`` that
 says what was wrong; an unexpected failure is logged and answered in ``Error``
@@ -34,6 +37,7 @@ from vgpud.extender.wire import (
     parse_extender_args,
     parse_preemption_args,
 )
+from vgpud.ops import Guard
 from vgpud.process import BadBody, read_body
 
 log = structlog.get_logger()
@@ -49,9 +53,14 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 NOT_READY = "vgpud scheduler is still syncing its caches (the ledger is not rebuilt yet)"
 
 
+VERBS = ("/filter", "/prioritize", "/bind", "/preempt")
+
+
 def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
-             ops: bool = True) -> web.Application:
+             ops: bool = True, guard: Guard | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
+    if guard is not None and ops:
+        guard.install(app, exempt=VERBS if verbs else ())
 
     def verb(name: str, handle: Callable[[bytes], Awaitable[Any]]) -> Callable[
             [web.Request], Awaitable[web.Response]]:

@@ -23,9 +23,10 @@ bytes, cores in percent of one GPU. A bad parameter is answered ``400`` with
 ``{"error": "..."}``; before the caches have synced the API answers ``503`` (the ledger
 is not rebuilt yet, so every GPU would look empty) and the page says so.
 
-No authentication: the port listens only where ``--metrics-listen`` says (the chart:
-the pod's IP, behind a ClusterIP Service; ``kubectl port-forward`` to look). Every value
-on the page is escaped (pod names are user input) and a ``Content-Security-Policy`` of
+Who may ask, and how often, is the ops port's guard's business (:mod:`vgpud.ops`: a
+bearer token with ``ops.tokenFile``, a rate per client, a cap on renders at once; the
+chart adds NetworkPolicies; ``kubectl port-forward`` to look). Every value on the page is
+escaped (pod names are user input) and a ``Content-Security-Policy`` of
 ``default-src 'self'`` forbids inline scripts and styles: the bars are CSS classes.
 """
 

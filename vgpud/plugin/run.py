@@ -45,6 +45,7 @@ from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
 from vgpud.node.tenant import TenantReads
 from vgpud.node.watchdog import SmUsage, Usage, Watchdog, Watched
+from vgpud.ops import Guard
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.kubelet import serve_plugin
 from vgpud.plugin.metrics import PluginCollector, metrics_app
@@ -192,6 +193,7 @@ async def run_plugin(
     task_status: TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     settings = opts.settings
+    guard = Guard.from_settings(settings.ops)  # a bad token file stops the start here
     found = await source.discover()
     split, mem_scaling, core_scaling = settings.for_node(opts.node_name)
     devices = NodeDevices(found, split=split, memory_scaling=mem_scaling,
@@ -313,7 +315,8 @@ async def run_plugin(
                                             registry=registry, watchdog=watchdog,
                                             arbiter=observed, reads=reads)
                 metrics.register(collector)
-                port = await tg.start(_serve_metrics, metrics_app(metrics, collector.refresh),
+                port = await tg.start(_serve_metrics,
+                                      guard.install(metrics_app(metrics, collector.refresh)),
                                       listen)
             options = await service.get_device_plugin_options(pb.Empty())
             for r in resources:  # each re-registers on its own after kubelet restarts

@@ -62,7 +62,7 @@ def webhook(
         anyio.run(lambda: run_webhook(settings, kubeconfig=kubeconfig, listen=listen,
                                       tls_cert=tls_cert, tls_key=tls_key,
                                       metrics_listen=metrics_listen, bootstrap=boot))
-    except (KubeConfigError, TlsError, BootstrapError, KubeError) as e:
+    except (KubeConfigError, ConfigError, TlsError, BootstrapError, KubeError) as e:
         typer.echo(f"vgpud webhook: {e}", err=True)
         raise typer.Exit(2) from None
     except OSError as e:

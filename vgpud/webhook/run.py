@@ -27,6 +27,7 @@ from vgpud.core.model import GpuUsage
 from vgpud.kube.cache import Added, Deleted, Event, Informer, Modified
 from vgpud.kube.client import KubeClient
 from vgpud.kube.resources import NODES
+from vgpud.ops import Guard
 from vgpud.process import bound_port, cancel_on_signals, parse_listen
 from vgpud.webhook.bootstrap import Bootstrap, service_names
 from vgpud.webhook.server import Metrics, make_app
@@ -101,6 +102,7 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
                       task_status: TaskStatus[Serving] = anyio.TASK_STATUS_IGNORED) -> None:
     host, port = parse_listen(listen)
     ops_at = parse_listen(metrics_listen, "--metrics-listen") if metrics_listen else None
+    guard = Guard.from_settings(settings.ops)  # a bad token file stops the start here
     policy = AdmissionPolicy(settings.defaults(), settings.schedulerName,
                              settings.allowPrivilegedGPUPods)
     metrics = Metrics()
@@ -125,12 +127,12 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
             return True  # the certificate loaded before the servers started
 
         runners = [web.AppRunner(make_app(policy, catalogue, metrics, ready,
-                                          ops=ops_at is None), access_log=None,
+                                          ops=ops_at is None, guard=guard), access_log=None,
                                  handle_signals=False)]
         if ops_at is not None:
             runners.append(web.AppRunner(make_app(policy, catalogue, metrics, ready,
-                                                  reviews=False), access_log=None,
-                                         handle_signals=False))
+                                                  reviews=False, guard=guard),
+                                         access_log=None, handle_signals=False))
         try:
             async with anyio.create_task_group() as tg:
                 sites = []

@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, mutate, validate
+from vgpud.ops import Guard
 from vgpud.process import BadBody, read_body
 from vgpud.webhook.wire import Review, WireError, answer, parse_review
 
@@ -95,8 +96,10 @@ def _review(r: Review, endpoint: str, policy: AdmissionPolicy,
 
 def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metrics: Metrics,
              ready: Callable[[], bool], *, reviews: bool = True,
-             ops: bool = True) -> web.Application:
+             ops: bool = True, guard: Guard | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
+    if guard is not None and ops:  # /metrics; the reviews never (the API server sends no token)
+        guard.install(app, exempt=("/mutate", "/validate") if reviews else ())
 
     def endpoint(name: str) -> Callable[[web.Request], Any]:
         async def handler(request: web.Request) -> web.Response:

@@ -42,6 +42,46 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "vgpud.settingsDir" -}}/etc/vgpud-settings{{- end -}}
 {{- define "vgpud.settingsFile" -}}{{ include "vgpud.settingsDir" . }}/vgpud.yaml{{- end -}}
 
+{{/* HOST:PORT for a --listen flag from (list address port): an IPv6 address in brackets. */}}
+{{- define "vgpud.listen" -}}
+{{- $host := index . 0 | toString -}}
+{{- if contains ":" $host }}[{{ $host }}]{{ else }}{{ $host }}{{ end }}:{{ index . 1 }}
+{{- end -}}
+
+{{/* Where the ops token Secret (opsAuth) is mounted, and the file config.ops.tokenFile names. */}}
+{{- define "vgpud.opsAuthDir" -}}/etc/vgpud-ops-auth{{- end -}}
+{{- define "vgpud.opsTokenFile" -}}{{ include "vgpud.opsAuthDir" . }}/{{ .Values.opsAuth.key }}{{- end -}}
+
+{{/* The daemons' settings: the values' config, with the token file of opsAuth. */}}
+{{- define "vgpud.config" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- if .Values.opsAuth.enabled -}}
+{{- $_ := set $config.ops "tokenFile" (include "vgpud.opsTokenFile" .) -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* The opsAuth Secret's volume and mount (one container of each pod: the vgpud one). The
+     mode lets the non-root user read it; no other container mounts it. */}}
+{{- define "vgpud.opsAuthMount" -}}
+{{- if .Values.opsAuth.enabled }}
+- name: ops-auth
+  mountPath: {{ include "vgpud.opsAuthDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "vgpud.opsAuthVolume" -}}
+{{- if .Values.opsAuth.enabled }}
+- name: ops-auth
+  secret:
+    secretName: {{ .Values.opsAuth.existingSecret }}
+    items:
+      - key: {{ .Values.opsAuth.key }}
+        path: {{ .Values.opsAuth.key }}
+    defaultMode: 0444
+{{- end }}
+{{- end -}}
+
 {{/* The plugin's metrics port, from config.plugin.metricsListen (HOST:PORT). */}}
 {{- define "vgpud.pluginMetricsPort" -}}
 {{- splitList ":" .Values.config.plugin.metricsListen | last -}}
@@ -175,6 +215,12 @@ tke:
 {{- end -}}
 {{- if and (gt (int .Values.scheduler.replicas) 1) (not .Values.scheduler.leaderElect) -}}
 {{- fail "scheduler.replicas > 1 needs scheduler.leaderElect=true: without it every replica schedules" -}}
+{{- end -}}
+{{- if and .Values.opsAuth.enabled (not .Values.opsAuth.existingSecret) -}}
+{{- fail "opsAuth.enabled needs opsAuth.existingSecret: a Secret in the release namespace holding the token under opsAuth.key" -}}
+{{- end -}}
+{{- if and .Values.opsAuth.enabled .Values.config.ops.tokenFile -}}
+{{- fail "config.ops.tokenFile is set by opsAuth: leave it empty when opsAuth.enabled" -}}
 {{- end -}}
 {{- if eq .Values.config.schedulerName "default-scheduler" -}}
 {{- fail "config.schedulerName must not be default-scheduler: vgpud runs as a second scheduler" -}}
