@@ -236,11 +236,18 @@ class ControlPlane:
         return kubeconfig(self.dir / f"{name}.kubeconfig", self.server, self.pki.ca,
                           cert=(pair.cert, pair.key), user=user)
 
-    def token(self, namespace: str, service_account: str, seconds: int = 86400) -> str:
+    def token(self, namespace: str, service_account: str, seconds: int = 86400, *,
+              pod: Obj | None = None) -> str:
+        """A token of the ServiceAccount; bound to ``pod`` (as a pod's projected token
+        is), it carries the pod's node in ``authentication.kubernetes.io/node-name``."""
+        spec: Obj = {"expirationSeconds": seconds}
+        if pod is not None:
+            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod",
+                                      "name": pod["metadata"]["name"],
+                                      "uid": pod["metadata"]["uid"]}
         review = self.admin.request(
             "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": seconds}})
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
         token: str = review["status"]["token"]
         return token
 
