@@ -151,6 +151,38 @@ async def test_malformed_assignment_fails_only_that_container() -> None:
             await h.kubelet_call(h.kubelet.run, FakePod("default", "none", [("main", 1)]))
 
 
+async def test_a_pod_that_bypassed_the_scheduler_gets_no_limits() -> None:
+    """Issue 23, finding 1: a GPU pod naming another scheduler, bound by its own
+    ``nodeName`` with its own assignment (1,024 MiB asked, the whole GPU written), was
+    configured as the annotation said. It now gets no limits file, PreStartContainer
+    fails with the reason, and an event says why; nor does what it claims count against
+    the pods vgpud placed."""
+    async with node_harness(2) as h:
+        forged = placement({"main": [(0, 24000, 100)]})
+        obj = h.add_pod("forged", {"main": 1}, forged)
+        h.api.patch("pods", "forged", {"spec": {"schedulerName": "default-scheduler"}},
+                    "default")
+        assert obj
+        with pytest.raises(AdmitError) as e:
+            await h.kubelet_call(h.kubelet.run, FakePod("default", "forged", [("main", 1)]))
+        assert e.value.phase == "PreStartContainer"
+        assert "not vgpud's 'vgpu-scheduler'" in e.value.message, e.value.message
+        assert not list(AllocationStore(h.state_dir).configured())
+        events = [ev for ev in h.api.objects("events") if ev["reason"] == "VgpuAllocationFailed"]
+        assert events and "default-scheduler" in events[0]["message"]
+        # a pod vgpud placed, moved by kubelet onto the GPU the forged pod claims whole,
+        # is reassigned there: the forged claim holds nothing
+        h.add_pod("p1", {"main": 1}, placement({"main": [(1, 4000, 20)]}))
+
+        def onto_claimed(name, free, preferred, n):  # type: ignore[no-untyped-def]
+            return [f"{uuid_of(0)}::3"]
+
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]),
+                                 onto_claimed)
+        assert a.ids["main"]
+        assert decode_assignment(h.assignment("p1")).containers[0].devices[0].uuid == uuid_of(0)
+
+
 async def test_kubelet_restart_reregisters() -> None:
     async with node_harness(2) as h:
         h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 10)]}))

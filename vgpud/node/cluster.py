@@ -43,6 +43,7 @@ class PodView:
     init_done: frozenset[str] = frozenset()
     # the status shows some container (kubelet has admitted the pod and reported it)
     reported: bool = False
+    scheduler: str = ""  # spec.schedulerName
 
     def may_ask(self, container: str, resource: str) -> bool:
         """Whether ``container`` may be waiting for devices of ``resource``: it names
@@ -121,6 +122,7 @@ def view(obj: Mapping[str, Any]) -> PodView:
         init_done=_init_done(obj.get("status") or {}),
         reported=bool((obj.get("status") or {}).get("initContainerStatuses")
                       or (obj.get("status") or {}).get("containerStatuses")),
+        scheduler=str((obj.get("spec") or {}).get("schedulerName") or "default-scheduler"),
     )
 
 

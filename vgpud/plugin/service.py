@@ -28,7 +28,7 @@ functions in :mod:`vgpud.plugin.prestart` and :mod:`vgpud.plugin.replicas`.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import anyio
@@ -39,6 +39,7 @@ from grpclib.const import Status
 from vgpud.core.codec import encode_assignment
 from vgpud.core.container import LimitsError, render
 from vgpud.core.model import GpuUsage
+from vgpud.core.requests import Preset, preset_of
 from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
@@ -110,8 +111,14 @@ class PluginService(pb.DevicePluginBase):
         owner_retries: int = 5,
         reconcile_lock: anyio.Lock | None = None,
         arbiter: Path | None = None,
+        scheduler_name: str | None = None,
+        presets: Sequence[Preset] = (),
     ) -> None:
         self.resource = resource
+        # whose assignments are grants: pods naming this scheduler (None: any) and asking
+        # for a vGPU of one of ``presets`` (empty: any)
+        self.scheduler_name = scheduler_name
+        self.presets = tuple(presets)
         self.registrar = registrar
         self.arbiter = arbiter  # host directory of the priority records (None: off)
         self.node = node
@@ -297,6 +304,11 @@ class PluginService(pb.DevicePluginBase):
         h = await self._owner(ids)
         where = f"pod {h.namespace}/{h.pod} container {h.container!r}"
         pod = await self._pod(h.namespace, h.pod, where)
+        if not self._granted(pod):
+            raise AllocationFailed(
+                f"{where}: the pod names scheduler {pod.scheduler!r}, not vgpud's "
+                f"{self.scheduler_name!r}: an assignment vgpud's scheduler did not make "
+                f"configures no limits (issue 23: a pod may not grant itself a GPU)", pod)
         step = self._plan(where, pod, h.container, chosen)
         if step is NEEDS_OTHERS:
             step = await self._reconcile(where, pod, h.container, chosen)
@@ -324,6 +336,15 @@ class PluginService(pb.DevicePluginBase):
             self.registrar.set_owner(alloc.key, RegistrationOwner(
                 alloc.key, owner.namespace, owner.pod, owner.container, owner.uid))
         return alloc
+
+    def _granted(self, pod: PodView) -> bool:
+        """Can the pod's assignment be a grant of vgpud's scheduler? It names that
+        scheduler and asks for a vGPU (a pod that asks none, or bound by its own
+        ``nodeName`` under another scheduler, holds nothing: issue 23, findings 1-2)."""
+        if self.scheduler_name is not None and pod.scheduler != self.scheduler_name:
+            return False
+        return not self.presets or any(preset_of(names, self.presets) is not None
+                                       for names in pod.asks.values())
 
     async def _pod(self, namespace: str, name: str, where: str) -> PodView:
         try:
@@ -366,7 +387,8 @@ class PluginService(pb.DevicePluginBase):
                 except KubeError as e:
                     return Refuse(f"{where}: {e}")
                 others = held_by_others(((p.namespace, p.name, p.phase, p.annotations)
-                                         for p in on_node), (pod.namespace, pod.name))
+                                         for p in on_node if self._granted(p)),
+                                        (pod.namespace, pod.name))
                 step = self._plan(where, pod, container, chosen, others)
                 if not isinstance(step, Configure) or not step.rewrite:
                     assert isinstance(step, Configure | Refuse)
