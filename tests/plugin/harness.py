@@ -33,7 +33,7 @@ from vgpud.config import Settings, parse_settings
 from vgpud.core.allocate import Allocator
 from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, decode_node_devices, encode_assignment
 from vgpud.core.model import ContainerGrant, DeviceGrant, Node, NodeInventory, Placement
-from vgpud.core.requests import parse_pod
+from vgpud.core.requests import enabled_presets, parse_pod
 from vgpud.kube.client import KubeClient
 from vgpud.node.cluster import KubeCluster
 from vgpud.node.devices import GpuSource
@@ -142,8 +142,27 @@ class Harness:
     def add_pod(self, name: str, containers: Mapping[str, int | Limits],
                 assignment: Placement | str | None, namespace: str = "default",
                 ) -> dict[str, Any]:
+        """A pod with its assignment. Given a :class:`Placement`, each container asks
+        for what the placement grants it (the MiB and SM % of its largest vGPU), as a pod
+        the scheduler placed does: the plugin believes no grant beyond the request."""
         text = encode_assignment(assignment) if isinstance(assignment, Placement) else assignment
+        if isinstance(assignment, Placement):
+            containers = {c: self._asking(n, assignment, c) for c, n in containers.items()}
         return self.api.create("pods", pod_manifest(name, containers, text, namespace), namespace)
+
+    def _asking(self, n: int | Limits, placement: Placement, container: str) -> int | Limits:
+        limits: dict[str, int | str] = {VGPU: n} if isinstance(n, int) else dict(n)
+        grant = placement.container(container)
+        if grant is None or not grant.devices:
+            return n
+        for preset in enabled_presets(self.settings.defaults()):
+            if preset.number not in limits or preset.tke:
+                continue
+            if preset.memory and not {preset.memory, preset.memory_percent} & set(limits):
+                limits[preset.memory] = max(d.memory for d in grant.devices)
+            if preset.cores and preset.cores not in limits:
+                limits[preset.cores] = max(d.cores for d in grant.devices)
+        return limits
 
     async def published_inventory(self) -> NodeInventory:
         """The node's inventory annotation, once the plugin (which publishes it beside

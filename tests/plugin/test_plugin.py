@@ -10,8 +10,22 @@ import pytest
 
 from tests.fakekubelet import AdmitError, FakePod
 from tests.fakekubelet.kubelet import mount_of
-from tests.plugin.harness import NODE, node_harness, placement, uuid_of, wait_for, write_devices
-from vgpud.core.codec import NODE_DEVICES, decode_assignment, decode_node_devices
+from tests.plugin.harness import (
+    NODE,
+    VGPU,
+    node_harness,
+    placement,
+    pod_manifest,
+    uuid_of,
+    wait_for,
+    write_devices,
+)
+from vgpud.core.codec import (
+    NODE_DEVICES,
+    decode_assignment,
+    decode_node_devices,
+    encode_assignment,
+)
 from vgpud.core.container import limits_for, render
 from vgpud.core.model import ComputePolicy, DeviceGrant
 from vgpud.node.allocations import AllocationStore
@@ -181,6 +195,26 @@ async def test_a_pod_that_bypassed_the_scheduler_gets_no_limits() -> None:
                                  onto_claimed)
         assert a.ids["main"]
         assert decode_assignment(h.assignment("p1")).containers[0].devices[0].uuid == uuid_of(0)
+
+
+async def test_a_grant_beyond_the_pods_request_is_not_believed() -> None:
+    """Issue 23, finding 1: a pod of vgpud's scheduler asking 1,024 MiB and 10 % whose
+    assignment grants 24,000 MiB and the whole GPU (forged where no admission policy
+    guards the annotation) was configured as the annotation said. A grant beyond what
+    the pod asks is refused, with the reason, and no limits file is written."""
+    async with node_harness(2) as h:
+        asks = {"main": {VGPU: 1, "nvidia.com/vgpu-memory": 1024, "nvidia.com/vgpu-cores": 10}}
+        whole = encode_assignment(placement({"main": [(0, 24000, 100)]}))
+        h.api.create("pods", pod_manifest("greedy", asks, whole), "default")
+        with pytest.raises(AdmitError) as e:
+            await h.kubelet_call(h.kubelet.run, FakePod("default", "greedy", [("main", 1)]))
+        assert "asks for at most 1024 MiB" in e.value.message, e.value.message
+        assert not list(AllocationStore(h.state_dir).configured())
+        # within the request, it is configured
+        fair = encode_assignment(placement({"main": [(1, 1024, 10)]}))
+        h.api.create("pods", pod_manifest("fair", asks, fair), "default")
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "fair", [("main", 1)]))
+        assert "device.0.memory_limit=1073741824" in config_of(h, a.ids["main"])
 
 
 async def test_kubelet_restart_reregisters() -> None:

@@ -32,7 +32,15 @@ import numpy as np
 import numpy.typing as npt
 
 from vgpud.core.cluster import Cluster
-from vgpud.core.model import ContainerRequest, GpuUsage, PodRequest, Reason, TopologyMode
+from vgpud.core.model import (
+    ContainerRequest,
+    GpuUsage,
+    NodeInventory,
+    Placement,
+    PodRequest,
+    Reason,
+    TopologyMode,
+)
 
 NUMA_BUCKETS = 9  # NUMA ids -1..7 are told apart; larger ids share the last bucket
 
@@ -44,6 +52,39 @@ def needed_memory(c: ContainerRequest, cap_memory: Any) -> Any:
         return c.memory
     pct = c.memory_percent if c.memory_percent is not None else 100
     return cap_memory * pct // 100
+
+
+def grant_exceeds(placement: Placement, request: PodRequest,
+                  inventory: NodeInventory) -> str | None:
+    """Why ``placement`` grants more than the pod's own ``request`` asks, or None
+    (issue 23: a grant is believed only within what the pod asks). Per container: no
+    more vGPUs than asked, each no more memory than asked of the GPU it is on (a
+    percentage of the largest GPU of the node, since a reassignment keeps the MiB when
+    it moves a vGPU) and no more cores."""
+    asks = {c.name: c for c in request.containers}
+    gpus = {g.uuid: g for g in inventory.devices}
+    largest = max((inventory.capacity(g).memory for g in inventory.devices), default=0)
+    for grant in placement.containers:
+        c = asks.get(grant.name)
+        if not grant.devices:
+            continue
+        if c is None:
+            return (f"container {grant.name!r} asks for no vGPU, but the assignment grants "
+                    f"it {len(grant.devices)}")
+        if len(grant.devices) > c.number:
+            return (f"container {grant.name!r} asks for {c.number} vGPU(s), but the "
+                    f"assignment grants {len(grant.devices)}")
+        for d in grant.devices:
+            gpu = gpus.get(d.uuid)
+            cap = inventory.capacity(gpu).memory if gpu is not None else largest
+            most = c.memory if c.memory is not None else needed_memory(c, max(cap, largest))
+            if d.memory > most:
+                return (f"container {grant.name!r} asks for at most {most} MiB of GPU "
+                        f"{d.uuid}, but the assignment grants {d.memory}")
+            if d.cores > c.cores:
+                return (f"container {grant.name!r} asks for {c.cores} % of GPU {d.uuid}'s "
+                        f"SMs, but the assignment grants {d.cores}")
+    return None
 
 
 def demand(c: ContainerRequest, cap_memory: Any) -> GpuUsage:

@@ -44,6 +44,8 @@ class PodView:
     # the status shows some container (kubelet has admitted the pod and reported it)
     reported: bool = False
     scheduler: str = ""  # spec.schedulerName
+    # the pod as a request is parsed from (metadata's names and annotations, the spec)
+    source: Mapping[str, Any] = field(default_factory=dict)
 
     def may_ask(self, container: str, resource: str) -> bool:
         """Whether ``container`` may be waiting for devices of ``resource``: it names
@@ -123,6 +125,9 @@ def view(obj: Mapping[str, Any]) -> PodView:
         reported=bool((obj.get("status") or {}).get("initContainerStatuses")
                       or (obj.get("status") or {}).get("containerStatuses")),
         scheduler=str((obj.get("spec") or {}).get("schedulerName") or "default-scheduler"),
+        source={"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid",
+                                                       "annotations")},
+                "spec": obj.get("spec") or {}},
     )
 
 

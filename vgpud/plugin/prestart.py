@@ -24,7 +24,15 @@ from typing import TypeVar
 
 from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
 from vgpud.core.container import GrantError, Limits, limits_for
-from vgpud.core.model import ContainerGrant, GpuUsage, NodeInventory, Placement, Reason
+from vgpud.core.fit import grant_exceeds
+from vgpud.core.model import (
+    ContainerGrant,
+    GpuUsage,
+    NodeInventory,
+    Placement,
+    PodRequest,
+    Reason,
+)
 from vgpud.plugin.replicas import gpus_of, reconcile
 from vgpud.plugin.resources import VGPU_IDS, ids_for
 
@@ -87,6 +95,7 @@ def plan(
     arbiter_dir: str = "",
     others: Mapping[str, GpuUsage] | None = None,
     per_gpu: int = VGPU_IDS,
+    request: PodRequest | None = None,
 ) -> Configure | Refuse | _Needs:
     """What PreStartContainer does for ``container`` of the pod with ``annotations``,
     given the GPUs kubelet chose (``chosen``: one uuid per replica ID).
@@ -96,6 +105,9 @@ def plan(
     (TKE), the GPUs are the distinct ones among ``chosen`` and the IDs of each must be
     what the assignment grants there (30 IDs of a GPU for 30 % of it).
 
+    ``request`` (the pod's own, parsed as the scheduler parses it): a grant beyond it is
+    refused, not configured (a pod may not grant itself a GPU: issue 23).
+
     ``others`` (what every *other* pod on the node holds per GPU) is needed only when
     kubelet's choice differs from the assignment; without it that case answers
     :data:`NEEDS_OTHERS`.
@@ -103,6 +115,11 @@ def plan(
     placement = read_assignment(annotations, node, where)
     if isinstance(placement, Refuse):
         return placement
+    if request is not None:  # believed only within what the pod asks (issue 23)
+        why = grant_exceeds(placement, request, inventory)
+        if why is not None:
+            return Refuse(f"{where}: {why}; the assignment is not believed and no limits are "
+                          f"configured")
     counts = Counter(chosen)
     gpus = list(counts) if per_gpu > VGPU_IDS else list(chosen)
     got = reconcile(placement, container, gpus, inventory, others or {})

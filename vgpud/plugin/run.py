@@ -33,7 +33,6 @@ from prometheus_client import CollectorRegistry
 
 from vgpud.config import Settings
 from vgpud.core.arbitration import Arbiter
-from vgpud.core.requests import enabled_presets
 from vgpud.kube.client import KubeClient
 from vgpud.node import procfs
 from vgpud.node.allocations import AllocationStore
@@ -229,8 +228,7 @@ async def run_plugin(
             podresources=PodResourcesClient(str(opts.pod_resources_socket), r.name),
             cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
             registrar=registrar, reconcile_lock=reconciling, arbiter=arbiter_dir,
-            scheduler_name=settings.schedulerName,
-            presets=enabled_presets(settings.defaults()))
+            scheduler_name=settings.schedulerName, defaults=settings.defaults())
 
     services = {r.name: service_for(r) for r in resources}
     service = services[resources[0].name]

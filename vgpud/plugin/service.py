@@ -28,7 +28,7 @@ functions in :mod:`vgpud.plugin.prestart` and :mod:`vgpud.plugin.replicas`.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -38,8 +38,8 @@ from grpclib.const import Status
 
 from vgpud.core.codec import encode_assignment
 from vgpud.core.container import LimitsError, render
-from vgpud.core.model import GpuUsage
-from vgpud.core.requests import Preset, preset_of
+from vgpud.core.model import Defaults, GpuUsage
+from vgpud.core.requests import RequestError, enabled_presets, parse_pod, preset_of
 from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
@@ -112,13 +112,14 @@ class PluginService(pb.DevicePluginBase):
         reconcile_lock: anyio.Lock | None = None,
         arbiter: Path | None = None,
         scheduler_name: str | None = None,
-        presets: Sequence[Preset] = (),
+        defaults: Defaults | None = None,
     ) -> None:
         self.resource = resource
         # whose assignments are grants: pods naming this scheduler (None: any) and asking
-        # for a vGPU of one of ``presets`` (empty: any)
+        # for a vGPU of the presets ``defaults`` enables, within what they ask (None: any)
         self.scheduler_name = scheduler_name
-        self.presets = tuple(presets)
+        self.defaults = defaults
+        self.presets = tuple(enabled_presets(defaults)) if defaults is not None else ()
         self.registrar = registrar
         self.arbiter = arbiter  # host directory of the priority records (None: off)
         self.node = node
@@ -357,7 +358,13 @@ class PluginService(pb.DevicePluginBase):
 
     def _plan(self, where: str, pod: PodView, container: str, chosen: list[str],
               others: dict[str, GpuUsage] | None = None) -> Configure | Refuse | object:
-        return plan(where, pod.annotations, node=self.node, container=container,
+        request = None
+        if self.defaults is not None:
+            try:
+                request = parse_pod(pod.source, self.defaults)
+            except RequestError as e:
+                return Refuse(f"{where}: the pod's request cannot be read: {e}")
+        return plan(where, pod.annotations, node=self.node, container=container, request=request,
                     chosen=chosen, inventory=self.devices.inventory(),
                     state_dir=edits.STATE_DIR,
                     register=edits.REGISTER if self.registrar is not None else "",
