@@ -39,7 +39,8 @@ from tests.realkube.kubelet import (
     recorded_container,
 )
 from tests.realkube.release import Release
-from vgpud.core.codec import NODE_DEVICES, decode_node_devices
+from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, decode_node_devices, encode_assignment
+from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 from vgpud.plugin.podresources import Held, PodResourcesClient
 from vgpud.plugin.replicas import gpus_of
 
@@ -472,3 +473,40 @@ def housekeeping(g: GpuNode) -> int:
         podresources=PodResourcesClient(str(g.kubelet.pod_resources_socket), VGPU),
         cluster=None)  # type: ignore[arg-type]  # collect() makes no API call
     return anyio.run(lambda: service.collect(grace=0))
+
+
+def test_a_pod_that_grants_itself_a_gpu_gets_no_limits_and_holds_nothing(
+        control_plane: ControlPlane, gpu_node: GpuNode, scenario: Scenario) -> None:
+    """Issue 23, findings 1 and 2, on the real kubelet: a GPU pod of another scheduler,
+    bound by its own ``nodeName`` with an assignment granting itself a whole GPU, in a
+    namespace the webhook spares (which would otherwise send it through vgpud's
+    scheduler), is admitted by kubelet, but PreStartContainer configures no limits (an
+    event says why), and the GPU it claims stays free for a pod vgpud places there.
+    (Where the chart's grant policy is installed the API server refuses such a pod
+    outright: tests/realkube/test_grants.py; it is not installed here.)"""
+    g = gpu_node
+    ns = control_plane.namespace(f"{scenario.id}-spared", labels={"vgpud.io/webhook": "disabled"})
+    scenario.namespaces.append(ns)
+    whole = Placement(g.name, (ContainerGrant("main", False, (
+        DeviceGrant(fake_gpu_uuid(1), 24576, 100),)),))
+    forged = gpu_pod(scenario, "forged", {VGPU: "1"},
+                     annotations={ASSIGNMENT: encode_assignment(whole)})
+    forged["metadata"]["namespace"] = ns
+    forged["spec"] |= {"schedulerName": "default-scheduler", "nodeName": g.name}
+    scenario.apply(forged)
+
+    def refusals() -> list[str] | None:
+        return [e["message"] for e in control_plane.admin.list(
+            "Event", ns, fieldSelector="involvedObject.name=forged")
+            if e["reason"] == "VgpuAllocationFailed"] or None
+    got = wait_for("the forged pod's PreStartContainer to be refused", refusals, timeout=120,
+                   detail=lambda: scenario.describe("forged", ns) + "\n" + g.tails())
+    assert "not vgpud's" in got[0], got
+    assert scenario.get("forged", ns)["status"].get("phase") != "Running"
+    # the whole of GPU 1, asked for honestly, is placed there and runs
+    scenario.apply(gpu_pod(scenario, "honest", {
+        VGPU: "1", "nvidia.com/vgpu-memory": "24576", "nvidia.com/vgpu-cores": "100"},
+        annotations=on_gpu(1)))
+    pod = wait_running(scenario, g, "honest")
+    assert [d.uuid for c in assignment(pod).containers for d in c.devices] == [
+        fake_gpu_uuid(1)]
