@@ -1,12 +1,13 @@
 """The settings model: file, then environment, then flags; errors name the key."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from vgpud.config import ConfigError, load_settings
+from vgpud.config import ConfigError, load_settings, with_feature_gates
 from vgpud.core.model import ComputePolicy, Policy
 
 
@@ -82,3 +83,56 @@ def test_cli_reports_bad_config_without_a_traceback(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "deviceSplitCount" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- --feature-gates (issue 24, item 3) -------------------------------------------------
+
+@pytest.mark.parametrize(("spec", "plugin", "scheduler"), [
+    # VGPU-Manager's first names (seed 000) and its newer ones mean the same gates
+    ("CorePlugin=true,MemoryPlugin=true", {"CorePlugin": True, "MemoryPlugin": True}, {}),
+    ("GPUCoreResourcePlugin=true,GPUMemoryResourcePlugin=true",
+     {"CorePlugin": True, "MemoryPlugin": True}, {}),
+    ("SerialBindNode=true, Reschedule=false", {}, {"SerialBindNode": True, "Reschedule": False}),
+    ("SerializedNodeBind=true,AllocationFailureReschedule=false", {},
+     {"SerialBindNode": True, "Reschedule": False}),
+    # GPUTopology acts in both commands (it was refused)
+    ("GPUTopology=false", {"GPUTopology": False}, {"GPUTopology": False}),
+    ("TopologyAwareGPUAllocation=true", {"GPUTopology": True}, {"GPUTopology": True}),
+])
+def test_feature_gates_take_both_generations_of_names(
+        spec: str, plugin: dict[str, bool], scheduler: dict[str, bool]) -> None:
+    base = load_settings(None, env={})
+    got, _ = with_feature_gates(base, spec, "scheduler")
+    for name, value in plugin.items():
+        assert getattr(got.plugin.featureGates, name) is value, name
+    for name, value in scheduler.items():
+        assert getattr(got.scheduler.featureGates, name) is value, name
+    # nothing else moved
+    untouched = {k: v for k, v in base.model_dump().items() if k not in ("plugin", "scheduler")}
+    assert {k: v for k, v in got.model_dump().items() if k in untouched} == untouched
+
+
+def test_feature_gates_say_what_is_wrong_and_where_a_gate_acts() -> None:
+    base = load_settings(None, env={})
+    with pytest.raises(ConfigError, match=r"unknown gate 'SMWatcher' \(known: .*CorePlugin"):
+        with_feature_gates(base, "SMWatcher=true", "plugin")
+    with pytest.raises(ConfigError, match="is not NAME=true or NAME=false"):
+        with_feature_gates(base, "CorePlugin=yes", "plugin")
+    with pytest.raises(ConfigError, match="is not NAME=true or NAME=false"):
+        with_feature_gates(base, "CorePlugin", "plugin")
+    _, notes = with_feature_gates(base, "Reschedule=true,CorePlugin=true", "plugin")
+    assert notes == ["Reschedule acts in `vgpud scheduler`, not here: set it there"]
+    assert with_feature_gates(base, None, "plugin") == (base, [])
+
+
+def test_the_commands_take_feature_gates(tmp_path: Path) -> None:
+    bad = subprocess.run([sys.executable, "-m", "vgpud", "scheduler",
+                          "--feature-gates=Bogus=true"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "unknown gate 'Bogus'" in bad.stderr, bad.stderr
+    # the gates parse, and the plugin goes on to its next check (no node name here)
+    ok = subprocess.run([sys.executable, "-m", "vgpud", "plugin",
+                         "--feature-gates=GPUTopology=true,CorePlugin=true"],
+                        capture_output=True, text=True, timeout=60,
+                        env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
+    assert ok.returncode == 2 and "--node-name" in ok.stderr, ok.stderr

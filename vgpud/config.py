@@ -54,6 +54,9 @@ class NodeConfig(_Model):
 class FeatureGates(_Model):
     CorePlugin: bool = False
     MemoryPlugin: bool = False
+    # GPUTopology: the node's NVLink pairs are published with its GPUs (off: none are, and
+    # a pod's link topology mode finds no links on this node)
+    GPUTopology: bool = True
 
 
 class PluginSettings(_Model):
@@ -90,6 +93,9 @@ class SchedulerGates(_Model):
     # SerialBindNode: binds to the same node one at a time (VGPU-Manager's gate of that
     # name); off, binds to one node run concurrently.
     SerialBindNode: bool = False
+    # GPUTopology: a pod's nvidia.com/device-topology-mode link (or link-strict) places
+    # its GPUs by NVLink; off, the link modes are ignored (NUMA modes still hold)
+    GPUTopology: bool = True
 
 
 class SchedulerSettings(_Model):
@@ -284,3 +290,52 @@ def _explain(e: ValidationError, source: str) -> str:
         shown = "" if err["type"] in ("extra_forbidden", "missing") else f" (got {got!r})"
         lines.append(f"  {loc}: {msg}{shown}")
     return "\n".join(lines)
+
+
+# -- --feature-gates ---------------------------------------------------------------------
+# Each gate by the names users bring: VGPU-Manager's first names (seed 000), its newer ones,
+# and where it lives in the settings ("plugin" or "scheduler" featureGates; a gate both
+# commands read is in both).
+GATES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "CorePlugin": ("CorePlugin", ("plugin",)),
+    "GPUCoreResourcePlugin": ("CorePlugin", ("plugin",)),
+    "MemoryPlugin": ("MemoryPlugin", ("plugin",)),
+    "GPUMemoryResourcePlugin": ("MemoryPlugin", ("plugin",)),
+    "Reschedule": ("Reschedule", ("scheduler",)),
+    "AllocationFailureReschedule": ("Reschedule", ("scheduler",)),
+    "SerialBindNode": ("SerialBindNode", ("scheduler",)),
+    "SerializedNodeBind": ("SerialBindNode", ("scheduler",)),
+    "GPUTopology": ("GPUTopology", ("plugin", "scheduler")),
+    "TopologyAwareGPUAllocation": ("GPUTopology", ("plugin", "scheduler")),
+}
+
+
+def with_feature_gates(settings: Settings, spec: str | None,
+                       command: str) -> tuple[Settings, list[str]]:
+    """``settings`` with the gates of a ``--feature-gates=A=true,B=false`` flag applied
+    (over the settings file), and notes for the gates that act in the other command
+    (``command`` is "plugin" or "scheduler"). Unknown names and values are a
+    :class:`ConfigError` naming the known ones."""
+    if not spec or not spec.strip():
+        return settings, []
+    updates: dict[str, dict[str, bool]] = {"plugin": {}, "scheduler": {}}
+    notes = []
+    for item in spec.split(","):
+        name, sep, value = item.strip().partition("=")
+        name, value = name.strip(), value.strip().lower()
+        if not sep or value not in ("true", "false"):
+            raise ConfigError(f"--feature-gates: {item.strip()!r} is not NAME=true or "
+                              f"NAME=false")
+        if name not in GATES:
+            raise ConfigError(f"--feature-gates: unknown gate {name!r} (known: "
+                              f"{', '.join(sorted(GATES))})")
+        field, where = GATES[name]
+        for component in where:
+            updates[component][field] = value == "true"
+        if command not in where:
+            notes.append(f"{name} acts in `vgpud {where[0]}`, not here: set it there")
+    plugin = settings.plugin.model_copy(update={"featureGates": settings.plugin.featureGates
+                                                .model_copy(update=updates["plugin"])})
+    scheduler = settings.scheduler.model_copy(update={
+        "featureGates": settings.scheduler.featureGates.model_copy(update=updates["scheduler"])})
+    return settings.model_copy(update={"plugin": plugin, "scheduler": scheduler}), notes

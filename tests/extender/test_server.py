@@ -299,3 +299,27 @@ async def test_prioritize_zeroes_a_node_filled_since_the_filter(
     assert alloc.intents() == 1  # on "big", where its bind will find room
     placed = alloc.place(parse_pod(late, alloc.defaults), "big")
     assert isinstance(placed, Placement) and placed.node == "big"
+
+
+@pytest.mark.parametrize("gate", [True, False])
+async def test_gpu_topology_gate_decides_whether_link_mode_binds(gate: bool) -> None:
+    """Issue 24, item 3: with GPUTopology on (the default) a pod asking two NVLinked GPUs
+    finds none on a node without NVLink; with the gate off the link mode is ignored (as
+    VGPU-Manager's gate does) and the node fits."""
+    alloc = Allocator()
+    alloc.set_node(node("pcie", 2, 40000))
+    ext = Extender(SchedulerState(alloc), writer=None, events=None, metrics=Metrics(alloc),
+                   topology=gate)
+    runner = web.AppRunner(make_app(ext, ready=lambda: True))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        _, doc = await post(f"http://127.0.0.1:{port}/filter", {
+            "Pod": pod("p", number=2, memory=1000,
+                       annotations={"nvidia.com/device-topology-mode": "link"}),
+            "NodeNames": ["pcie"]})
+    finally:
+        await runner.cleanup()
+    assert doc["NodeNames"] == ([] if gate else ["pcie"]), doc

@@ -217,6 +217,38 @@ async def test_a_grant_beyond_the_pods_request_is_not_believed() -> None:
         assert "device.0.memory_limit=1073741824" in config_of(h, a.ids["main"])
 
 
+async def test_the_nodes_compute_policy_applies_to_pods_that_name_none() -> None:
+    """Issue 24, item 3 (seed 000's "Compute Policy"): a node's
+    nvidia.com/vgpu-compute-policy is the policy of its pods that name none; a pod's
+    own wins."""
+    async with node_harness(2) as h:
+        h.api.patch("nodes", NODE, {"metadata": {"annotations": {
+            "nvidia.com/vgpu-compute-policy": "balance"}}}, "")
+        h.add_pod("plain", {"main": 1}, placement({"main": [(0, 1000, 10)]}))
+        a = await h.kubelet_call(h.kubelet.run, FakePod("default", "plain", [("main", 1)]))
+        assert "device.0.core_policy=balance" in config_of(h, a.ids["main"])
+        own = h.add_pod("own", {"main": 1}, placement({"main": [(1, 1000, 10)]}))
+        h.api.patch("pods", "own", {"metadata": {"annotations": {
+            "nvidia.com/vgpu-compute-policy": "fixed"}}}, "default")
+        assert own
+        b = await h.kubelet_call(h.kubelet.run, FakePod("default", "own", [("main", 1)]))
+        assert "device.0.core_policy=fixed" in config_of(h, b.ids["main"])
+
+
+async def test_gpu_topology_off_publishes_no_links() -> None:
+    """Issue 24, item 3: with the GPUTopology gate off the node's NVLink pairs are not
+    published (on, the default, they are)."""
+    linked = [{"uuid": uuid_of(i), "index": i, "model": "NVIDIA Fake 24GB", "memory": 24576,
+               "numa": 0, "links": [uuid_of(1 - i)], "healthy": True, "mig": False}
+              for i in range(2)]
+    async with node_harness(devices=linked) as h:
+        assert [g.links for g in (await h.published_inventory()).devices] == [
+            (uuid_of(1),), (uuid_of(0),)]
+    async with node_harness(devices=linked, settings={
+            "plugin": {"featureGates": {"GPUTopology": False}}}) as h:
+        assert [g.links for g in (await h.published_inventory()).devices] == [(), ()]
+
+
 async def test_kubelet_restart_reregisters() -> None:
     async with node_harness(2) as h:
         h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 10)]}))

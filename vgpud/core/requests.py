@@ -29,6 +29,11 @@ MAX_MEMORY_MIB = 1 << 24  # 16 TiB: more than any GPU will have for a long time
 MAX_VGPUS = 64
 
 
+# the pod's compute policy (fixed, balance, none); a node's annotation of the same name is
+# the default for the pods on it that name none (the device plugin applies it)
+COMPUTE_POLICY = "nvidia.com/vgpu-compute-policy"
+
+
 class RequestError(ValueError):
     """A pod's GPU request is invalid; ``str()`` says which container and why."""
 
@@ -367,7 +372,7 @@ def parse_pod(pod: Mapping[str, Any], defaults: Defaults) -> PodRequest:
         exclude_uuids=exclude_uuids,
         topology=_enum(annotations, "nvidia.com/device-topology-mode", TopologyMode,
                        TopologyMode.NONE),
-        compute_policy=_enum(annotations, "nvidia.com/vgpu-compute-policy", ComputePolicy,
+        compute_policy=_enum(annotations, COMPUTE_POLICY, ComputePolicy,
                              defaults.compute_policy),
         priority=priority,
     )

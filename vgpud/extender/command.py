@@ -9,7 +9,7 @@ from typing import Annotated
 import anyio
 import typer
 
-from vgpud.config import ConfigError, load_settings
+from vgpud.config import ConfigError, load_settings, with_feature_gates
 from vgpud.logs import configure
 
 
@@ -26,6 +26,9 @@ def scheduler(
     leader_elect: Annotated[bool, typer.Option(
         help="take a coordination.k8s.io Lease so only one replica binds")] = False,
     lease_namespace: Annotated[str, typer.Option(help="namespace of the Lease")] = "kube-system",
+    feature_gates: Annotated[str | None, typer.Option(
+        help="gates over the settings file, e.g. SerialBindNode=true,GPUTopology=false "
+             "(VGPU-Manager's names, old and new, are understood)")] = None,
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind GPU pods."""
     from vgpud.extender.run import run_scheduler
@@ -33,7 +36,8 @@ def scheduler(
     from vgpud.process import parse_listen
 
     try:
-        settings = load_settings(config, env=os.environ)
+        settings, notes = with_feature_gates(load_settings(config, env=os.environ),
+                                             feature_gates, "scheduler")
         parse_listen(listen)
         if metrics_listen:
             parse_listen(metrics_listen, "--metrics-listen")
@@ -41,6 +45,8 @@ def scheduler(
         typer.echo(f"vgpud: {e}", err=True)
         raise typer.Exit(2) from None
     configure(settings.logLevel, settings.logFormat)
+    for note in notes:
+        typer.echo(f"vgpud: --feature-gates: {note}", err=True)
     try:
         anyio.run(lambda: run_scheduler(settings, kubeconfig=kubeconfig, listen=listen,
                                         metrics_listen=metrics_listen,

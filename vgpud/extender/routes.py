@@ -10,6 +10,7 @@ on the pod in the update that sets its node.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
@@ -24,7 +25,7 @@ from vgpud.core.admission import pod_risk
 from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, summarize
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.ledger import Entry
-from vgpud.core.model import Placement, PodRequest, Reason
+from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.extender.metrics import Metrics
@@ -73,6 +74,7 @@ class Extender:
         budgets: Callable[[], Sequence[Budget]] = lambda: (),
         serial_binds: bool = False,
         allow_privileged: bool = False,
+        topology: bool = True,
     ) -> None:
         self.state = state
         self.alloc: Allocator = state.alloc
@@ -88,11 +90,16 @@ class Extender:
         self.serial_binds = serial_binds
         # the webhook's security refusals, again (a pod it did not see): allowPrivilegedGPUPods
         self.allow_privileged = allow_privileged
+        # GPUTopology: off, a pod's link topology mode is ignored (VGPU-Manager's gate)
+        self.topology = topology
         self._node_locks: dict[str, tuple[anyio.Lock, int]] = {}
         self.binds_in_flight = 0
 
     def _parse(self, pod: dict[str, object]) -> PodRequest:
-        return parse_pod(pod, self.alloc.defaults)
+        req = parse_pod(pod, self.alloc.defaults)
+        if not self.topology and req.topology is TopologyMode.LINK:
+            return dataclasses.replace(req, topology=TopologyMode.NONE)
+        return req
 
     async def _event(self, pod: dict[str, object] | ObjectRef, reason: str, message: str,
                      kind: str = "Normal") -> None:

@@ -109,7 +109,8 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                            spawn=tg.start_soon,
                            budgets=lambda: [b for _, b in budgets.items()],
                            serial_binds=sched.featureGates.SerialBindNode,
-                           allow_privileged=settings.allowPrivilegedGPUPods)
+                           allow_privileged=settings.allowPrivilegedGPUPods,
+                           topology=sched.featureGates.GPUTopology)
             def ready() -> bool:
                 return nodes.has_synced and pods.has_synced
 

@@ -11,6 +11,8 @@ kubelet's gRPC message limit on any large GPU. ResourceQuota can then bound
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import structlog
 
@@ -44,6 +46,7 @@ async def publish_inventory(
     *,
     cores: bool = False,
     memory: bool = False,
+    links: bool = True,
     recheck: float = 60.0,
     retry: float = 5.0,
 ) -> None:
@@ -54,7 +57,11 @@ async def publish_inventory(
     """
     published: str | None = None
     while True:
-        text = encode_node_devices(devices.inventory())
+        inventory = devices.inventory()
+        if not links:  # GPUTopology off: the node's NVLink pairs are not published
+            inventory = dataclasses.replace(inventory, devices=tuple(
+                dataclasses.replace(g, links=()) for g in inventory.devices))
+        text = encode_node_devices(inventory)
         seen = devices.version
         try:
             current = await cluster.node_annotation(node, NODE_DEVICES)

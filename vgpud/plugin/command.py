@@ -14,7 +14,7 @@ from typing import Annotated
 import anyio
 import typer
 
-from vgpud.config import ConfigError, load_settings
+from vgpud.config import ConfigError, load_settings, with_feature_gates
 
 DEFAULT_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_PODRES = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -38,6 +38,9 @@ def plugin(
         "--fake-devices", help="Read GPUs from this YAML/JSON file instead of NVML.")] = None,
     listen: Annotated[str | None, typer.Option(
         "--listen", help="HOST:PORT of /metrics (default: plugin.metricsListen).")] = None,
+    feature_gates: Annotated[str | None, typer.Option(
+        "--feature-gates", help="Gates over the settings file, e.g. CorePlugin=true,"
+        "MemoryPlugin=true (VGPU-Manager's names, old and new, are understood).")] = None,
 ) -> None:
     """Run the kubelet device plugin on a GPU node."""
     from vgpud.kube.errors import KubeError
@@ -46,10 +49,13 @@ def plugin(
     from vgpud.plugin.run import PluginOptions, main
 
     try:
-        settings = load_settings(config, env=os.environ)
+        settings, notes = with_feature_gates(load_settings(config, env=os.environ),
+                                             feature_gates, "plugin")
     except ConfigError as e:
         typer.echo(f"vgpud: {e}", err=True)
         raise typer.Exit(2) from None
+    for note in notes:
+        typer.echo(f"vgpud: --feature-gates: {note}", err=True)
     try:
         from vgpud.logs import configure
     except ImportError:

@@ -26,6 +26,7 @@ from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
 from vgpud.core.container import GrantError, Limits, limits_for
 from vgpud.core.fit import grant_exceeds
 from vgpud.core.model import (
+    ComputePolicy,
     ContainerGrant,
     GpuUsage,
     NodeInventory,
@@ -96,6 +97,7 @@ def plan(
     others: Mapping[str, GpuUsage] | None = None,
     per_gpu: int = VGPU_IDS,
     request: PodRequest | None = None,
+    node_policy: ComputePolicy | None = None,
 ) -> Configure | Refuse | _Needs:
     """What PreStartContainer does for ``container`` of the pod with ``annotations``,
     given the GPUs kubelet chose (``chosen``: one uuid per replica ID).
@@ -104,6 +106,9 @@ def plan(
     vGPU, every ID is a GPU of its own (two of one GPU are refused); with percent IDs
     (TKE), the GPUs are the distinct ones among ``chosen`` and the IDs of each must be
     what the assignment grants there (30 IDs of a GPU for 30 % of it).
+
+    ``node_policy``: the node's ``nvidia.com/vgpu-compute-policy``, for a pod that names
+    none of its own (the pod's wins).
 
     ``request`` (the pod's own, parsed as the scheduler parses it): a grant beyond it is
     refused, not configured (a pod may not grant itself a GPU: issue 23).
@@ -138,7 +143,7 @@ def plan(
                               f"({counts[d.uuid] * 100 / per_gpu:g} % of it), but the "
                               f"assignment grants {d.cores} % there")
     try:
-        limits = limits_for(grant, inventory, compute_policy=got.compute_policy,
+        limits = limits_for(grant, inventory, compute_policy=node_policy or got.compute_policy,
                             priority=got.priority, state_dir=state_dir, register=register,
                             arbiter_dir=arbiter_dir)
     except GrantError as e:

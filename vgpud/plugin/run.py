@@ -308,7 +308,7 @@ async def run_plugin(
                 on_sm=watchdog.record_sm, reads=reads))
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
-                memory=gates.MemoryPlugin))
+                memory=gates.MemoryPlugin, links=gates.GPUTopology))
             port = None
             if listen:
                 metrics = CollectorRegistry(auto_describe=False)

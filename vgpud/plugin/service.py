@@ -38,8 +38,14 @@ from grpclib.const import Status
 
 from vgpud.core.codec import encode_assignment
 from vgpud.core.container import LimitsError, render
-from vgpud.core.model import Defaults, GpuUsage
-from vgpud.core.requests import RequestError, enabled_presets, parse_pod, preset_of
+from vgpud.core.model import ComputePolicy, Defaults, GpuUsage
+from vgpud.core.requests import (
+    COMPUTE_POLICY,
+    RequestError,
+    enabled_presets,
+    parse_pod,
+    preset_of,
+)
 from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
@@ -310,9 +316,10 @@ class PluginService(pb.DevicePluginBase):
                 f"{where}: the pod names scheduler {pod.scheduler!r}, not vgpud's "
                 f"{self.scheduler_name!r}: an assignment vgpud's scheduler did not make "
                 f"configures no limits (issue 23: a pod may not grant itself a GPU)", pod)
-        step = self._plan(where, pod, h.container, chosen)
+        node_policy = await self._node_policy(pod)
+        step = self._plan(where, pod, h.container, chosen, policy=node_policy)
         if step is NEEDS_OTHERS:
-            step = await self._reconcile(where, pod, h.container, chosen)
+            step = await self._reconcile(where, pod, h.container, chosen, node_policy)
         if isinstance(step, Refuse):
             raise AllocationFailed(step.message, pod)
         assert isinstance(step, Configure)
@@ -356,8 +363,29 @@ class PluginService(pb.DevicePluginBase):
             raise AllocationFailed(f"{where}: the pod no longer exists in the API")
         return pod
 
+    async def _node_policy(self, pod: PodView) -> ComputePolicy | None:
+        """The node's ``nvidia.com/vgpu-compute-policy`` for a pod that names none (the
+        pod's own wins, as in VGPU-Manager); a value that is not a policy is ignored with
+        a warning, an unreadable node too."""
+        if COMPUTE_POLICY in pod.annotations:
+            return None
+        try:
+            raw = await self.cluster.node_annotation(self.node, COMPUTE_POLICY)
+        except KubeError as e:
+            log.warning("node_policy_unread", node=self.node, error=str(e))
+            return None
+        if raw is None:
+            return None
+        try:
+            return ComputePolicy(raw.strip().lower())
+        except ValueError:
+            log.warning("node_policy_invalid", node=self.node, value=raw,
+                        known=[p.value for p in ComputePolicy])
+            return None
+
     def _plan(self, where: str, pod: PodView, container: str, chosen: list[str],
-              others: dict[str, GpuUsage] | None = None) -> Configure | Refuse | object:
+              others: dict[str, GpuUsage] | None = None, *,
+              policy: ComputePolicy | None = None) -> Configure | Refuse | object:
         request = None
         if self.defaults is not None:
             try:
@@ -370,7 +398,7 @@ class PluginService(pb.DevicePluginBase):
                     register=edits.REGISTER if self.registrar is not None else "",
                     arbiter_dir=edits.ARBITER_DIR if self.arbiter is not None else "",
                     others=others,
-                    per_gpu=self.resource.per_gpu)
+                    per_gpu=self.resource.per_gpu, node_policy=policy)
 
     async def listen(self, alloc: Allocation) -> None:
         """Serve the allocation's registration socket (after Allocate, and on restart)."""
@@ -385,7 +413,8 @@ class PluginService(pb.DevicePluginBase):
             log.error("registration_socket_failed", key=alloc.key, error=str(e))
 
     async def _reconcile(self, where: str, pod: PodView, container: str,
-                         chosen: list[str]) -> Configure | Refuse:
+                         chosen: list[str], policy: ComputePolicy | None = None,
+                         ) -> Configure | Refuse:
         """kubelet chose other GPUs: rewrite the assignment if they have room."""
         async with self._reconcile_lock:
             for _ in range(5):
@@ -396,7 +425,7 @@ class PluginService(pb.DevicePluginBase):
                 others = held_by_others(((p.namespace, p.name, p.phase, p.annotations)
                                          for p in on_node if self._granted(p)),
                                         (pod.namespace, pod.name))
-                step = self._plan(where, pod, container, chosen, others)
+                step = self._plan(where, pod, container, chosen, others, policy=policy)
                 if not isinstance(step, Configure) or not step.rewrite:
                     assert isinstance(step, Configure | Refuse)
                     return step
