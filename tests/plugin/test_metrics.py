@@ -100,6 +100,9 @@ async def test_the_last_round_and_the_watchdog_per_container(tmp_path: Path) -> 
     assert samples(text, "vgpud_container_arbitration_held") == {
         ("hi", GPU): 0, ("lo", GPU): 1, ("lo", OTHER): 0}
     fams = {f.name: f for f in text_string_to_metric_families(text)}
+    # the GPU's own utilisation: every process NVML saw there, summed (idle GPU: 0)
+    gpu_sm = {s.labels["uuid"]: s.value for s in fams["vgpud_gpu_sm_utilization_ratio"].samples}
+    assert gpu_sm == {GPU: 0.77, OTHER: 0.0}
     top = {s.labels["uuid"]: s.value for s in fams["vgpud_gpu_arbitration_top_priority"].samples}
     active = {s.labels["uuid"]: s.value for s in fams["vgpud_gpu_arbitration_active"].samples}
     assert (top, active) == ({GPU: 2, OTHER: 0}, {GPU: 1, OTHER: 0})

@@ -126,13 +126,20 @@ class Observed:
     sm_percent: dict[tuple[str, str], int] = field(default_factory=dict)
     records: dict[str, Record] = field(default_factory=dict)
     rounds: int = 0
+    # per GPU uuid, the SM percent NVML saw every process use there (a container's or
+    # not), summed and capped at 100: the GPU's own utilisation
+    gpu_percent: dict[str, int] = field(default_factory=dict)
 
     def update(self, members: Sequence[Member], samples: Sequence[Contender],
-               records: Mapping[str, Record]) -> None:
+               records: Mapping[str, Record],
+               used: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> None:
         sm = {(m.key, u): 0 for m in members for u in m.uuids}
         for c in samples:
             sm[(c.key, c.uuid)] = c.sm_percent
         self.sm_percent, self.records = sm, dict(records)
+        if used is not None:
+            self.gpu_percent = {u: min(100, sum(pct for _, pct in rows))
+                                for u, rows in used.items()}
         self.rounds += 1
 
 
@@ -217,7 +224,7 @@ async def run_arbiter(
             records = arbiter.decide(clock(), gpus, per_gpu, samples)
             publisher.publish(records, period_ms, wall_ns())
             if observed is not None:
-                observed.update(ms, samples, records)
+                observed.update(ms, samples, records, used)
             if on_round is not None:
                 on_round(records)
             if on_sm is not None:

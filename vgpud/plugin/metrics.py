@@ -196,6 +196,10 @@ class PluginCollector(Collector):
             "vgpud_gpu_arbitration_top_priority",
             "The highest nvidia.com/vgpu-priority busy on the GPU (0 when none is)",
             labels=gl)
+        gpu_sm = GaugeMetricFamily(
+            "vgpud_gpu_sm_utilization_ratio",
+            "SM use of every process on the GPU in the last arbitration round, by NVML on "
+            "the host (1 = the whole GPU)", labels=gl)
         sm = GaugeMetricFamily(
             "vgpud_container_sm_utilization_ratio",
             "SM use of a container's processes on a GPU in the last arbitration round, "
@@ -209,6 +213,8 @@ class PluginCollector(Collector):
             if lab is not None:
                 active.add_metric(lab, 1 if r.active else 0)
                 top.add_metric(lab, r.top_priority if r.active else 0)
+        for uuid, lab in gpus.items():  # every GPU: one NVML listed no process on is idle
+            gpu_sm.add_metric(lab, seen.gpu_percent.get(uuid, 0) / 100)
         for (key, uuid), pct in seen.sm_percent.items():
             lab = containers.get((key, uuid))
             if lab is None:
@@ -216,7 +222,7 @@ class PluginCollector(Collector):
             sm.add_metric(lab, pct / 100)
             rec = seen.records.get(uuid)
             held.add_metric(lab, 1 if rec is not None and key in rec.held else 0)
-        yield from (active, top, sm, held)
+        yield from (active, top, gpu_sm, sm, held)
 
     def _node_side(self, cl: list[str],
                    containers: Mapping[tuple[str, str], list[str]]) -> Iterator[Any]:
