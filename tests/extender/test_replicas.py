@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
