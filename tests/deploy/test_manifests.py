@@ -408,8 +408,8 @@ def test_leader_election_has_its_own_lease_in_the_granted_namespace() -> None:
         le["retryPeriod"])
 
 
-def test_extender_runs_without_its_own_election_beside_kube_schedulers() -> None:
-    # Two independent Leases could pick different pods; kube-scheduler's one decides.
+def test_one_extender_runs_without_its_own_election() -> None:
+    # One replica by default: nothing to elect (with more, the chart turns it on).
     args = M.container("Deployment", "extender")["args"]
     assert "--leader-elect" not in args
     assert args[0] == "scheduler"

@@ -115,8 +115,13 @@ def test_kill_on_over_limit_is_the_default_and_grants_the_kill_capability_only_t
     assert sc["capabilities"] == {"drop": ["ALL"]}
 
 
-def test_extender_election_adds_its_flag_and_its_lease(helm: Path) -> None:
-    m = template(helm, "scheduler.extender.leaderElect=true", "scheduler.replicas=2")
+@pytest.mark.parametrize("sets", [
+    ("scheduler.replicas=2",),  # unset: on with several replicas
+    ("scheduler.extender.leaderElect=true", "scheduler.replicas=2"),
+])
+def test_extender_election_adds_its_flag_and_its_lease(helm: Path, sets: tuple[str, ...]
+                                                       ) -> None:
+    m = template(helm, *sets)
     args = m.container("Deployment", "extender")["args"]
     params = cli_params(args)
     assert params["leader_elect"] is True
@@ -125,6 +130,16 @@ def test_extender_election_adds_its_flag_and_its_lease(helm: Path) -> None:
     assert names == {"vgpu-scheduler", "vgpud-scheduler"}
     assert m.workload("Deployment", "vgpud-scheduler")["spec"]["replicas"] == 2
     assert "podAntiAffinity" in m.pod_spec("Deployment", "vgpud-scheduler")["affinity"]
+    assert m.scheduler_config()["leaderElection"]["leaderElect"] is True
+
+
+def test_one_replica_takes_the_extenders_lease_only_when_asked(helm: Path) -> None:
+    for sets, elects in [((), False), (("scheduler.extender.leaderElect=true",), True),
+                         (("scheduler.extender.leaderElect=false",), False)]:
+        m = template(helm, *sets)
+        assert ("--leader-elect" in m.container("Deployment", "extender")["args"]) is elects
+        names = {n for (_, _, ns) in m.rules("Role", "vgpud-scheduler-leases") for n in ns}
+        assert ("vgpud-scheduler" in names) is elects
 
 
 def test_host_paths_and_scheduler_name_follow_the_values(helm: Path) -> None:
@@ -158,6 +173,8 @@ def test_kube_scheduler_image_defaults_to_the_cluster_version(helm: Path) -> Non
     ("webhook.timeoutSeconds=31", "between 1 and 30"),
     ("config.schedulerName=default-scheduler", "must not be default-scheduler"),
     ("scheduler.replicas=2,scheduler.leaderElect=false", "needs scheduler.leaderElect=true"),
+    ("scheduler.replicas=2,scheduler.extender.leaderElect=false",
+     "needs scheduler.extender.leaderElect unset or true"),
     ("serviceMonitor.enabled=true,podMonitor.enabled=true", "choose one"),
     ("serviceMonitor.enabled=true,plugin.service.enabled=false", "use podMonitor"),
     ("prometheusRule.enabled=true,prometheusRule.pendingMinutes=0", "1 or more"),

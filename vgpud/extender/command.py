@@ -24,7 +24,8 @@ def scheduler(
     )] = None,
     config: Annotated[Path | None, typer.Option(help="settings file (YAML or JSON)")] = None,
     leader_elect: Annotated[bool, typer.Option(
-        help="take a coordination.k8s.io Lease so only one replica binds")] = False,
+        help="take a coordination.k8s.io Lease so only one replica runs the reschedule "
+             "controller (every replica serves filter, prioritize and bind)")] = False,
     lease_namespace: Annotated[str, typer.Option(help="namespace of the Lease")] = "kube-system",
     feature_gates: Annotated[str | None, typer.Option(
         help="gates over the settings file, e.g. SerialBindNode=true,GPUTopology=false "

@@ -68,7 +68,6 @@ class Extender:
         writer: PodBinder | None,
         events: EventRecorder | None,
         metrics: Metrics,
-        is_leader: Callable[[], bool] = lambda: True,
         now: Callable[[], str] = _now_rfc3339,
         spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None,
         budgets: Callable[[], Sequence[Budget]] = lambda: (),
@@ -81,7 +80,6 @@ class Extender:
         self.writer = writer
         self.events = events
         self.metrics = metrics
-        self.is_leader = is_leader
         self.now = now
         self.spawn = spawn  # runs event writes beside the request, not in its path
         self.budgets = budgets  # the PodDisruptionBudgets, for preemption
@@ -232,8 +230,6 @@ class Extender:
     # -- bind -------------------------------------------------------------------------------
 
     async def bind(self, args: BindingArgs) -> BindingResultJson:
-        if not self.is_leader():
-            return {"Error": "this vgpud scheduler is not the leader; retry against the leader"}
         if self.writer is None:
             return {"Error": "binding is disabled (no API connection)"}
         self.binds_in_flight += 1

@@ -6,6 +6,12 @@ elector (optional), the reschedule controller (gate ``Reschedule``, started once
 node and pod informers have synced; ``vgpud/extender/reschedule.py``), and the HTTP
 server. ``/readyz`` turns true once both informers have synced, which is when
 the ledger has been rebuilt from every pod's ``vgpud.io/assignment``.
+
+With several replicas (``leader_elect``) only the Lease's holder runs leader-only
+work: the reschedule controller, the one writer that acts on pods it did not bind.
+Every replica serves filter, prioritize and bind (kube-scheduler's own Lease picks
+which replica's kube-scheduler calls its extender, and that need not be the
+extender's leader) and records events.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from vgpud.extender.state import (
 )
 from vgpud.kube.cache import Informer
 from vgpud.kube.client import KubeClient
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.lease import LeaderElector
 from vgpud.kube.resources import NODES, PDBS, PODS
 from vgpud.kube.writes import EventRecorder, PodBinder
@@ -62,9 +69,11 @@ async def _expire(alloc: Allocator, metrics: Metrics) -> None:
 async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: str,
                         metrics_listen: str | None = None, leader_elect: bool = False,
                         lease_namespace: str = "kube-system",
-                        lease_name: str = "vgpud-scheduler") -> None:
+                        lease_name: str = "vgpud-scheduler", identity: str | None = None,
+                        lease_clock: Clock = SYSTEM_CLOCK) -> None:
     """Serve the verbs on ``listen`` and health/metrics on ``metrics_listen`` (on
-    ``listen`` too when that is not given)."""
+    ``listen`` too when that is not given). ``identity`` names this replica in the
+    Lease (default: host name and process id); ``lease_clock`` times the election."""
     host, port = parse_listen(listen)
     ops_at = parse_listen(metrics_listen) if metrics_listen else None
     guard = Guard.from_settings(settings.ops)  # a bad token file stops the start here
@@ -87,9 +96,10 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
         events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)
         elector = None
         if leader_elect:
-            identity = f"{socket.gethostname()}-{os.getpid()}"
-            elector = LeaderElector(kube, name=lease_name, namespace=lease_namespace,
-                                    identity=identity)
+            elector = LeaderElector(
+                kube, name=lease_name, namespace=lease_namespace,
+                identity=identity or f"{socket.gethostname()}-{os.getpid()}",
+                clock=lease_clock)
         sched = settings.scheduler
         resched = None
         if sched.featureGates.Reschedule:
@@ -105,7 +115,6 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
             pods.subscribe(resched.on_pod)
         async with anyio.create_task_group() as tg:
             ext = Extender(state, writer=PodBinder(kube), events=events, metrics=metrics,
-                           is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
                            spawn=tg.start_soon,
                            budgets=lambda: [b for _, b in budgets.items()],
                            serial_binds=sched.featureGates.SerialBindNode,

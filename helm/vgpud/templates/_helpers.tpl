@@ -92,6 +92,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "vgpud.kubeSchedulerLease" -}}{{ .Values.config.schedulerName }}{{- end -}}
 {{- define "vgpud.extenderLease" -}}vgpud-scheduler{{- end -}}
 
+{{/* "true" when the extender takes its own Lease: scheduler.extender.leaderElect, or when
+     that is unset (null) whenever the scheduler runs more than one replica. */}}
+{{- define "vgpud.extenderElects" -}}
+{{- $le := .Values.scheduler.extender.leaderElect -}}
+{{- if or $le (and (kindIs "invalid" $le) (gt (int .Values.scheduler.replicas) 1)) -}}true{{- end -}}
+{{- end -}}
+
 {{/* The resource names of each preset: vgpud/core/requests.py PRESETS, field for field
      (number, memory, cores, memoryPercent, priority; a test compares the two). `number` is
      what the device plugin advertises when the preset is config.resourcePreset. */}}
@@ -215,6 +222,9 @@ tke:
 {{- end -}}
 {{- if and (gt (int .Values.scheduler.replicas) 1) (not .Values.scheduler.leaderElect) -}}
 {{- fail "scheduler.replicas > 1 needs scheduler.leaderElect=true: without it every replica schedules" -}}
+{{- end -}}
+{{- if and (gt (int .Values.scheduler.replicas) 1) (eq (toString .Values.scheduler.extender.leaderElect) "false") -}}
+{{- fail "scheduler.replicas > 1 needs scheduler.extender.leaderElect unset or true: without it every replica runs the reschedule controller" -}}
 {{- end -}}
 {{- if and .Values.opsAuth.enabled (not .Values.opsAuth.existingSecret) -}}
 {{- fail "opsAuth.enabled needs opsAuth.existingSecret: a Secret in the release namespace holding the token under opsAuth.key" -}}
