@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.cluster import Driver, gpu_node, gpu_pod, overcommitted, running
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.anyio
 
 
 def prio_pod(name: str, priority: int, limits: dict[str, Any],

@@ -25,7 +25,7 @@ from tests.e2e.cluster import (
 )
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.anyio
 
 
 class Env:
