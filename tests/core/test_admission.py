@@ -17,6 +17,8 @@ from tests.fuzz import examples
 from vgpud.core.admission import (
     AdmissionPolicy,
     Catalogue,
+    Verdict,
+    admit,
     is_gpu_pod,
     mutate,
     pointer,
@@ -194,17 +196,34 @@ def test_resource_names_are_escaped_in_pointers() -> None:
     assert pointer("spec", "limits", "a/b~c") == "/spec/limits/a~1b~0c"
 
 
-@pytest.mark.parametrize("bad", [
-    None, [], "pod", {"spec": None}, {"spec": []}, {"spec": {"containers": "x"}},
-    {"spec": {"containers": [None, 3, {"resources": []}]}},
-    {"spec": {"containers": [{"name": "a", "resources": {"limits": [NUM]}}]}},
-    {"spec": {"containers": [{"name": "a", "resources": {"limits": {NUM: 1}}}],
-              "affinity": "everywhere", "nodeName": "n"}},
+@pytest.mark.parametrize(("bad", "reason"), [
+    (None, "the pod is not an object"), ([], "the pod is not an object"),
+    ("pod", "the pod is not an object"), ({"spec": []}, "spec must be an object"),
+    ({"spec": {"containers": "x"}}, "spec.containers must be a list"),
+    ({"spec": {"containers": [None, 3, {"resources": []}]}},
+     "spec.containers[0] must be an object (a container)"),
+    ({"spec": {"containers": [{"name": "a", "resources": {"limits": [NUM]}}]}},
+     "spec.containers[0] (container 'a'): resources.limits must be an object"),
+    ({"spec": {"containers": [{"name": "a", "resources": {"limits": {NUM: "x"}}}]}},
+     "container 'a': nvidia.com/vgpu-number: 'x' is not a quantity"),
+    ({"spec": None}, None),  # no spec: no GPU
+    ({"spec": {"containers": [{"name": "a", "resources": {"limits": {NUM: 1}}}],
+               "affinity": "everywhere", "nodeName": "n"}}, None),
 ])
-def test_malformed_pods_do_not_crash_mutate(bad: Any) -> None:
-    ops = mutate(bad, POLICY)
-    if ops:  # whatever it patches must apply
-        jsonpatch.apply_patch(bad, ops)
+def test_malformed_pods_do_not_crash_mutate_and_are_denied_with_the_reason(
+        bad: Any, reason: str | None) -> None:
+    """mutate never raises over a malformed pod; admission (mutating and validating)
+    denies one whose GPU use it cannot read, or whose GPU request is malformed, with
+    the reason; a patch it does send applies and gives a pod validate accepts."""
+    ops = mutate(bad, POLICY)  # must not raise, whatever the pod holds
+    verdict, patch = admit(bad, POLICY)
+    if reason is not None:
+        assert (verdict.allowed, verdict.message, patch) == (False, reason, [])
+        assert validate(bad, POLICY) == Verdict(False, reason)
+    else:
+        assert verdict.allowed and patch == ops
+        patched = jsonpatch.apply_patch(bad, ops)
+        assert validate(patched, POLICY).allowed
 
 
 # -- denials --------------------------------------------------------------------------------------

@@ -27,8 +27,6 @@ from tests.deploy.rendered import (
 from vgpud.config import parse_settings
 from vgpud.core.requests import PRESETS
 
-pytestmark = pytest.mark.slow
-
 
 def _load_render() -> ModuleType:
     spec = importlib.util.spec_from_file_location("vgpud_render", ROOT / "manifests" / "render.py")

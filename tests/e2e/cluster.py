@@ -258,6 +258,11 @@ class Driver:
     async def fault(self, **rule: Any) -> None:
         await self._post(f"{self.api}/_standin/faults", rule)
 
+    async def peak(self, verb: str, resource: str) -> int:
+        """The most ``verb resource`` requests the API stand-in has answered at once."""
+        async with self.s.get(f"{self.api}/_standin/counts") as r:
+            return int((await r.json())["peaks"].get(f"{verb} {resource}", 0))
+
     async def clear_faults(self) -> None:
         async with self.s.delete(f"{self.api}/_standin/faults"):
             pass

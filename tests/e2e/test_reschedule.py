@@ -35,7 +35,7 @@ from vgpud.core.codec import (
 from vgpud.core.model import NodeInventory, Placement
 from vgpud.extender.reschedule import ATTEMPTS, RESCHEDULED_FROM
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.anyio
 
 T = TypeVar("T")
 MERGE = {"Content-Type": "application/merge-patch+json"}

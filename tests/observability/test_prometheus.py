@@ -59,7 +59,7 @@ from vgpud import shm
 from vgpud.core.codec import NODE_DEVICES
 from vgpud.node.allocations import AllocationStore
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.anyio
 
 NODE = "gpu-node-1"
 MIB = 1 << 20

@@ -3,13 +3,13 @@
 The plugin configures a container (1000 MiB on GPU 0) through the fake kubelet; then
 a small driver-API program runs under the shim (``LD_PRELOAD``) on the fake
 ``libcuda.so.1`` with ``VGPUD_CONFIG`` pointing at that file, and allocates 300 MiB
-at a time. Skipped when the shim or the fake driver cannot be built here.
+at a time. The shim and the fake driver come from the shim tests' session build
+(:func:`tests.shim.conftest.built`): a build that fails fails the test, never skips it.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,10 +18,10 @@ import pytest
 
 from tests.fakekubelet import FakePod
 from tests.plugin.harness import node_harness, placement
+from tests.shim.conftest import Built
 from vgpud.node.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parents[2]
 
 PROGRAM = r"""
 #include <dlfcn.h>
@@ -43,28 +43,16 @@ int main(void) {
 """
 
 
-def _build(tmp: Path) -> tuple[Path, Path, Path]:
-    if shutil.which("make") is None or shutil.which("gcc") is None:
-        pytest.skip("needs gcc and make")
-    for d in ("csrc", "tests/fakes"):
-        if not (ROOT / d / "Makefile").exists():
-            pytest.skip(f"{d} is not in this checkout yet")
-        done = subprocess.run(["make", "-s", "-C", str(ROOT / d)], capture_output=True,
-                              text=True, check=False)
-        if done.returncode != 0:
-            pytest.skip(f"make -C {d} failed: {done.stderr[-400:]}")
-    libs = sorted((ROOT / "csrc" / "build").glob("libvgpu.so.*"))
-    fakes = ROOT / "tests" / "fakes" / "build"
-    if not libs or not (fakes / "libcuda.so.1").exists():
-        pytest.skip("the shim or the fake driver did not build")
+def _program(tmp: Path) -> Path:
     prog = tmp / "alloc"
     (tmp / "alloc.c").write_text(PROGRAM)
     subprocess.run(["gcc", "-o", str(prog), str(tmp / "alloc.c"), "-ldl"], check=True)
-    return libs[-1], fakes, prog
+    return prog
 
 
-async def test_shim_enforces_a_limits_file_the_plugin_wrote(tmp_path: Path) -> None:
-    lib, fakes, prog = _build(tmp_path)
+async def test_shim_enforces_a_limits_file_the_plugin_wrote(built: Built, tmp_path: Path
+                                                             ) -> None:
+    lib, fakes, prog = built.lib, built.fakes, _program(tmp_path)
     async with node_harness(1) as h:
         h.add_pod("p1", {"main": 1}, placement({"main": [(0, 1000, 0)]}))
         a = await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]))

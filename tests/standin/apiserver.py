@@ -94,8 +94,9 @@ out-of-process mode (``python -m tests.standin``)::
     POST   /_standin/drop-watches  {"resource": optional}  -> {"dropped": n}
     POST   /_standin/compact       {"resource": optional}  -> {"resourceVersion": rv}
     GET    /_standin/counts        -> {"counts": {"patch pods": n, ...}, "watches": k,
-                                       "watchLists": {"pods": n, ...}}
-    DELETE /_standin/counts        reset the counters
+                                       "watchLists": {"pods": n, ...},
+                                       "peaks": {"create pods/binding": most at once, ...}}
+    DELETE /_standin/counts        reset the counters (and the peaks)
     GET    /_standin/watch-list    -> {"enabled": bool, "ignored": bool}
     PUT    /_standin/watch-list    {"enabled": bool, "ignored": bool} (either) -> the same
     POST   /_standin/cut-watch-lists {"resource", "after", "times"} -> {}
@@ -286,6 +287,10 @@ class ApiServer:
         self.store = Store(history_size=history_size, kubelets=kubelets)
         self.faults = Faults(seed)
         self.counts = RequestCounter()
+        # Requests being answered now, and the most answered at once, per (verb, resource)
+        # (a fault's latency included): whether writes overlapped, without timing them.
+        self.in_flight = RequestCounter()
+        self.peaks = RequestCounter()
         # The WatchList feature (streaming lists); see the module docstring. Flip it
         # at any time: it applies to the next watch request.
         self.watch_list = watch_list
@@ -654,7 +659,25 @@ class ApiServer:
         else:
             raise StoreError(405, "MethodNotAllowed", f"method {method} is not supported")
         resource = col.kind.name + (f"/{sub}" if sub else "")
-        self.counts[(verb, resource)] += 1
+        key = (verb, resource)
+        self.counts[key] += 1
+        self.in_flight[key] += 1
+        self.peaks[key] = max(self.peaks[key], self.in_flight[key])
+        try:
+            return await self._answer(request, verb, resource, col, namespace, name, sub)
+        finally:
+            self.in_flight[key] -= 1
+
+    async def _answer(
+        self,
+        request: web.Request,
+        verb: str,
+        resource: str,
+        col: Collection,
+        namespace: str | None,
+        name: str | None,
+        sub: str | None,
+    ) -> web.StreamResponse:
         decision = self.faults.decide(verb, resource)
         if decision.latency:
             await asyncio.sleep(decision.latency)
@@ -919,6 +942,7 @@ class ApiServer:
         return _json_response(
             {
                 "counts": self.counts.as_json(),
+                "peaks": self.peaks.as_json(),
                 "watches": self.open_watches(),
                 "watchLists": dict(sorted(self.watch_lists.items())),
             }
@@ -926,6 +950,7 @@ class ApiServer:
 
     async def _ctl_reset_counts(self, _: web.Request) -> web.Response:
         self.counts.clear()
+        self.peaks.clear()
         self.watch_lists.clear()
         return _json_response({})
 

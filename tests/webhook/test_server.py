@@ -90,6 +90,60 @@ async def test_validate_denies_with_the_reason(webhook: Webhook, limits: dict[st
         assert f in resp["status"]["message"], resp["status"]["message"]
 
 
+def container(**fields: Any) -> dict[str, Any]:
+    return {"name": "main", "image": "cuda", **fields}
+
+
+@pytest.mark.parametrize(("spec", "fragment"), [
+    ({"containers": "main"}, "spec.containers must be a list"),
+    ({"containers": {"name": "main"}}, "spec.containers must be a list"),
+    ({"containers": [container()], "initContainers": 7}, "spec.initContainers must be a list"),
+    ({"containers": ["main"]}, "spec.containers[0] must be an object"),
+    ({"containers": [container(resources=[NUM])]},
+     "spec.containers[0] (container 'main'): resources must be an object"),
+    ({"containers": [container(resources={"limits": f"{NUM}=1"})]},
+     "spec.containers[0] (container 'main'): resources.limits must be an object"),
+    ({"containers": [container(), container(name="gpu", resources={"requests": [1]})]},
+     "spec.containers[1] (container 'gpu'): resources.requests must be an object"),
+])
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+async def test_a_pod_whose_gpu_use_cannot_be_read_is_denied_with_the_reason(
+        webhook: Webhook, path: str, spec: dict[str, Any], fragment: str) -> None:
+    p = pod()
+    p["spec"] = spec
+    resp = await webhook.admit(path, p)
+    assert resp["allowed"] is False and "patch" not in resp
+    assert resp["status"]["code"] == 403
+    assert fragment in resp["status"]["message"], resp["status"]["message"]
+
+
+@pytest.mark.parametrize(("resources", "fragments"), [
+    ({"limits": {NUM: "one"}}, ["'main'", NUM, "not a quantity"]),
+    ({"requests": {MEM: "3 GiB"}}, ["'main'", MEM, "not a quantity"]),
+    ({"limits": {CORES: {"value": 30}}}, ["'main'", CORES, "expected a whole number"]),
+    ({"limits": {NUM: 1, MEM: [1024]}}, ["'main'", MEM, "expected a whole number"]),
+])
+async def test_mutate_denies_a_malformed_gpu_quantity_naming_container_and_resource(
+        webhook: Webhook, resources: dict[str, Any], fragments: list[str]) -> None:
+    """/validate denied these already; /mutate answered allowed with a patch over them."""
+    p = pod()
+    p["spec"]["containers"][0]["resources"] = resources
+    resp = await webhook.admit("/mutate", p)
+    assert resp["allowed"] is False and "patch" not in resp
+    for f in fragments:
+        assert f in resp["status"]["message"], resp["status"]["message"]
+
+
+async def test_non_gpu_pods_are_admitted_unchanged_whatever_their_own_quantities(
+        webhook: Webhook) -> None:
+    for p in (pod(limits={"cpu": "lots", "memory": {"x": 1}}), {**pod(), "spec": None},
+              {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+               "spec": {"containers": [container(resources=None)], "initContainers": None}}):
+        for path in ("/mutate", "/validate"):
+            resp = await webhook.admit(path, p)
+            assert resp["allowed"] is True and "patch" not in resp, (path, p, resp)
+
+
 async def test_privileged_gpu_pods_follow_the_setting(webhook_factory: Any) -> None:
     p = pod(limits={NUM: 1})
     p["spec"]["containers"][0]["securityContext"] = {"privileged": True}

@@ -1,7 +1,7 @@
 """Admission: what the webhook changes in a new pod, and whether it lets the pod in.
 
-Two pure functions over a Pod manifest (a dict, as the API server sends it in an
-``AdmissionReview``), both for GPU pods only — a pod one of whose containers or init
+Pure functions over a Pod manifest (a dict, as the API server sends it in an
+``AdmissionReview``), for GPU pods only — a pod one of whose containers or init
 containers names a vGPU resource of an enabled preset (:func:`is_gpu_pod`):
 
 * :func:`mutate` returns RFC 6902 JSON-patch operations, each of which applies to
@@ -11,10 +11,14 @@ containers names a vGPU resource of an enabled preset (:func:`is_gpu_pod`):
   that gives only memory/cores; GPU requests copied to limits (kubelet calls a device
   plugin only for resources in limits); ``spec.nodeName`` replaced by a required
   node affinity on that node, so the scheduler still assigns the GPUs.
-* :func:`validate` returns a :class:`Verdict`: the request parser's own error
-  (:func:`vgpud.core.requests.parse_pod` — the one definition of a valid request),
-  requests and limits that differ, a privileged GPU container, and a request that no
-  GPU node of the cluster could ever hold, judged by the scheduler's ``too-small``
+* :func:`admit` is the mutating webhook's answer: :func:`mutate`'s patch, or a denial
+  for a pod it cannot read (:func:`unreadable`) or whose GPU request the parser refuses.
+* :func:`validate` returns a :class:`Verdict`: a pod it cannot read (spec, containers
+  or resources of the wrong JSON type: whether it asks for a GPU is undecidable, so it
+  is denied with the reason, never admitted as a pod without one), the request
+  parser's own error (:func:`vgpud.core.requests.parse_pod` — the one definition of a
+  valid request), requests and limits that differ, a privileged GPU container, and a
+  request that no GPU node of the cluster could ever hold, judged by the scheduler's ``too-small``
   rule (:data:`vgpud.core.fit.PREDICATES`) over a :class:`Catalogue` of the nodes'
   GPUs.
 """
@@ -127,6 +131,39 @@ def _names(preset: Preset) -> list[str]:
                         preset.priority) if n is not None]
 
 
+def unreadable(pod: object) -> str | None:
+    """Why admission cannot tell whether ``pod`` asks for a vGPU, or None: a part on the
+    way to a container's resources (spec, the container lists, a container, its
+    ``resources``, their ``requests`` and ``limits``) that is not the object or list the
+    Pod schema says (null counts as absent). Such a pod is denied with this reason, never
+    admitted as a pod without a GPU."""
+    if not isinstance(pod, Mapping):
+        return "the pod is not an object"
+    spec = _map(pod.get("spec"))
+    if spec is None:
+        return "spec must be an object"
+    for kind in ("initContainers", "containers"):
+        items = spec.get(kind)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            return f"spec.{kind} must be a list"
+        for i, c in enumerate(items):
+            where = f"spec.{kind}[{i}]"
+            if not isinstance(c, Mapping):
+                return f"{where} must be an object (a container)"
+            name = c.get("name")
+            if isinstance(name, str) and name:
+                where += f" (container {name!r})"
+            res = _map(c.get("resources"))
+            if res is None:
+                return f"{where}: resources must be an object"
+            for part in ("requests", "limits"):
+                if _map(res.get(part)) is None:
+                    return f"{where}: resources.{part} must be an object"
+    return None
+
+
 def is_gpu_pod(pod: object, defaults: Defaults) -> bool:
     """Does a container or init container name a vGPU resource of an enabled preset?"""
     spec = _map(pod.get("spec")) if isinstance(pod, Mapping) else None
@@ -206,6 +243,23 @@ def _pin_ops(spec: Mapping[str, Any], node: str) -> list[PatchOp]:
         else:
             ops.append({"op": "add", "path": pointer(*path, j, "matchFields"), "value": [field]})
     return ops
+
+
+def admit(pod: object, policy: AdmissionPolicy) -> tuple[Verdict, list[PatchOp]]:
+    """The mutating webhook's answer: denied, with the reason, when the pod is
+    :func:`unreadable` or is a GPU pod whose request :func:`parse_pod` refuses (a patch
+    computed over it would only carry the fault on); else allowed, with :func:`mutate`'s
+    patch (empty for a pod that asks for no vGPU)."""
+    problem = unreadable(pod)
+    if problem:
+        return Verdict(False, problem), []
+    if is_gpu_pod(pod, policy.defaults):
+        assert isinstance(pod, Mapping)
+        try:
+            parse_pod(pod, policy.defaults)
+        except RequestError as e:
+            return Verdict(False, str(e)), []
+    return Verdict(True), mutate(pod, policy)
 
 
 def mutate(pod: object, policy: AdmissionPolicy) -> list[PatchOp]:
@@ -311,7 +365,11 @@ def pod_risk(pod: Mapping[str, Any], gpu_containers: Iterable[str]) -> str | Non
 
 
 def validate(pod: object, policy: AdmissionPolicy, catalogue: Catalogue = EMPTY) -> Verdict:
-    """Whether a new pod may be created, and if not, why, naming the container and field."""
+    """Whether a new pod may be created, and if not, why, naming the container and field
+    (a pod whose GPU-ness cannot be decided, :func:`unreadable`, is denied too)."""
+    problem = unreadable(pod)
+    if problem:
+        return Verdict(False, problem)
     if not is_gpu_pod(pod, policy.defaults):
         return Verdict(True)
     assert isinstance(pod, Mapping)

@@ -13,7 +13,8 @@ core stays pure; callers convert between the two). Everything takes an injected
 - ``cache``: ``Informer`` — a cache with projections and change events, synced by a
   streaming list (``sendInitialEvents``) where the server offers one, else a paged list,
   then a watch.
-- ``writes``: ``PodWriter`` (annotation patch), ``PodBinder`` (+ binding), ``EventRecorder``.
+- ``writes``: ``PodWriter`` (annotation patch), ``PodBinder`` (the Binding, which carries
+  the assignment annotations: one write), ``EventRecorder``.
 - ``lease``: ``LeaderElector``.
 - ``lazyclient``: kubernetes_asyncio's client package, loaded on first use.
 """

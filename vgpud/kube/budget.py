@@ -2,8 +2,8 @@
 
 HAMi's scheduler kept client-go's default of 5 QPS / burst 10 and stalled under
 load (HAMi#745); ours defaults to 500 QPS with a burst of 1000, enough for hundreds
-of pods per second (each costs about two writes), while still keeping a runaway
-loop from hammering the API server.
+of pods per second (a bind is one write: the Binding, which carries the assignment),
+while still keeping a runaway loop from hammering the API server.
 
 ``acquire()`` reserves a token and sleeps until it is due (reservations are first
 come, first served, so waiting callers are not starved); a cancelled wait gives its

@@ -4,7 +4,10 @@ The *review* app (HTTPS): ``POST /mutate`` and ``POST /validate``, each an
 ``AdmissionReview`` v1 in and out. The *ops* app: ``GET /healthz``, ``/readyz``,
 ``/metrics`` — on the HTTPS port too, unless ``--metrics-listen`` puts them apart.
 
-A body that is not a review gets a 400 with the reason (whatever it holds: not JSON,
+A review whose pod cannot be read (``spec.containers`` not a list, ``resources`` not an
+object, …) or, on ``/mutate`` as on ``/validate``, a GPU pod whose request is malformed
+(a quantity that is not one) is answered ``allowed: false`` with the reason. A body that
+is not a review gets a 400 with the reason (whatever it holds: not JSON,
 nested too deep, not what its ``Content-Encoding`` says), a body over :data:`MAX_BODY` a
 413; an unexpected failure is logged and answered with a 500-free
 ``allowed: false`` review naming it, so the API server shows the user a reason (and
@@ -31,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, mutate, validate
+from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, admit, validate
 from vgpud.ops import Guard
 from vgpud.process import BadBody, read_body
 from vgpud.webhook.wire import Review, WireError, answer, parse_review
@@ -88,8 +91,10 @@ def _review(r: Review, endpoint: str, policy: AdmissionPolicy,
     if not r.is_pod_create:
         return answer(r.uid, Verdict(True)), "skipped"
     if endpoint == "mutate":
-        ops = mutate(r.obj, policy)
-        return answer(r.uid, Verdict(True), ops), "patched" if ops else "allowed"
+        verdict, ops = admit(r.obj, policy)
+        if not verdict.allowed:
+            return answer(r.uid, verdict), "denied"
+        return answer(r.uid, verdict, ops), "patched" if ops else "allowed"
     verdict = validate(r.obj, policy, catalogue())
     return answer(r.uid, verdict), "allowed" if verdict.allowed else "denied"
 
