@@ -68,4 +68,9 @@ def install() -> bool:
     client.models = models  # type: ignore[attr-defined]
     sys.modules[CLIENT] = client
     sys.modules[f"{CLIENT}.models"] = models
+    # the parent package's __init__ (config, watch, ...: it asks the client for ApiClient)
+    # runs now, at a known point: run first by an API module's own imports, it found
+    # api_client half-imported and `from kubernetes_asyncio.client import CoreV1Api`,
+    # the first thing a process did, failed with ImportError
+    importlib.import_module("kubernetes_asyncio")
     return True
