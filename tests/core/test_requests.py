@@ -62,6 +62,10 @@ def test_quantities() -> None:
     ("hami", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50}, (1, None, 50, 0)),
     ("volcano", {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 1024,
                  "volcano.sh/vgpu-cores": 50}, (1, 1024, None, 50)),
+    # issue 24, item 2: Volcano's percentage (dropped: such a pod was not a GPU pod)
+    ("volcano", {"volcano.sh/vgpu-memory-percentage": 25}, (1, None, 25, 0)),
+    ("volcano", {"volcano.sh/vgpu-number": 2, "volcano.sh/vgpu-memory-percentage": 50,
+                 "volcano.sh/vgpu-cores": 20}, (2, None, 50, 20)),
     ("tke", {"tencent.com/vcuda-core": 30, "tencent.com/vcuda-memory": 8}, (1, 2048, None, 30)),
     ("tke", {"tencent.com/vcuda-core": 200}, (2, None, 100, 100)),
 ])

@@ -67,7 +67,7 @@ PRESETS: dict[str, Preset] = {
                    "nvidia.com/gpumem-percentage", priority="nvidia.com/priority",
                    mig="nvidia.com/mig-"),
     "volcano": Preset("volcano", "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory",
-                      "volcano.sh/vgpu-cores"),
+                      "volcano.sh/vgpu-cores", "volcano.sh/vgpu-memory-percentage"),
     "tke": Preset("tke", "tencent.com/vcuda-core", "tencent.com/vcuda-memory", None, tke=True),
 }
 TKE_MEMORY_UNIT = 256  # MiB

@@ -120,6 +120,7 @@ volcano:
   number: volcano.sh/vgpu-number
   memory: volcano.sh/vgpu-memory
   cores: volcano.sh/vgpu-cores
+  memoryPercent: volcano.sh/vgpu-memory-percentage
 tke:
   number: tencent.com/vcuda-core
   memory: tencent.com/vcuda-memory
