@@ -62,7 +62,9 @@ def test_an_invalid_request_is_refused_with_the_webhooks_reason(scenario: Scenar
                                                "nvidia.com/vgpu-cores": "150"}))
     e = refused.value
     assert e.code == 400 or e.code == 403, e
-    assert 'admission webhook "validate.vgpud.io" denied the request' in e.message, e.message
+    # the mutating webhook runs first and refuses a request it cannot read (issue 24,
+    # item 6: it allowed it, and the validating one refused it after)
+    assert 'admission webhook "mutate.vgpud.io" denied the request' in e.message, e.message
     assert "nvidia.com/vgpu-cores: 150 is more than 100" in e.message, e.message
     assert scenario.admin.find("Pod", "greedy", scenario.ns) is None
 
