@@ -68,7 +68,10 @@ async def main(pods: int, idle: float) -> dict[str, object]:
             prestart: list[float] = []
             for i in range(pods):
                 g = i % 8
-                api.create("pods", pod_manifest(f"p{i}", {"main": 1}, encode_assignment(
+                # the pod asks for what its assignment grants (the plugin believes no more)
+                asks = {"main": {"nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 1000,
+                                 "nvidia.com/vgpu-cores": 5}}
+                api.create("pods", pod_manifest(f"p{i}", asks, encode_assignment(
                     placement({"main": [(g, 1000, 5)]}))), "default")
                 pod = FakePod("default", f"p{i}", [("main", 1)])
                 t0 = time.perf_counter()
