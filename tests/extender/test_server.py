@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -28,14 +29,21 @@ async def server() -> AsyncIterator[tuple[str, Allocator]]:
     for n in (node("big", 2, 40000), node("small", 1, 8000), node("sick", 1, 40000,
                                                                       healthy=(False,))):
         alloc.set_node(n)
-    ext = Extender(SchedulerState(alloc), writer=None, events=None, metrics=Metrics(alloc))
+    async with serving(Extender(SchedulerState(alloc), writer=None, events=None,
+                                metrics=Metrics(alloc))) as url:
+        yield url, alloc
+
+
+@asynccontextmanager
+async def serving(ext: Extender) -> AsyncIterator[str]:
+    """The extender's app on a free local port; its URL."""
     runner = web.AppRunner(make_app(ext, ready=lambda: True))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}", alloc
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
 
@@ -310,16 +318,9 @@ async def test_gpu_topology_gate_decides_whether_link_mode_binds(gate: bool) -> 
     alloc.set_node(node("pcie", 2, 40000))
     ext = Extender(SchedulerState(alloc), writer=None, events=None, metrics=Metrics(alloc),
                    topology=gate)
-    runner = web.AppRunner(make_app(ext, ready=lambda: True))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        _, doc = await post(f"http://127.0.0.1:{port}/filter", {
+    async with serving(ext) as url:
+        _, doc = await post(f"{url}/filter", {
             "Pod": pod("p", number=2, memory=1000,
                        annotations={"nvidia.com/device-topology-mode": "link"}),
             "NodeNames": ["pcie"]})
-    finally:
-        await runner.cleanup()
     assert doc["NodeNames"] == ([] if gate else ["pcie"]), doc

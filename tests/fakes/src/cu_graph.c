@@ -505,13 +505,21 @@ static CUresult launch_memory(struct fc_exec *e, struct fc_ctx *c) {
     return CUDA_SUCCESS;
 }
 
+/* An executable and the stream it goes on (launch, upload). */
+static CUresult exec_on(CUgraphExec hExec, CUstream hStream, struct fc_exec **e,
+                        struct fc_ctx **c, struct fc_stream **s) {
+    CUresult r = fc_stream_ctx(hStream, c, s);
+    if (r) return r;
+    *e = fc_handle_get(hExec, K_EXEC);
+    return *e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 FC_API CUresult cuGraphLaunch(CUgraphExec hExec, CUstream hStream) {
     struct fc_ctx *c;
     struct fc_stream *s;
-    CUresult r = fc_stream_ctx(hStream, &c, &s);
+    struct fc_exec *e;
+    CUresult r = exec_on(hExec, hStream, &e, &c, &s);
     if (r) return r;
-    struct fc_exec *e = fc_handle_get(hExec, K_EXEC);
-    if (!e) return CUDA_ERROR_INVALID_VALUE;
     if (e->nkernels) { /* kernels: the context grows at its first launch */
         r = fc_ctx_first_launch(c);
         if (r) return r;
@@ -532,10 +540,9 @@ FC_API CUresult cuGraphExecDestroy(CUgraphExec hExec);
 FC_API CUresult cuGraphUpload(CUgraphExec hExec, CUstream hStream) {
     struct fc_ctx *c;
     struct fc_stream *s;
-    CUresult r = fc_stream_ctx(hStream, &c, &s);
+    struct fc_exec *e;
+    CUresult r = exec_on(hExec, hStream, &e, &c, &s);
     if (r) return r;
-    struct fc_exec *e = fc_handle_get(hExec, K_EXEC);
-    if (!e) return CUDA_ERROR_INVALID_VALUE;
     uint64_t bytes[FC_MAX_DEV] = {0};
     for (size_t k = 0; k < e->nalloc; k++) bytes[e->allocs[k].dev] += e->allocs[k].size;
     return e->nalloc ? fc_graphmem_back(bytes) : CUDA_SUCCESS;
