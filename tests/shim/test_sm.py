@@ -127,11 +127,14 @@ def _capacity(built: Built, root: Path, gpu: Path, kernel: str, n: int) -> list[
     """What n processes launching ``kernel`` together reach, per window, with limits that
     never bind (99 %: each launch pays for its accounting, as a limited one does)."""
     loose, free = _loose(built, root, gpu, kernel, n), _loose(built, root, gpu, kernel, n, "0")
-    # a limit that never binds must not bind: a stalling controller would otherwise
-    # lower the bar it is judged by (the accounting alone costs about 20 % of a
-    # CPU-bound 100 ns launcher's rate)
+    # a limit that never binds must not bind: a stalling controller (0.1 % before the
+    # rewrite) would otherwise lower the bar it is judged by. Not a judge of the shim's
+    # cost, which benchmarks/shim_overhead.py measures: a CPU-bound 100 ns launcher pays
+    # 15-30 % of its rate for the accounting alone, and the two runs, seconds apart on a
+    # busy 2-core host, moved it further (medians 0.45 to 0.85 of the unlimited pace
+    # here; one CI run 22 against 48 by the mean, its first windows 15.6 and 19.7)
     for w, wo in zip(loose, free, strict=True):
-        assert statistics.mean(w) >= 0.5 * statistics.mean(wo), (kernel, loose, free)
+        assert statistics.median(w) >= 0.3 * statistics.median(wo), (kernel, loose, free)
     return loose
 
 
