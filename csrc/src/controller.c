@@ -224,7 +224,11 @@ static void charge_waves(int d, uint64_t waves)
         __atomic_store_n(slot, bin, __ATOMIC_RELEASE);
     }
     __atomic_add_fetch(&s->bin_ns[bin % BINS], cost, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&s->bin_n[bin % BINS], 1, __ATOMIC_RELAXED);
+    /* the count only opens calibration (SPAN_LAUNCHES): an increment lost between two
+     * launching threads is harmless there, a second locked add on every launch is not */
+    __atomic_store_n(&s->bin_n[bin % BINS],
+                     __atomic_load_n(&s->bin_n[bin % BINS], __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELAXED);
     uint32_t rate = __atomic_load_n(&s->rate, __ATOMIC_ACQUIRE);
     if (rate == 0 || rate >= 1000) return;
     vg_state_header *h = hdr();

@@ -57,6 +57,15 @@ uint64_t vg_realtime_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* a slot's last update: a few ms of resolution serve a reader that counts seconds, and
+ * reading it costs a few ns, not a full clock read, on every allocation and free */
+static uint64_t seen_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /* starttime (field 22) of /proc/<pid>/stat; 0 if unknown. *zombie set for state Z/X */
 static uint64_t proc_start_time(int pid, int *zombie)
 {
@@ -148,10 +157,14 @@ static void repair_locked(void)
 static int lock_state(void)
 {
     pthread_mutex_t *m = (pthread_mutex_t *)st->header.lock;
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += 5;
-    int r = pthread_mutex_timedlock(m, &dl);
+    /* uncontended (most calls): no deadline to read the clock for */
+    int r = pthread_mutex_trylock(m);
+    if (r == EBUSY) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 5;
+        r = pthread_mutex_timedlock(m, &dl);
+    }
     if (r == 0 || r == EOWNERDEAD) vg_tls_locks++;
     if (r == EOWNERDEAD) {
         VG_WARN("a process died holding the usage-state lock: rebuilding totals");
@@ -283,7 +296,7 @@ static void take_slot(void)
             memset(s->context, 0, sizeof s->context);
             memset(s->spilled, 0, sizeof s->spilled);
             A_STORE(&s->start_time, my_start);
-            A_STORE(&s->last_seen, vg_realtime_ns());
+            A_STORE(&s->last_seen, seen_ns());
             A_STORE(&s->host_pid, 0);
             A_STORE(&s->pid, my_pid);
             A_ADD(&st->header.generation, 1);
@@ -370,7 +383,7 @@ int vg_state_charge(int dev, uint64_t bytes, int kind, int flags)
             A_ADD(&s->used[dev], bytes);
             if (flags & VG_CHARGE_CONTEXT) A_ADD(&s->context[dev], bytes);
         }
-        A_STORE(&s->last_seen, vg_realtime_ns());
+        A_STORE(&s->last_seen, seen_ns());
         A_ADD(&st->header.generation, 1);
     }
     unlock_state();
@@ -392,7 +405,7 @@ void vg_state_uncharge(int dev, uint64_t bytes, int kind)
         uint64_t ctx = A_LOAD(&s->context[dev]), used = A_LOAD(&s->used[dev]);
         if (ctx > used) A_STORE(&s->context[dev], used); /* context <= used */
     }
-    A_STORE(&s->last_seen, vg_realtime_ns());
+    A_STORE(&s->last_seen, seen_ns());
     A_ADD(&st->header.generation, 1);
     if (locked) unlock_state();
 }
