@@ -1,13 +1,12 @@
-/* Resolution of the real entry points, and the shim's one-time initialisation.
+/* The shim's one-time initialisation, and what a fork does to it.
  *
  * Nothing runs at load time (no constructors: they run inside other people's
  * processes before main and before the driver is wanted). The first hook that is
  * called runs vg_init() through pthread_once: it dlopens libcuda.so.1, resolves
- * every symbol of hooks.def with the real dlsym (a missing one stays NULL), reads
- * the config and attaches the usage state. NVML is loaded later, on first need.
- *
- * The real dlsym comes from dlvsym(RTLD_NEXT, "dlsym", <glibc version>): dlvsym is
- * not overridden, so this never recurses into our own dlsym. */
+ * every symbol of hooks.def with the real dlsym (real.c; a missing one stays NULL),
+ * reads the config and attaches the usage state. NVML is initialised later, on first
+ * need (nvml.c). The top of the shim's files: it calls down into each, none calls it
+ * but the entry points (hooks.c, dlsym.c). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
@@ -18,58 +17,13 @@
 
 #include "shim.h"
 
-struct vg_real_table vg_real;
-VG_TLS int vg_tls_guard;
-VG_TLS int vg_tls_locks;
-
-typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym_ptr;
 static void *cuda_handle, *nvml_handle;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
-static int nvml_ok;
-
-VG_NO_SANITIZE static dlsym_fn find_real_dlsym(void)
-{
-    static const char *versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
-    for (size_t i = 0; i < sizeof versions / sizeof *versions; i++) {
-        void *p = dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-        if (p) return (dlsym_fn)p;
-    }
-    return NULL;
-}
-
-VG_NO_SANITIZE void *vg_real_dlsym_fn(void)
-{
-    dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
-    if (!f) {
-        f = find_real_dlsym();
-        if (f) __atomic_store_n(&real_dlsym_ptr, f, __ATOMIC_RELEASE);
-    }
-    return (void *)f;
-}
-
-VG_NO_SANITIZE void *vg_real_dlsym(void *handle, const char *name)
-{
-    dlsym_fn f = (dlsym_fn)vg_real_dlsym_fn();
-    return f ? f(handle, name) : NULL;
-}
 
 void *vg_cuda_handle(void) { return cuda_handle; }
 static void find_own_ranges(void);
 static void after_fork_child(void);
-static int init_done, register_pending;
-
-static void resolve(void *handle, int want_nvml)
-{
-#define HOOK(lib, name, ret, params, args) RESOLVE_##lib(name)
-#define REAL(lib, name, ret, params) RESOLVE_##lib(name)
-#define RESOLVE_CU(name) if (!want_nvml) *(void **)&vg_real.name = vg_real_dlsym(handle, #name);
-#define RESOLVE_NVML(name) if (want_nvml) *(void **)&vg_real.name = vg_real_dlsym(handle, #name);
-#include "hooks.def"
-#undef RESOLVE_CU
-#undef RESOLVE_NVML
-}
+static int register_pending;
 
 static void do_init(void)
 {
@@ -77,12 +31,12 @@ static void do_init(void)
     vg_tls_guard = 1; /* the driver's own calls during dlopen pass straight through */
     pthread_atfork(NULL, NULL, after_fork_child); /* first: a fork may come mid-init */
     cuda_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NODELETE);
-    if (!cuda_handle) VG_ERROR("libcuda.so.1 not loadable: %s", dlerror());
-    else resolve(cuda_handle, 0);
+    if (!cuda_handle) VG_ERROR("libcuda.so.1 not loadable: %s", vg_real_dlerror());
+    else vg_real_resolve(cuda_handle, 0);
     /* NVML symbols too, so that dlsym/routing can recognise them; NVML itself is
      * only initialised by vg_nvml_ready() */
     nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NODELETE);
-    if (nvml_handle) resolve(nvml_handle, 1);
+    if (nvml_handle) vg_real_resolve(nvml_handle, 1);
     vg_config_load(&vg_cfg);
     /* a container whose usage state cannot be shared would have each process hold its
      * own limit: named but unusable, the state refuses the GPU instead */
@@ -97,7 +51,7 @@ static void do_init(void)
     if (vg_cfg.register_path[0]) __atomic_store_n(&register_pending, 1, __ATOMIC_RELEASE);
     vg_sm_setup();
     find_own_ranges();
-    __atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
+    vg_set_init_done();
     vg_tls_guard = saved;
 }
 
@@ -158,8 +112,6 @@ int vg_own_caller(const void *ret)
     return 0;
 }
 
-int vg_init_done(void) { return __atomic_load_n(&init_done, __ATOMIC_ACQUIRE); }
-
 extern pthread_mutex_t *const __start_vg_mutexes[] VG_HIDDEN;
 extern pthread_mutex_t *const __stop_vg_mutexes[] VG_HIDDEN;
 
@@ -171,27 +123,9 @@ static void after_fork_child(void)
     for (pthread_mutex_t *const *m = __start_vg_mutexes; m < __stop_vg_mutexes; m++)
         pthread_mutex_init(*m, NULL);
     vg_tls_locks = 0;
-    vg_memory_after_fork();
-    if (!__atomic_load_n(&init_done, __ATOMIC_ACQUIRE)) {
+    vg_allocations_after_fork();
+    if (!vg_init_done()) {
         pthread_once_t fresh = PTHREAD_ONCE_INIT;
         memcpy(&init_once, &fresh, sizeof fresh); /* it runs again, in the child */
     }
-}
-
-static void do_nvml(void)
-{
-    if (!vg_real.nvmlInit_v2) {
-        VG_INFO("NVML unavailable: SM limits and context measurement degrade");
-        return;
-    }
-    nvmlReturn_t r = vg_real.nvmlInit_v2();
-    nvml_ok = r == NVML_SUCCESS;
-    if (!nvml_ok) VG_WARN("nvmlInit_v2 failed (%d)", (int)r);
-}
-
-int vg_nvml_ready(void)
-{
-    vg_init();
-    pthread_once(&nvml_once, do_nvml);
-    return nvml_ok;
 }

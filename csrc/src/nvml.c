@@ -19,6 +19,28 @@
 static nvmlDevice_t handles[VG_MAX_DEVICES];
 static unsigned char resolved[VG_MAX_DEVICES];
 VG_MUTEX(mu);
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static int nvml_ok;
+
+static void init_nvml(void)
+{
+    if (!vg_real.nvmlInit_v2) {
+        VG_INFO("NVML unavailable: SM limits and context measurement degrade");
+        return;
+    }
+    nvmlReturn_t r = vg_real.nvmlInit_v2();
+    nvml_ok = r == NVML_SUCCESS;
+    if (!nvml_ok) VG_WARN("nvmlInit_v2 failed (%d)", (int)r);
+}
+
+/* NVML is initialised at its first use, never before the shim is (its entry points are
+ * resolved by then): every caller runs after a hook has initialised the shim */
+int vg_nvml_ready(void)
+{
+    if (!vg_init_done()) return 0;
+    pthread_once(&nvml_once, init_nvml);
+    return nvml_ok;
+}
 
 nvmlDevice_t vg_nvml_device(int dev)
 {
@@ -49,6 +71,7 @@ int vg_nvml_namespace_pids(void)
     if (v >= 0) return v;
     char version[96] = {0};
     v = 0;
+    if (!vg_init_done()) return 0; /* not known yet: asked again later */
     if (vg_nvml_ready() && vg_real.nvmlSystemGetDriverVersion &&
         vg_real.nvmlSystemGetDriverVersion(version, sizeof version) == NVML_SUCCESS)
         v = atoi(version) >= 560;

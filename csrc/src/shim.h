@@ -26,7 +26,7 @@
 #define VG_REFUSED_CU CUDA_ERROR_NOT_PERMITTED
 #define VG_REFUSED_NVML NVML_ERROR_NO_PERMISSION
 
-/* ---- dispatch.c: the real entry points ---- */
+/* ---- real.c: the real entry points, the per-thread flags (the bottom: calls no file) ---- */
 struct vg_real_table {
 #define HOOK(lib, name, ret, params, args) ret (*name) params;
 #define REAL(lib, name, ret, params) ret (*name) params;
@@ -45,20 +45,22 @@ extern VG_TLS int vg_tls_locks;      /* how many of the shim's locks this thread
 /* the shim's locks, counted: a hook entered again while one is held must not run */
 static inline void vg_lock(pthread_mutex_t *m) { pthread_mutex_lock(m); vg_tls_locks++; }
 static inline void vg_unlock(pthread_mutex_t *m) { vg_tls_locks--; pthread_mutex_unlock(m); }
+void *vg_real_dlsym(void *handle, const char *name);
+void *vg_real_dlsym_fn(void);         /* glibc's dlsym itself */
+void vg_real_resolve(void *handle, int want_nvml); /* fill vg_real from a loaded library */
+const char *vg_real_dlerror(void);    /* glibc's dlerror, never NULL */
+void vg_set_init_done(void);
+int vg_init_done(void);              /* the shim is initialised (vg_real resolved) */
+
+/* ---- dispatch.c: the one-time initialisation (the top, with the entry points) ---- */
 /* 1 when a hook's return address lies in the driver, NVML or the shim (their own calls
  * to exported names), or before those are known; 0 for any other code (a signal
  * handler or a profiler's callback that runs while this thread is inside the driver) */
 int vg_own_caller(const void *ret);
-int vg_init_done(void);
-void vg_memory_after_fork(void);     /* cuda_memory.c: a forked child owns no records */
-
 void vg_init(void);                  /* lazy, once; safe to call from any hook */
-void *vg_real_dlsym(void *handle, const char *name);
-void *vg_real_dlsym_fn(void);         /* glibc's dlsym itself */
 void *vg_cuda_handle(void);
-int vg_nvml_ready(void);             /* loads + initialises NVML on first use; 1 if usable */
 
-/* ---- routing.c: pointer identity -> hook ---- */
+/* ---- hooks.c: the entry points; pointer identity -> hook ---- */
 void *vg_route_pointer(void *real_fn);   /* our hook for a real driver pointer, or NULL */
 int vg_is_hooked_name(const char *name);
 
@@ -169,7 +171,7 @@ int vg_current(CUdevice *ordinal, int *index); /* 1 when a context is current */
 /* the device a stream's work runs on (the current context's for the NULL stream) */
 int vg_stream_device(CUstream s, CUdevice *ordinal, int *index);
 
-/* ---- cuda_memory.c: this process's allocations ---- */
+/* ---- allocations.c: this process's allocations ---- */
 enum { VG_T_PTR, VG_T_ARRAY, VG_T_HANDLE, VG_T_MAP, VG_T_POOL, VG_T_CTX, VG_T_GRAPH, VG_T_N };
 int vg_remember(int table, vg_alloc a); /* 0, or -1 (logged) when it cannot be kept */
 int vg_forget(int table, uint64_t key, vg_alloc *out);
@@ -178,11 +180,17 @@ int vg_peek(int table, uint64_t key, vg_alloc *out);
 void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg);
 uint64_t vg_current_ctx(void);
 void vg_release(const vg_alloc *a);          /* uncharge a forgotten record */
+void vg_allocations_after_fork(void);        /* a forked child owns no records */
+
+/* ---- cuda_memory.c ---- */
 int vg_oversubscribed(int dev);
 
-/* ---- cuda_context.c ---- */
+/* ---- contexts.c: the memory contexts (and the driver, outside the hooks) take ---- */
 void vg_context_charge(int dev);             /* measure contexts still pending on dev */
 void vg_context_created(CUcontext ctx, CUdevice ordinal, int primary);
+int vg_context_gone(CUcontext ctx);          /* its charge given back; its device or -1 */
+CUcontext vg_context_primary(CUdevice ordinal); /* the primary context known, or NULL */
+uint64_t vg_context_largest(int dev);        /* the largest one context measured on dev */
 
 /* ---- cuda_pool.c ---- */
 void vg_pools_reconcile(int dev);            /* dev -1: every device */
@@ -193,9 +201,10 @@ int vg_graph_memory(CUgraph graph, vg_graph_dev out[VG_GRAPH_DEVS]);
 CUresult vg_graph_launch_charge(uint64_t bytes, int ordinal);
 void vg_graph_launched(int ordinal, CUresult launch);
 void vg_graph_unknown_launched(void);
+CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n); /* every node, malloc'd; NULL if none */
 
 /* ---- nvml.c ---- */
-CUgraphNode *vg_graph_nodes(CUgraph graph, size_t *n); /* every node, malloc'd; NULL if none */
+int vg_nvml_ready(void);             /* initialises NVML on first use; 1 if usable */
 nvmlDevice_t vg_nvml_device(int dev);       /* NVML handle of config device dev, or NULL */
 /* every row NVML has (malloc'd, to free), however many processes there are */
 nvmlReturn_t vg_nvml_samples(nvmlDevice_t device, unsigned long long since,

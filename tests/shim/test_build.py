@@ -3,6 +3,7 @@ exported symbol set, no constructors, and the state-file layout vs the Python vi
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -167,3 +168,55 @@ def test_python_view_rejects_foreign_files(tmp_path: Path) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(subprocess.call([sys.executable, "-m", "pytest", str(ROOT / "tests/shim")]))
+
+
+def _file_dependencies(tmp_path: Path) -> dict[str, dict[str, set[str]]]:
+    """Which of the shim's files each file calls (or reads a global of): from the
+    objects' symbol tables, so a declaration without a use is no dependency."""
+    defined: dict[str, str] = {}
+    wanted: dict[str, set[str]] = {}
+    for src in sorted((CSRC / "src").glob("*.c")):
+        obj = tmp_path / f"{src.stem}.o"
+        subprocess.run(["gcc", "-std=gnu11", "-fPIC", "-fvisibility=hidden",
+                        f"-I{CSRC / 'include'}", f"-I{CSRC / 'src'}", "-c", str(src),
+                        "-o", str(obj)], check=True)
+        wanted[src.stem] = set()
+        for line in subprocess.run(["nm", str(obj)], capture_output=True, text=True,
+                                   check=True).stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[1] in "TDBRCV":
+                defined[parts[2]] = src.stem
+            elif len(parts) == 2 and parts[0] == "U":
+                wanted[src.stem].add(parts[1])
+    deps: dict[str, dict[str, set[str]]] = {f: {} for f in wanted}
+    for f, names in wanted.items():
+        for name in names:
+            g = defined.get(name)
+            if g is not None and g != f:
+                deps[f].setdefault(g, set()).add(name)
+    return deps
+
+
+def test_the_shim_files_depend_one_way(tmp_path: Path) -> None:
+    """No cycle between the shim's files (the allocation table, the real entry points
+    and the context accounting each sit below the hooks that use them), and real.c,
+    the bottom, calls no other file."""
+    deps = _file_dependencies(tmp_path)
+    assert {"real", "allocations", "contexts", "hooks", "dispatch"} <= deps.keys()
+    assert deps["real"] == {}, deps["real"]
+    done: set[str] = set()
+
+    def visit(f: str, path: list[str]) -> None:
+        if f in path:
+            cycle = [*path[path.index(f):], f]
+            steps = [f"{a} -> {b} ({', '.join(sorted(deps[a][b]))})"
+                     for a, b in itertools.pairwise(cycle)]
+            raise AssertionError("a cycle between the shim's files: " + "; ".join(steps))
+        if f in done:
+            return
+        for g in sorted(deps[f]):
+            visit(g, [*path, f])
+        done.add(f)
+
+    for f in sorted(deps):
+        visit(f, [])

@@ -73,23 +73,23 @@ class Container:
 
 def _judge(label: str, share: list[float], target: float,
            capacity: list[float] | None = None) -> None:
-    """Within 3 points of the target, and never below 0.8 of it in any window but one,
-    wherever the process could launch clearly more than that in every window: 15 % above
-    the target and 3 points more, since the CPU's pace moves by up to 14 % between two
-    runs on a 2-core machine (the mean ratio ranged 0.86 to 1.07 over 16 runs), limited or
+    """Within 3 points of the target, and never below 0.8 of it in any window but one, wherever
+    the process could launch clearly more than that in every window: 15 % above the
+    target and 3 points more, since the CPU's pace moves by up to 14 % between two runs
+    on a 2-core machine (the mean ratio ranged 0.86 to 1.07 over 16 runs), limited or
     not. (Judged by the mean alone, a run whose unlimited windows ranged from 27.6 to
-    over 40 was held to 3 points at 30 % and failed with 3.47.) Where it
-    could not (CPU-bound: ``capacity`` is what it reached per window with limits that
-    never bind), never above the target, on average at least 0.6 of what it reached
-    unlimited (or of the target, if lower), and in every window but one at least half
-    the lower of the target and its slowest unlimited window. The unlimited windows are
-    measured just before the limited ones and again just after (``_bracket``), and a
-    CPU-bound launcher's pace follows the host's: two such processes side by side move
-    together window by window (8.7, 8.0, 7.7, 7.3, 7.1 beside 8.7, 8.4, 8.2, 8.0, 7.4),
-    and one CI run fell from 11.9 to 4.0 over six windows with limits that did not bind
-    (its capacity windows 7.5 to 11).
-    One window may lose its CPU to the host (steal time on a shared machine); a
-    stalling controller (0.1 % before the rewrite) is far below in every window."""
+    over 40 was held to 3 points at 30 % and failed with 3.47.) Where it could not (CPU-
+    bound: ``capacity`` is what it reached per window with limits that never bind),
+    never above the target, on average at least 0.6 of what it reached unlimited (or of
+    the target, if lower), and in every window but two at least 0.3 of the lower of the
+    target and its slowest unlimited window (a stall, not the pace). The unlimited
+    windows are measured just before the limited ones and again just after
+    (``_bracket``), and a CPU-bound launcher's pace follows the host's: two such
+    processes side by side move together window by window (8.7, 8.0, 7.7, 7.3, 7.1
+    beside 8.7, 8.4, 8.2, 8.0, 7.4), and one CI run fell from 11.9 to 4.0 over six
+    windows with limits that did not bind (its capacity windows 7.5 to 11).
+    One window may lose its CPU to the host (steal time on a shared machine); a stalling
+    controller (0.1 % before the rewrite) is far below in every window."""
     can = statistics.mean(capacity) if capacity else 100.0
     mean = statistics.mean(share)
     mae = statistics.mean(abs(s - target) for s in share)
@@ -105,7 +105,10 @@ def _judge(label: str, share: list[float], target: float,
         assert capacity is not None
         assert mean <= target + 3.0, (label, share)
         assert mean >= 0.6 * min(can, target), (label, share, capacity)
-        assert low >= 0.5 * min(target, *capacity), (label, share, capacity)
+        # per window, a stall (0.1 %) and not the host's pace: under load from other
+        # work a window fell to 3.2 where the slowest unlimited one read 6.6
+        low2 = sorted(share)[2] if len(share) >= 8 else low
+        assert low2 >= 0.3 * min(target, *capacity), (label, share, capacity)
 
 
 @pytest.fixture
