@@ -7,7 +7,9 @@ a query can land in a chosen sampling window and run in a chosen PID namespace.
     procs DEV              nvmlDeviceGetComputeRunningProcesses (v3, v2 and v1)
     count                  nvmlDeviceGetCount
     list                   every device by index: uuid, index, minor (or the error code)
-    hold KEY IDX|UUID      keep a handle (by index, or by GPU-/MIG- UUID) under KEY
+    hold KEY IDX|UUID|BUS  keep a handle (by index, GPU-/MIG- UUID or PCI bus id) under KEY
+    init / shutdown        nvmlInit / nvmlShutdown ({} or the error code)
+    reinit                 nvmlShutdown then nvmlInit: a new session when no other init holds
     ask KEY                uuid, index, minor, name, memory of a held handle (or error codes)
     migs IDX               the MIG devices of device IDX (nvmlDeviceGetMigDeviceHandleByIndex)
     driver                 nvmlSystemGetDriverVersion
@@ -114,6 +116,8 @@ def handle(words: list[str]) -> dict[str, Any]:
         h = (
             attempt(pynvml.nvmlDeviceGetHandleByIndex, int(what))
             if what.isdigit()
+            else attempt(pynvml.nvmlDeviceGetHandleByPciBusId, what)
+            if what.startswith("0000")
             else attempt(pynvml.nvmlDeviceGetHandleByUUID, what)
         )
         if isinstance(h, dict):
@@ -122,6 +126,14 @@ def handle(words: list[str]) -> dict[str, Any]:
         return {}
     if cmd == "ask":
         return describe(HELD[words[1]])
+    if cmd in ("init", "shutdown", "reinit"):
+        calls = {"init": [pynvml.nvmlInit], "shutdown": [pynvml.nvmlShutdown],
+                 "reinit": [pynvml.nvmlShutdown, pynvml.nvmlInit]}[cmd]
+        for call in calls:
+            r = attempt(call)
+            if isinstance(r, dict):
+                return r
+        return {}
     if cmd == "migs":
         return {"migs": migs(int(words[1]))}
     h = pynvml.nvmlDeviceGetHandleByIndex(int(words[1])) if len(words) > 1 else None

@@ -370,6 +370,9 @@ m = n.nvmlDeviceGetMigDeviceHandleByIndex(h[0], 0)
 event("lost 0")
 out["lost"] = [val(n.nvmlDeviceGetUUID, m), val(n.nvmlDeviceGetMigMode, h[0])]
 event("replace 0")
+out["old_board"] = val(n.nvmlDeviceGetMigMode, h[0])
+n.nvmlShutdown(); n.nvmlInit()  # the new board is NVML's from its next session
+h = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
 out["replaced"] = [n.nvmlDeviceGetMigMode(h[0]), migs(h[0]), val(n.nvmlDeviceGetUUID, m)]
 g = n.nvmlDeviceCreateGpuInstance(h[0], 19)
 n.nvmlGpuInstanceCreateComputeInstance(g, 0)
@@ -379,6 +382,8 @@ g = n.nvmlDeviceCreateGpuInstance(h[1], 0)
 event("remove 1")
 out["removed"] = val(n.nvmlGpuInstanceGetInfo, g)
 event("add 1")
+n.nvmlShutdown(); n.nvmlInit()
+h = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
 out["readded"] = [n.nvmlDeviceGetMigMode(h[1]),
                   n.nvmlDeviceGetGpuInstanceRemainingCapacity(h[1], 0)]
 print(json.dumps(out))
@@ -387,6 +392,7 @@ print(json.dumps(out))
     name = "NVIDIA Fake GPU 8GB MIG 1g.1gb"
     assert out["start"] == [[7, 0, mig_uuid(0, 7, 0), name]]
     assert out["lost"] == [code(GPU_IS_LOST)] * 2
+    assert out["old_board"] == code(GPU_IS_LOST)  # the session's board left the slot
     # a new board: MIG mode from FAKECUDA_MIG, no instances (the layout is not re-applied)
     assert out["replaced"] == [[1, 1], [], code(INVALID_ARGUMENT)]
     assert out["new"] == [[7, 0, mig_uuid(0, 7, 0, gen=1), name]]

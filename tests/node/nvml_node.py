@@ -11,53 +11,84 @@ stderr. ``tests/node/test_nvml_scenarios.py`` sets the knobs and runs it.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import anyio
-import pynvml
 
 from tests.plugin.harness import VGPU, node_harness
 from tests.plugin.hotplug import SETTINGS, hotplug_scenario
 from tests.plugin.mig import mixed_scenario, single_scenario
 from vgpud.node.nvml import NvmlGpus
 
+ENUMERATE = """
+import json, pynvml
+pynvml.nvmlInit()
+out = []
+for i in range(pynvml.nvmlDeviceGetCount()):
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        u = pynvml.nvmlDeviceGetUUID(h)
+        out.append([u.decode() if isinstance(u, bytes) else u, pynvml.nvmlDeviceGetMinorNumber(h)])
+    except pynvml.NVMLError:  # lost, not yet off the bus
+        continue
+print(json.dumps(out))
+"""
+
+HOLD = """
+import pynvml, sys
+pynvml.nvmlInit()
+print(pynvml.nvmlDeviceGetCount(), flush=True)
+sys.stdin.readline()
+print(pynvml.nvmlDeviceGetCount(), flush=True)
+"""
+
 
 class NvmlBus:
     """GPUs of the fake NVML: each change is a line of its events file (lost and remove,
-    add, replace); what is present is what NVML enumerates."""
+    add, replace); what is present is what a fresh NVML session enumerates, asked in a
+    child process (as ``nvidia-smi`` would be): this process is the plugin's, and an NVML
+    reference of its own would keep the plugin's session, and its device list, alive."""
 
     def __init__(self, events: Path, spare: int) -> None:
         self.events = events
         self.spare = spare
-        pynvml.nvmlInit()
+        self._minors = self._enumerate()
+
+    @staticmethod
+    def _enumerate() -> dict[str, int]:
+        done = subprocess.run([sys.executable, "-c", ENUMERATE], capture_output=True,
+                              text=True, timeout=60, check=True)
+        return {str(uuid): int(minor) for uuid, minor in json.loads(done.stdout)}
 
     def _line(self, text: str) -> None:
         with self.events.open("a") as f:
             f.write(text)
-
-    def _minor(self, uuid: str) -> int:
-        return int(pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByUUID(uuid)))
+        self._minors = self._enumerate()
 
     def present(self) -> list[str]:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            try:
-                out.append(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-            except pynvml.NVMLError:  # lost, not yet off the bus
-                continue
-        return [u.decode() if isinstance(u, bytes) else u for u in out]
+        return list(self._minors)
 
     def remove(self, uuid: str) -> None:
-        n = self._minor(uuid)
+        n = self._minors[uuid]
         self._line(f"lost {n}\nremove {n}\n")  # Xid 79, then off the bus
 
     def add(self) -> None:
+        # the fake NVML fixes its device list at nvmlInit, as NVML does: a session open
+        # across the add does not count the new GPU; the plugin must start a new one
+        held = subprocess.Popen([sys.executable, "-c", HOLD], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert held.stdin and held.stdout
+        before = held.stdout.readline()
         self._line(f"add {self.spare}\n")
+        after, _ = held.communicate("\n", timeout=60)
+        assert before == after and len(self._minors) == int(before) + 1, (before, after)
 
     def replace(self, uuid: str) -> None:
-        self._line(f"replace {self._minor(uuid)}\n")
+        self._line(f"replace {self._minors[uuid]}\n")
 
 
 async def main(scenario: str) -> None:

@@ -68,3 +68,75 @@ def test_nvlink_ecc_quiet_timer_and_pending_retirement(tmp_path: Path) -> None:
     assert all("no error for" in why and "probe passed" in why for _, why in recovered)
     # GPU 3 was probed in the same round, before GPU 0, and failed: still unhealthy
     assert [uuid for uuid, ok, _ in ev if ok and uuid == u[3]] == []
+
+
+REINIT = r"""
+import json, sys, anyio, pynvml
+from vgpud.node.nvml import NvmlGpus
+from vgpud.node.devices import HealthEvent
+
+def line(text):
+    with open(sys.argv[1], "a") as f:
+        f.write(text + "\n")
+
+async def count(src):
+    def inside():
+        with src.session.shared() as generation:
+            return [generation, pynvml.nvmlDeviceGetCount()]
+    return await anyio.to_thread.run_sync(inside)
+
+async def main():
+    src = NvmlGpus(wait_ms=20)
+    out = {"start": [d.gpu.uuid for d in await src.discover()]}
+    send, recv = anyio.create_memory_object_stream[HealthEvent](16)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(src.watch_health, send)
+        line("xid 1 48")  # the watcher is registered in the first session
+        with anyio.fail_after(20):
+            e = await recv.receive()
+        out["first"] = [e.uuid, e.reason]
+        line("add 2")
+        out["before"] = await count(src)  # the session's list is fixed at nvmlInit
+        out["found"] = [d.gpu.uuid for d in await src.discover()]  # a new session
+        out["after"] = await count(src)
+        line("xid 2 48")  # the new GPU, registered in the new session
+        line("xid 0 48")  # an old GPU, registered again
+        got = []
+        with anyio.fail_after(20):
+            while len(got) < 2:
+                e = await recv.receive()
+                got.append([e.uuid, e.reason])
+        out["events"] = got  # the session's end took no old event along
+        out["used"] = sorted(await src.memory_used())
+        line("lost 0")
+        line("remove 0")
+        out["gone"] = [d.gpu.uuid for d in await src.discover()]
+        tg.cancel_scope.cancel()
+    await src.aclose()
+    out["closed"] = src.session.generation
+    print(json.dumps(out))
+
+anyio.run(main)
+"""
+
+
+def test_rediscovery_starts_a_new_nvml_session_and_health_events_follow(tmp_path: Path) -> None:
+    lib = build_fakes()
+    events = tmp_path / "events"
+    events.write_text("")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib), "PYTHONPATH": str(ROOT),
+           "FAKECUDA_DEVICES": "8192,8192,8192", "FAKECUDA_ABSENT": "2",
+           "FAKECUDA_EVENTS": str(events)}
+    done = subprocess.run([sys.executable, "-c", REINIT, str(events)], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    u = [f"GPU-fa4ecda0-0000-4000-8000-{d:012x}" for d in range(3)]
+    assert out["start"] == u[:2]
+    assert out["first"] == [u[1], "Xid 48"]
+    assert out["before"] == [1, 2]  # the fake NVML fixes its count at init, as NVML does
+    assert out["found"] == u and out["after"] == [2, 3]
+    assert sorted(out["events"]) == sorted([[u[2], "Xid 48"], [u[0], "Xid 48"]])
+    assert out["used"] == u
+    assert out["gone"] == u[1:]
+    assert out["closed"] == 0

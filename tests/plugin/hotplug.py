@@ -1,7 +1,9 @@
 """GPUs that come and go, end to end: the plugin (API stand-in, fake kubelet) over a
 *bus* that removes, adds and swaps GPUs. The same scenario runs over the fake-devices
 file (:class:`FileBus`, ``tests/plugin/test_hotplug.py``) and over the fake NVML's
-device events (``tests/node/test_nvml_hotplug.py``, in a child process).
+device events (``tests/node/test_nvml_scenarios.py``, in a child process), whose device
+list is fixed at ``nvmlInit`` as the real NVML's is: the plugin finds an added GPU only by
+initialising NVML again.
 
 The scheduler is ``vgpud scheduler``'s own code (:func:`run_scheduler`, in this
 process, over the same API stand-in), asked over HTTP as kube-scheduler asks it.

@@ -46,7 +46,10 @@ class HealthEvent:
 class GpuSource(Protocol):
     """A backend of physical GPUs. Every method keeps blocking work off the event loop."""
 
-    async def discover(self) -> tuple[DeviceInfo, ...]: ...
+    async def discover(self) -> tuple[DeviceInfo, ...]:
+        """The devices on the node now. May run again at any time and then sees the bus
+        as it is then (NVML: a new session, :class:`vgpud.node.nvml.NvmlSession`)."""
+        ...
 
     async def watch_health(self, send: ObjectSendStream[HealthEvent]) -> None:
         """Send health transitions until cancelled."""

@@ -4,6 +4,15 @@ Every NVML call runs in a worker thread (``anyio.to_thread``); the health watche
 blocks in ``nvmlEventSetWait_v2`` in its own thread with a short timeout so it can
 be cancelled.
 
+NVML fixes its device list at ``nvmlInit``: a GPU that joins the bus later is not
+enumerated until the last ``nvmlShutdown`` (init and shutdown are reference counted)
+and a new ``nvmlInit``. So each discovery after the first starts a new NVML session
+(:class:`NvmlSession`): it waits for the NVML calls under way to end, stops new ones,
+releases what the old session owns (the health watcher's event set), shuts NVML down,
+initialises it again and lets the callers in. No handle outlives its session: every
+reader looks its handles up inside its hold, and the health watcher registers its
+events again in a new session.
+
 Discovery: uuid, index, model, memory (MiB), the /dev/nvidiaN minor, the NUMA node
 (from sysfs, by PCI bus id), NVLink peers (remote PCI bus ids mapped back to uuids)
 and MIG mode; for a GPU in MIG mode, each MIG device (a compute instance): its
@@ -25,12 +34,15 @@ that answers NVML and has no pending page retirement or row remapping is healthy
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
@@ -48,6 +60,7 @@ FELL_OFF_THE_BUS = 79
 MIB = 1 << 20
 SYS_PCI = Path("/sys/bus/pci/devices")
 NVIDIA_CAPS = Path("/proc/driver/nvidia/capabilities")
+T = TypeVar("T")
 
 
 class NvmlError(RuntimeError):
@@ -249,6 +262,107 @@ def _probe(uuid: str) -> bool:
     return True
 
 
+class NvmlSession:
+    """The process's one NVML initialisation, shared by every NVML caller of the node.
+
+    NVML calls run inside :meth:`shared` (many at once, from worker threads); :meth:`renew`
+    runs alone: it waits for the holds under way to end and keeps new ones out meanwhile
+    (a waiting renewal goes first), releases what the session owns (:meth:`own`), calls
+    ``nvmlShutdown`` and ``nvmlInit`` and bumps :attr:`generation`. A caller that keeps
+    anything of NVML's (a handle, an event set) between two holds compares the generation
+    and looks it up again when it changed. This process must hold no other NVML
+    reference: ``nvmlShutdown`` ends the session only when the reference count reaches
+    zero, and only then does the next ``nvmlInit`` read the bus again."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._waiting = 0
+        self._owned: dict[int, Callable[[], Any]] = {}
+        self._keys = 0
+        self._serial = 0
+        self.generation = 0  # 0: no session (before the first renew, after close)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[int]:
+        """Hold the session for some NVML calls; yields its generation. No session (a
+        failed re-initialisation, or closed): ``NVMLError_Uninitialized``."""
+        with self._cond:
+            while self._writing or self._waiting:
+                self._cond.wait()
+            if not self.generation:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._readers += 1
+            generation = self.generation
+        try:
+            yield generation
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                while self._writing or self._readers:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+    def own(self, release: Callable[[], Any]) -> int:
+        """Call ``release`` (an NVML call) before the session ends; a key for
+        :meth:`disown`. Inside a hold."""
+        with self._cond:
+            self._keys += 1
+            self._owned[self._keys] = release
+            return self._keys
+
+    def disown(self, key: int) -> Callable[[], Any] | None:
+        """Take back what :meth:`own` registered; None when its session already ended
+        (and released it)."""
+        with self._cond:
+            return self._owned.pop(key, None)
+
+    def _end(self) -> None:
+        for release in self._owned.values():
+            with contextlib.suppress(pynvml.NVMLError):
+                release()
+        self._owned.clear()
+        self.generation = 0
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as e:  # nothing to end: the next nvmlInit starts afresh
+            log.warning("nvml_shutdown_failed", error=str(e))
+
+    def renew(self, then: Callable[[], T]) -> T:
+        """End the running session, if any, start a new one (NVML enumerates the bus as
+        it is now) and return what ``then`` returns, run in the new session before any
+        other caller gets into it."""
+        with self._alone():
+            if self.generation:
+                self._end()
+            pynvml.nvmlInit()
+            self._serial += 1
+            self.generation = self._serial
+            return then()
+
+    def close(self) -> None:
+        with self._alone():
+            if self.generation:
+                self._end()
+
+
 class NvmlGpus:
     """A :class:`~vgpud.node.devices.GpuSource` backed by NVML."""
 
@@ -258,76 +372,41 @@ class NvmlGpus:
         self.recheck = recheck
         self._uuids: list[str] = []  # the physical GPUs of the last discovery
         self._util_since: dict[str, int] = {}
-        self._initialised = False
+        self.session = NvmlSession()
 
-    async def discover(self) -> tuple[DeviceInfo, ...]:
-        try:
-            if not self._initialised:
-                await anyio.to_thread.run_sync(pynvml.nvmlInit)
-                self._initialised = True
-            found = await anyio.to_thread.run_sync(_discover)
-        except pynvml.NVMLError as e:
-            raise NvmlError(f"NVML discovery failed: {e}") from None
+    def _discover(self) -> tuple[DeviceInfo, ...]:
+        found = _discover()
+        # before any other caller sees the session: the health watcher registers these
         self._uuids = [d.gpu.uuid for d in found if not d.gpu.parent]
         return found
 
-    def _wait_loop(self, send: ObjectSendStream[HealthEvent], cancelled: list[bool]) -> None:
-        events = pynvml.nvmlEventSetCreate()
-        wanted = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
-                  | pynvml.nvmlEventTypeGpuRecoveryAction)
-        registered: dict[int | None, str] = {}  # handle address -> uuid: a lost GPU's
-        # handle no longer answers nvmlDeviceGetUUID
+    async def discover(self) -> tuple[DeviceInfo, ...]:
+        """The first: ``nvmlInit``; later: a new NVML session, so GPUs that came since are
+        found."""
         try:
-            last_error: dict[str, float] = {}
-            last_probe = time.monotonic()
+            return await anyio.to_thread.run_sync(self.session.renew, self._discover)
+        except pynvml.NVMLError as e:
+            raise NvmlError(f"NVML discovery failed: {e}") from None
+
+    def _held(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self.session.shared():
+            return fn(*args)
+
+    def _wait_loop(self, send: ObjectSendStream[HealthEvent], cancelled: list[bool]) -> None:
+        watch = _Watch(self)
+        try:
             while not cancelled[0]:
-                for uuid in set(self._uuids) - set(registered.values()):  # new GPUs too
-                    try:
-                        h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-                        registered[ctypes.cast(h, ctypes.c_void_p).value] = uuid
-                        mask = wanted & int(pynvml.nvmlDeviceGetSupportedEventTypes(h))
-                        pynvml.nvmlDeviceRegisterEvents(h, mask, events)
-                    except pynvml.NVMLError as e:
-                        log.warning("health_events_unsupported", uuid=uuid, error=str(e))
                 try:
-                    data = pynvml.nvmlEventSetWait_v2(events, self.wait_ms)
-                except pynvml.NVMLError_Timeout:
-                    data = None
-                if data is not None:
-                    uuid = registered.get(ctypes.cast(data.device, ctypes.c_void_p).value, "")
-                    if not uuid:
-                        continue
-                    kind, xid = int(data.eventType), int(data.eventData)
-                    if kind & pynvml.nvmlEventTypeGpuRecoveryAction:
-                        if xid == pynvml.NVML_GPU_RECOVERY_ACTION_NONE:
-                            if uuid in last_error and _probe(uuid):
-                                del last_error[uuid]
-                                anyio.from_thread.run(send.send, HealthEvent(
-                                    uuid, True, "the driver reports no recovery action needed"))
-                            continue
-                        why = f"the driver asks for recovery action {xid}"
-                    elif kind & pynvml.nvmlEventTypeXidCriticalError:
-                        if xid in APPLICATION_XIDS:
-                            continue
-                        why = f"Xid {xid}"
-                        if xid == FELL_OFF_THE_BUS:
-                            why += " (fell off the bus)"
-                    else:
-                        why = "double-bit ECC error"
-                    last_error[uuid] = time.monotonic()
-                    anyio.from_thread.run(send.send, HealthEvent(
-                        uuid, False, why, gone=xid == FELL_OFF_THE_BUS
-                        and bool(kind & pynvml.nvmlEventTypeXidCriticalError)))
-                now = time.monotonic()
-                if last_error and now - last_probe >= self.recheck:
-                    last_probe = now
-                    for uuid, t in list(last_error.items()):
-                        if now - t >= self.quiet and _probe(uuid):
-                            del last_error[uuid]
-                            anyio.from_thread.run(send.send, HealthEvent(
-                                uuid, True, f"no error for {self.quiet:g} s and probe passed"))
+                    with self.session.shared() as generation:
+                        found = watch.round(generation)
+                except pynvml.NVMLError as e:  # no session (NVML failed to start again)
+                    log.warning("health_events_unavailable", error=str(e))
+                    time.sleep(self.wait_ms / 1000)
+                    continue
+                for event in found:
+                    anyio.from_thread.run(send.send, event)
         finally:
-            pynvml.nvmlEventSetFree(events)
+            watch.close()
 
     async def watch_health(self, send: ObjectSendStream[HealthEvent]) -> None:
         cancelled = [False]
@@ -340,27 +419,113 @@ class NvmlGpus:
 
     async def memory_used(self) -> Mapping[str, int]:
         try:
-            return await anyio.to_thread.run_sync(_memory_used)
+            return await anyio.to_thread.run_sync(self._held, _memory_used)
         except pynvml.NVMLError as e:
             log.warning("memory_used_failed", error=str(e))
             return {}
 
     async def processes(self) -> Mapping[str, list[tuple[int, int]]]:
         try:
-            return await anyio.to_thread.run_sync(_processes)
+            return await anyio.to_thread.run_sync(self._held, _processes)
         except pynvml.NVMLError as e:
             log.warning("processes_failed", error=str(e))
             return {}
 
     async def utilisation(self) -> Mapping[str, list[tuple[int, int]]]:
         try:
-            return await anyio.to_thread.run_sync(_utilisation, self._util_since)
+            return await anyio.to_thread.run_sync(self._held, _utilisation, self._util_since)
         except pynvml.NVMLError as e:
             log.warning("utilisation_failed", error=str(e))
             return {}
 
     async def aclose(self) -> None:
         try:
-            await anyio.to_thread.run_sync(pynvml.nvmlShutdown)
+            await anyio.to_thread.run_sync(self.session.close)
         except pynvml.NVMLError:
             pass
+
+
+WANTED = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+          | pynvml.nvmlEventTypeGpuRecoveryAction)
+
+
+class _Watch:
+    """The health watcher's state: its event set and registrations, which belong to one
+    NVML session, and the GPUs in error, which do not."""
+
+    def __init__(self, gpus: NvmlGpus) -> None:
+        self.gpus = gpus
+        self.generation = 0  # the session of events and registered
+        self.events: Any = None
+        self.key = 0
+        self.registered: dict[int | None, str] = {}  # handle address -> uuid: a lost GPU's
+        # handle no longer answers nvmlDeviceGetUUID
+        self.last_error: dict[str, float] = {}
+        self.last_probe = time.monotonic()
+
+    def round(self, generation: int) -> list[HealthEvent]:
+        """One wait for an event, and the probes that are due; inside a hold."""
+        gpus = self.gpus
+        if generation != self.generation:  # a new session: the old set ended with the old
+            self.events = pynvml.nvmlEventSetCreate()
+            self.key = gpus.session.own(partial(pynvml.nvmlEventSetFree, self.events))
+            self.generation, self.registered = generation, {}
+        for uuid in set(gpus._uuids) - set(self.registered.values()):  # new GPUs too
+            try:
+                h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                self.registered[ctypes.cast(h, ctypes.c_void_p).value] = uuid
+                mask = WANTED & int(pynvml.nvmlDeviceGetSupportedEventTypes(h))
+                pynvml.nvmlDeviceRegisterEvents(h, mask, self.events)
+            except pynvml.NVMLError as e:
+                log.warning("health_events_unsupported", uuid=uuid, error=str(e))
+        out = []
+        try:
+            data = pynvml.nvmlEventSetWait_v2(self.events, gpus.wait_ms)
+        except pynvml.NVMLError_Timeout:
+            data = None
+        if data is not None:
+            event = self._event(data)
+            if event is not None:
+                out.append(event)
+        now = time.monotonic()
+        if self.last_error and now - self.last_probe >= gpus.recheck:
+            self.last_probe = now
+            for uuid, t in list(self.last_error.items()):
+                if now - t >= gpus.quiet and _probe(uuid):
+                    del self.last_error[uuid]
+                    out.append(HealthEvent(uuid, True,
+                                           f"no error for {gpus.quiet:g} s and probe passed"))
+        return out
+
+    def _event(self, data: Any) -> HealthEvent | None:
+        uuid = self.registered.get(ctypes.cast(data.device, ctypes.c_void_p).value, "")
+        if not uuid:
+            return None
+        kind, xid = int(data.eventType), int(data.eventData)
+        if kind & pynvml.nvmlEventTypeGpuRecoveryAction:
+            if xid == pynvml.NVML_GPU_RECOVERY_ACTION_NONE:
+                if uuid in self.last_error and _probe(uuid):
+                    del self.last_error[uuid]
+                    return HealthEvent(uuid, True, "the driver reports no recovery action needed")
+                return None
+            why = f"the driver asks for recovery action {xid}"
+        elif kind & pynvml.nvmlEventTypeXidCriticalError:
+            if xid in APPLICATION_XIDS:
+                return None
+            why = f"Xid {xid}"
+            if xid == FELL_OFF_THE_BUS:
+                why += " (fell off the bus)"
+        else:
+            why = "double-bit ECC error"
+        self.last_error[uuid] = time.monotonic()
+        return HealthEvent(uuid, False, why, gone=xid == FELL_OFF_THE_BUS
+                           and bool(kind & pynvml.nvmlEventTypeXidCriticalError))
+
+    def close(self) -> None:
+        """Free the event set unless its session already ended (and freed it)."""
+        if not self.key:
+            return
+        with contextlib.suppress(pynvml.NVMLError), self.gpus.session.shared():
+            release = self.gpus.session.disown(self.key)  # None: freed with its session
+            if release is not None:
+                release()

@@ -131,7 +131,8 @@ OnChange = Callable[[Changes], Awaitable[None]]
 
 async def _rediscover(source: GpuSource, devices: NodeDevices, kick: Kick, on_change: OnChange,
                       *, every: float, linger: float) -> None:
-    """Discover the GPUs again every ``every`` seconds and when kicked; a GPU that is
+    """Discover the GPUs again every ``every`` seconds and when kicked (over NVML each
+    discovery is a new NVML session: its device list is fixed at init); a GPU that is
     gone is advertised unhealthy for ``linger`` seconds, then dropped."""
     async def drop_later(gone: tuple[str, ...]) -> None:
         await anyio.sleep(linger)

@@ -5,7 +5,23 @@
 
 #include "nvml_int.h"
 
-static struct nvmlDevice_st devices[FC_MAX_DEV];
+/* An NVML session: what the first nvmlInit (the reference count going from 0 to 1) found
+ * on the bus, fixed until the last nvmlShutdown, as the real NVML fixes its device list at
+ * init.  A GPU that joins the bus later is neither counted nor found (by index, UUID or
+ * PCI bus id) until the session ends and a new one starts; one that leaves it (removed,
+ * lost, its board replaced) still counts and enumerates, and its handle answers
+ * GPU_IS_LOST.  GPU handles belong to their session: a handle of an earlier one answers
+ * INVALID_ARGUMENT (a real NVML's may silently name another GPU once the list has
+ * changed; the fake catches the misuse), as long as it is one of the last FN_SESSIONS
+ * sessions' (older ones' slots are reused). */
+#define FN_SESSIONS 64
+static struct {
+    unsigned serial; /* 0: none yet */
+    int n;
+    int slot_of[FC_MAX_DEV]; /* physical device -> index in the session, -1: not in it */
+    uint32_t gen[FC_MAX_DEV], epoch[FC_MAX_DEV]; /* of each enumerated board, at init */
+} session;
+static struct nvmlDevice_st devices[FN_SESSIONS][FC_MAX_DEV];
 static struct nvmlDevice_st mig_devices[FC_MAX_DEV][FC_MIG_GI][FC_MIG_CI];
 static struct nvmlGpuInstance_st gpu_instances[FC_MAX_DEV][FC_MIG_GI];
 static struct nvmlComputeInstance_st compute_instances[FC_MAX_DEV][FC_MIG_GI][FC_MIG_CI];
@@ -15,7 +31,6 @@ static pthread_once_t handles_once = PTHREAD_ONCE_INIT;
 
 static void handles_init(void) {
     for (int i = 0; i < FC_MAX_DEV; i++) {
-        devices[i].index = i;
         for (int g = 0; g < FC_MIG_GI; g++) {
             gpu_instances[i][g] = (struct nvmlGpuInstance_st){.dev = i, .id = g};
             for (int c = 0; c < FC_MIG_CI; c++) {
@@ -26,19 +41,50 @@ static void handles_init(void) {
     }
 }
 
+/* A new session: the bus as it is now (under init_mutex). */
+static void session_start(void) {
+    struct fn_bus bus;
+    fn_bus_get(&bus);
+    unsigned serial = session.serial + 1;
+    if (serial == 0) serial = 1;
+    struct nvmlDevice_st *table = devices[serial % FN_SESSIONS];
+    int n = 0;
+    for (int d = 0; d < FC_MAX_DEV; d++) {
+        session.slot_of[d] = -1;
+        if (d >= fc_knobs()->ndev || !bus.present[d]) continue;
+        session.slot_of[d] = n;
+        session.gen[d] = bus.gen[d];
+        session.epoch[d] = bus.epoch[d];
+        table[n++] = (struct nvmlDevice_st){.index = d, .serial = serial};
+    }
+    session.n = n;
+    fn_events_begin(serial == 1);
+    __atomic_store_n(&session.serial, serial, __ATOMIC_RELEASE);
+}
+
 nvmlReturn_t fn_check_init(void) {
     return __atomic_load_n(&init_count, __ATOMIC_ACQUIRE) > 0 ? NVML_SUCCESS
                                                               : NVML_ERROR_UNINITIALIZED;
 }
 
 int fn_index(nvmlDevice_t d) {
-    if (!d) return -1;
-    for (int i = 0; i < fc_knobs()->ndev; i++)
-        if (d == &devices[i]) return i;
-    return -1;
+    const struct nvmlDevice_st *first = &devices[0][0];
+    if (!d || d < first || d >= first + (size_t)FN_SESSIONS * FC_MAX_DEV) return -1;
+    unsigned serial = __atomic_load_n(&session.serial, __ATOMIC_ACQUIRE);
+    if (d->serial != serial || d != &devices[serial % FN_SESSIONS][session.slot_of[d->index]])
+        return -1; /* an earlier session's */
+    return d->index;
 }
 
-nvmlDevice_t fn_handle(int index) { return &devices[index]; }
+int fn_live(int dev, const struct fn_bus *bus) {
+    return dev >= 0 && dev < fc_knobs()->ndev && session.slot_of[dev] >= 0 &&
+           bus->present[dev] && !bus->lost[dev] && bus->epoch[dev] == session.epoch[dev];
+}
+
+nvmlDevice_t fn_handle(int index) {
+    if (index < 0 || index >= FC_MAX_DEV || session.slot_of[index] < 0) return NULL;
+    return &devices[session.serial % FN_SESSIONS][session.slot_of[index]];
+}
 nvmlDevice_t fn_mig_handle(int dev, int gi, int ci) { return &mig_devices[dev][gi][ci]; }
 nvmlGpuInstance_t fn_gi_handle(int dev, int gi) { return &gpu_instances[dev][gi]; }
 nvmlComputeInstance_t fn_ci_handle(int dev, int gi, int ci) { return &compute_instances[dev][gi][ci]; }
@@ -102,7 +148,7 @@ nvmlReturn_t fn_mig(nvmlDevice_t d, int *dev, int *gi, int *ci) {
     if (!fn_is_mig(d, dev, gi, ci)) return NVML_ERROR_INVALID_ARGUMENT;
     struct fn_bus bus;
     fn_bus_get(&bus);
-    if (!bus.present[*dev] || bus.lost[*dev]) return NVML_ERROR_GPU_IS_LOST;
+    if (!fn_live(*dev, &bus)) return NVML_ERROR_GPU_IS_LOST;
     fc_lock();
     const struct fc_mig *m = fn_mig_locked(*dev, &bus);
     int live = m->mode == FC_MIG_ENABLE && m->gi[*gi].live && m->gi[*gi].ci[*ci].live;
@@ -121,7 +167,7 @@ nvmlReturn_t fn_gpu(nvmlDevice_t d, int *phys, struct fn_bus *bus) {
         return r ? r : NVML_ERROR_NOT_SUPPORTED;
     }
     fn_bus_get(bus);
-    if (!bus->present[i] || bus->lost[i]) return NVML_ERROR_GPU_IS_LOST;
+    if (!fn_live(i, bus)) return NVML_ERROR_GPU_IS_LOST;
     *phys = i;
     return NVML_SUCCESS;
 }
@@ -143,6 +189,7 @@ FC_API nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     if (!fc_state()) return NVML_ERROR_DRIVER_NOT_LOADED;
     pthread_once(&handles_once, handles_init);
     pthread_mutex_lock(&init_mutex);
+    if (init_count == 0) session_start(); /* a nested init shares the running session */
     __atomic_add_fetch(&init_count, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&init_mutex);
     return NVML_SUCCESS;
@@ -154,7 +201,8 @@ FC_API nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
 FC_API nvmlReturn_t nvmlShutdown(void) {
     pthread_mutex_lock(&init_mutex);
     nvmlReturn_t r = init_count > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
-    if (init_count > 0) __atomic_sub_fetch(&init_count, 1, __ATOMIC_RELEASE);
+    if (init_count > 0 && __atomic_sub_fetch(&init_count, 1, __ATOMIC_RELEASE) == 0)
+        fn_events_reset(); /* the last reference: the session ends, its event sets too */
     pthread_mutex_unlock(&init_mutex);
     return r;
 }
@@ -208,45 +256,35 @@ FC_API nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) {
     return nvmlSystemGetCudaDriverVersion(v);
 }
 
-/* Devices on the bus (a lost one still counts), in physical order. */
+/* The devices on the bus at the session's start (one lost or gone since still counts), in
+ * physical order. */
 FC_API nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     nvmlReturn_t r = fn_check_init();
     if (r) return r;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    struct fn_bus bus;
-    fn_bus_get(&bus);
-    unsigned n = 0;
-    for (int d = 0; d < fc_knobs()->ndev; d++) n += bus.present[d] ? 1 : 0;
-    *count = n;
+    *count = (unsigned)session.n;
     return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
 
-/* The index-th device on the bus in physical order (a lost one too, as a real lost GPU is
- * until it is removed). */
+/* The index-th device of the session (a lost or gone one too: its handle answers
+ * GPU_IS_LOST). */
 FC_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     nvmlReturn_t r = fn_check_init();
     if (r) return r;
     if (!device) return NVML_ERROR_INVALID_ARGUMENT;
-    struct fn_bus bus;
-    fn_bus_get(&bus);
-    unsigned n = 0;
-    for (int d = 0; d < fc_knobs()->ndev; d++) {
-        if (!bus.present[d]) continue;
-        if (n++ == index) {
-            *device = &devices[d];
-            return NVML_SUCCESS;
-        }
-    }
-    return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= (unsigned)session.n) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &devices[session.serial % FN_SESSIONS][index];
+    return NVML_SUCCESS;
 }
 
 FC_API nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
     return nvmlDeviceGetHandleByIndex_v2(index, device);
 }
 
-/* A GPU's UUID (of its current board) or a MIG device's. */
+/* A GPU's UUID (of the board the session enumerated) or a MIG device's; a board that
+ * joined the bus after nvmlInit is NOT_FOUND, one gone since GPU_IS_LOST. */
 FC_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     nvmlReturn_t r = fn_check_init();
     if (r) return r;
@@ -256,9 +294,9 @@ FC_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     int dev;
     unsigned gen, gi, ci;
     if (fc_mig_uuid_parse(uuid, strlen(uuid), &dev, &gen, &gi, &ci) == 0) {
-        if (dev >= fc_knobs()->ndev || !bus.present[dev] || bus.gen[dev] != gen)
+        if (dev >= fc_knobs()->ndev || session.slot_of[dev] < 0 || session.gen[dev] != gen)
             return NVML_ERROR_NOT_FOUND;
-        if (bus.lost[dev]) return NVML_ERROR_GPU_IS_LOST;
+        if (!fn_live(dev, &bus)) return NVML_ERROR_GPU_IS_LOST;
         fc_lock();
         const struct fc_mig *m = fn_mig_locked(dev, &bus);
         int live = m->mode == FC_MIG_ENABLE && m->gi[gi].live && m->gi[gi].ci[ci].live;
@@ -269,10 +307,11 @@ FC_API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     }
     for (int i = 0; i < fc_knobs()->ndev; i++) {
         char u[96];
-        fc_uuid_string_gen(i, bus.gen[i], u, sizeof u);
-        if (bus.present[i] && strcmp(u, uuid) == 0) {
-            if (bus.lost[i]) return NVML_ERROR_GPU_IS_LOST;
-            *device = &devices[i];
+        if (session.slot_of[i] < 0) continue;
+        fc_uuid_string_gen(i, session.gen[i], u, sizeof u);
+        if (strcmp(u, uuid) == 0) {
+            if (!fn_live(i, &bus)) return NVML_ERROR_GPU_IS_LOST;
+            *device = fn_handle(i);
             return NVML_SUCCESS;
         }
     }
@@ -290,9 +329,10 @@ FC_API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlD
     for (int i = 0; i < fc_knobs()->ndev; i++) {
         char b[32];
         bus_id(i, b, sizeof b);
-        if (bus.present[i] && (strcasecmp(b, pciBusId) == 0 || strcasecmp(b + 4, pciBusId) == 0)) {
-            if (bus.lost[i]) return NVML_ERROR_GPU_IS_LOST;
-            *device = &devices[i];
+        if (session.slot_of[i] >= 0 &&
+            (strcasecmp(b, pciBusId) == 0 || strcasecmp(b + 4, pciBusId) == 0)) {
+            if (!fn_live(i, &bus)) return NVML_ERROR_GPU_IS_LOST;
+            *device = fn_handle(i);
             return NVML_SUCCESS;
         }
     }
@@ -352,7 +392,7 @@ FC_API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
     return copy_string(n, name, length);
 }
 
-/* A GPU: its position on the bus.  A MIG device: its index under its GPU, the one
+/* A GPU: its position in the session's list.  A MIG device: its index under its GPU, the one
  * nvmlDeviceGetMigDeviceHandleByIndex takes (as nvml.h documents). */
 FC_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     int i, mig, gi, ci;
@@ -369,9 +409,7 @@ FC_API nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
         *index = (unsigned)n;
         return NVML_SUCCESS;
     }
-    unsigned n = 0;
-    for (int d = 0; d < i; d++) n += bus.present[d] ? 1 : 0;
-    *index = n;
+    *index = (unsigned)session.slot_of[i];
     return NVML_SUCCESS;
 }
 

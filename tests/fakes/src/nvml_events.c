@@ -4,8 +4,12 @@
  *   healthy DEV    -> nvmlEventTypeGpuRecoveryAction, eventData = NVML_GPU_RECOVERY_ACTION_NONE
  *   lost DEV       -> nvmlEventTypeXidCriticalError, eventData = 79 (fallen off the bus; the
  *                     bus state itself is nvml_bus.c's, as are remove/add/replace)
- * Each event set reads the file from its beginning, in order; a line is delivered to a set
- * when that set registered its device for its type.  Other lines are skipped. */
+ * In the process's first NVML session each event set reads the file from its beginning (no
+ * event is lost to a race with registration); in a later session from where the file ended
+ * when that session started (what happened before is history, as for the real NVML, whose
+ * sets only see events after they exist), in order; a line is delivered to a set when that
+ * set registered its device for its type.  Other lines are skipped.  A set lives until
+ * nvmlEventSetFree or the end of its NVML session (the last nvmlShutdown). */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +27,36 @@ struct nvmlEventSet_st {
 #define MAX_SETS 64
 static struct nvmlEventSet_st sets[MAX_SETS];
 static pthread_mutex_t sets_mutex = PTHREAD_MUTEX_INITIALIZER;
+static off_t sets_from; /* where a new set starts reading */
 
 static int valid_set(nvmlEventSet_t s) {
     return s >= &sets[0] && s < &sets[MAX_SETS] && s->live;
+}
+
+void fn_events_begin(int first) {
+    off_t at = 0;
+    const char *path = fc_knobs()->events_path;
+    int fd = !first && path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    if (fd >= 0) { /* just after the last complete line */
+        char buf[4096];
+        off_t pos = 0;
+        ssize_t n;
+        while ((n = pread(fd, buf, sizeof buf, pos)) > 0) {
+            for (ssize_t i = 0; i < n; i++)
+                if (buf[i] == '\n') at = pos + i + 1;
+            pos += n;
+        }
+        close(fd);
+    }
+    pthread_mutex_lock(&sets_mutex);
+    sets_from = at;
+    pthread_mutex_unlock(&sets_mutex);
+}
+
+void fn_events_reset(void) {
+    pthread_mutex_lock(&sets_mutex);
+    for (int i = 0; i < MAX_SETS; i++) sets[i].live = 0;
+    pthread_mutex_unlock(&sets_mutex);
 }
 
 FC_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
@@ -33,10 +64,14 @@ FC_API nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     if (r) return r;
     if (!set) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&sets_mutex);
-    for (int i = 0; i < MAX_SETS; i++) {
+    static int next; /* slots in turn: a freed set's handle is not handed out again at once */
+    for (int k = 0; k < MAX_SETS; k++) {
+        int i = (next + k) % MAX_SETS;
         if (!sets[i].live) {
+            next = i + 1;
             memset(&sets[i], 0, sizeof sets[i]);
             sets[i].live = 1;
+            sets[i].offset = sets_from;
             *set = &sets[i];
             pthread_mutex_unlock(&sets_mutex);
             return NVML_SUCCESS;
@@ -140,7 +175,7 @@ static int next_event(nvmlEventSet_t set, nvmlEventData_t *out, int legacy) {
         set->offset += (nl - buf) + 1;
         int dev;
         unsigned long long type, data;
-        if (parse(buf, &dev, &type, &data) && (set->mask[dev] & type)) {
+        if (parse(buf, &dev, &type, &data) && (set->mask[dev] & type) && fn_handle(dev)) {
             memset(out, 0, legacy ? offsetof(nvmlEventData_t, gpuInstanceId) : sizeof *out);
             out->device = fn_handle(dev);
             out->eventType = type;

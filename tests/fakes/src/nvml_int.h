@@ -8,13 +8,15 @@
 #include "fake.h"
 #include "nvmltypes.h"
 
-/* A device handle: a GPU slot (physical device; mig = 0) or a MIG device (mig = 1: the
- * compute instance ci of GPU instance gi of device index).  Handles are static: one per
- * slot and per (device, GPU instance id, compute instance id). */
+/* A device handle: a GPU (physical device index; mig = 0) as one NVML session enumerated
+ * it (serial: the session, nvml_device.c), or a MIG device (mig = 1: the compute instance
+ * ci of GPU instance gi of device index; one static handle per (device, GPU instance id,
+ * compute instance id), the same in every session). */
 struct nvmlDevice_st {
     int index;
     int mig;
     int gi, ci;
+    unsigned serial;
 };
 struct nvmlGpuInstance_st {
     int dev, id;
@@ -24,8 +26,10 @@ struct nvmlComputeInstance_st {
 };
 
 nvmlReturn_t fn_check_init(void);
-/* Physical device of a GPU handle (not a MIG one), or -1. */
+/* Physical device of a GPU handle of the current session (not a MIG one), or -1. */
 int fn_index(nvmlDevice_t d);
+/* The current session's handle of physical device index; NULL when the session did not
+ * enumerate it (it joined the bus after nvmlInit). */
 nvmlDevice_t fn_handle(int index);
 nvmlDevice_t fn_mig_handle(int dev, int gi, int ci);
 nvmlGpuInstance_t fn_gi_handle(int dev, int gi);
@@ -46,6 +50,14 @@ struct fn_bus {
     uint32_t epoch[FC_MAX_DEV]; /* `remove` + `replace` count: instances of older ones are gone */
 };
 void fn_bus_get(struct fn_bus *b);
+/* 1 when physical device dev is the board the current session enumerated (same remove /
+ * replace epoch), still on the bus and not lost; 0: its handles answer GPU_IS_LOST. */
+int fn_live(int dev, const struct fn_bus *bus);
+/* A session starts (nvml_events.c): new event sets read the events file from its beginning
+ * (first: the process's first session) or from its end as of now. */
+void fn_events_begin(int first);
+/* Frees every event set: the last nvmlShutdown ends the session. */
+void fn_events_reset(void);
 /* A full GPU handle whose device is on the bus and not lost: NVML_SUCCESS and *phys;
  * GPU_IS_LOST (lost or removed), NOT_SUPPORTED (a live MIG handle: the query is for GPUs),
  * INVALID_ARGUMENT (anything else). */

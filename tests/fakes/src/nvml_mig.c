@@ -24,7 +24,7 @@ static nvmlReturn_t gi_locked(nvmlGpuInstance_t h, int *dev, int *id, struct fc_
     if (!fn_gi_of(h, dev, id)) return NVML_ERROR_INVALID_ARGUMENT;
     struct fn_bus bus;
     fn_bus_get(&bus);
-    if (!bus.present[*dev] || bus.lost[*dev]) return NVML_ERROR_GPU_IS_LOST;
+    if (!fn_live(*dev, &bus)) return NVML_ERROR_GPU_IS_LOST;
     fc_lock();
     struct fc_mig *m = fn_mig_locked(*dev, &bus);
     *g = &m->gi[*id];
