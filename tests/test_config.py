@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.config import ConfigError, load_settings, with_feature_gates
+from vgpud.config import ENV_KEYS, ConfigError, load_settings, with_feature_gates
 from vgpud.core.model import ComputePolicy, Policy
+from vgpud.core.requests import PRESETS, enabled_presets
 
 
 def test_defaults_are_the_documented_ones() -> None:
@@ -61,6 +62,20 @@ def test_json_files_work(tmp_path: Path) -> None:
     ("scheduler: {featureGates: {Reschedul: false}}", {},
      "scheduler.featureGates.Reschedul: unknown key"),
     ("", {"VGPUD_DEVICE_SPLIT_COUNT": "many"}, "with VGPUD_DEVICE_SPLIT_COUNT"),
+    ("resourceNames: {hami: {resourceName: example.com/gpu}}", {},
+     "resourceNames: hami: the preset is not enabled"),
+    ("resourceNames: {kai: {}}", {}, "resourceNames: unknown preset 'kai'"),
+    ("resourceNames: {vgpu-manager: {resourceGPU: a.io/b}}", {},
+     "resourceNames.vgpu-manager.resourceGPU: unknown key"),
+    ("resourceNames: {vgpu-manager: {resourceName: vgpu}}", {},
+     "vgpu-manager.resourceName: 'vgpu' has no domain"),
+    ("resourceNames: {vgpu-manager: {domain: kubernetes.io}}", {}, "Kubernetes' own"),
+    ("{resourcePreset: tke, resourceNames: {tke: {resourceCores: a.io/c}}}", {},
+     "there is no resourceCores to rename"),
+    ("{compatPresets: [hami], resourceNames: {hami: {resourceMem: nvidia.com/vgpu-memory}}}",
+     {}, "nvidia.com/vgpu-memory is a name of both vgpu-manager and hami"),
+    ("{resourcePreset: kai, resourceNames: {tke: {domain: inspur.com}}}", {},
+     "resourcePreset: unknown preset 'kai'"),
 ])
 def test_bad_settings_say_which_key(tmp_path: Path, content: str, env: dict[str, str],
                                     fragment: str) -> None:
@@ -136,3 +151,29 @@ def test_the_commands_take_feature_gates(tmp_path: Path) -> None:
                         capture_output=True, text=True, timeout=60,
                         env={k: v for k, v in os.environ.items() if k != "NODE_NAME"})
     assert ok.returncode == 2 and "--node-name" in ok.stderr, ok.stderr
+
+
+def test_resource_names_rename_each_peers_presets(tmp_path: Path) -> None:
+    f = tmp_path / "vgpud.yaml"
+    f.write_text("""
+resourcePreset: tke
+compatPresets: [hami, volcano]
+resourceNames:
+  tke: {domain: inspur.com}               # seed 004
+  hami: {resourceName: example.com/gpu, resourceMem: example.com/gpumem,
+         resourceCores: example.com/gpucores, resourceMemPercentage: "",
+         resourcePriority: example.com/gpu-priority}
+  volcano: {domain: gpu.example.org}
+""")
+    s = load_settings(f)
+    tke, hami, volcano = s.presets()
+    assert (tke.number, tke.memory) == ("inspur.com/vcuda-core", "inspur.com/vcuda-memory")
+    assert hami.names == ("example.com/gpu", "example.com/gpumem", "example.com/gpucores",
+                          "example.com/gpu-priority")
+    assert volcano.memory_percent == "gpu.example.org/vgpu-memory-percentage"
+    d = s.defaults()  # what the webhook, the scheduler and the plugin are given
+    assert set(d.presets) == {tke, hami, volcano}
+    assert enabled_presets(d) == [tke, hami, volcano]
+    assert s.preset_named("vgpu-manager") == PRESETS["vgpu-manager"]  # not renamed
+    assert load_settings().presets() == (PRESETS["vgpu-manager"],)
+    assert "VGPUD_RESOURCE_NAMES" not in ENV_KEYS  # a mapping: the file only

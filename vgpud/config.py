@@ -13,15 +13,22 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
-from vgpud.core.model import ComputePolicy, Defaults, Policy
-from vgpud.core.requests import PRESETS
+from vgpud.core.model import ComputePolicy, Defaults, Policy, Preset
+from vgpud.core.requests import PRESETS, PresetError, check_presets, renamed
 
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -130,6 +137,36 @@ class OpsSettings(_Model):
     maxConcurrentRenders: int = Field(default=2, ge=1, le=64)
 
 
+class ResourceNames(_Model):
+    """One preset's resource names, renamed as its own system allows: HAMi's chart keys
+    (``resourceName`` the vGPU count, ``resourceMem``, ``resourceMemPercentage``,
+    ``resourceCores``, ``resourcePriority``), and ``domain``, which moves every name of
+    the preset to another domain (Volcano's and VGPU-Manager's ``<domain>/vgpu-*``; TKE's
+    vendor domain, ``inspur.com`` for ``inspur.com/vcuda-core``). ``domain`` applies
+    first, single names over it; "" drops ``resourceMemPercentage`` or
+    ``resourcePriority``. TKE has two names: ``resourceName`` (vcuda-core) and
+    ``resourceMem`` (vcuda-memory)."""
+
+    domain: str | None = None
+    resourceName: str | None = None
+    resourceMem: str | None = None
+    resourceMemPercentage: str | None = None
+    resourceCores: str | None = None
+    resourcePriority: str | None = None
+
+    def preset(self, base: Preset) -> Preset:
+        """``base`` under these names (:class:`PresetError` when Kubernetes or the
+        preset refuses one)."""
+        names = {f: getattr(self, key) for f, key in _KEYS.items()}
+        return renamed(base, domain=self.domain, labels=_KEYS,
+                       names={f: n for f, n in names.items() if n is not None})
+
+
+# the preset's fields (vgpud.core.requests.RENAMEABLE) by the settings' keys (HAMi's)
+_KEYS = {"number": "resourceName", "memory": "resourceMem", "cores": "resourceCores",
+         "memory_percent": "resourceMemPercentage", "priority": "resourcePriority"}
+
+
 class Settings(_Model):
     deviceSplitCount: int = Field(default=10, ge=1, le=1024)
     deviceMemoryScaling: float = Field(default=1.0, gt=0, le=100)
@@ -139,6 +176,9 @@ class Settings(_Model):
     defaultGPUNum: int = Field(default=1, ge=1, le=64)
     resourcePreset: str = "vgpu-manager"
     compatPresets: tuple[str, ...] = ()
+    # the enabled presets' names changed, by preset (ResourceNames): webhook, scheduler
+    # and plugin all read pods under these names, the plugin registers the number name
+    resourceNames: dict[str, ResourceNames] = Field(default_factory=dict)
     nodeSchedulerPolicy: Policy = Policy.BINPACK
     deviceSchedulerPolicy: Policy = Policy.BINPACK
     computePolicy: ComputePolicy = ComputePolicy.FIXED
@@ -171,6 +211,28 @@ class Settings(_Model):
             cls._known_preset(name)
         return v
 
+    @field_validator("resourceNames")
+    @classmethod
+    def _renamed(cls, v: dict[str, ResourceNames],
+                 info: ValidationInfo) -> dict[str, ResourceNames]:
+        preset = info.data.get("resourcePreset")
+        compat = info.data.get("compatPresets")
+        if preset is None or compat is None:
+            return v  # those failed: they say why
+        enabled = list(dict.fromkeys((preset, *compat)))
+        for name in v:
+            if name not in PRESETS:
+                raise ValueError(f"unknown preset {name!r}; choose one of "
+                                 f"{', '.join(sorted(PRESETS))}")
+            if name not in enabled:
+                raise ValueError(f"{name}: the preset is not enabled (resourcePreset or "
+                                 "compatPresets): its names would not be read")
+        try:
+            check_presets(_table(v, enabled))
+        except PresetError as e:
+            raise ValueError(str(e)) from None
+        return v
+
     @field_validator("deviceMemoryScaling", "deviceCoreScaling")
     @classmethod
     def _finite(cls, v: float) -> float:
@@ -201,8 +263,19 @@ class Settings(_Model):
             compute_policy=self.computePolicy,
             preset=self.resourcePreset,
             compat_presets=self.compatPresets,
+            presets=tuple(r.preset(PRESETS[n]) for n, r in self.resourceNames.items()),
             assume_ttl=self.assumeTTLSeconds,
         )
+
+    def preset_named(self, name: str) -> Preset:
+        """The built-in preset ``name`` under the names ``resourceNames`` gives it."""
+        return _table(self.resourceNames, (name,))[0]
+
+    def presets(self) -> tuple[Preset, ...]:
+        """The enabled presets (resourcePreset first, then compatPresets, each once),
+        under the names ``resourceNames`` gives them."""
+        return _table(self.resourceNames, dict.fromkeys((self.resourcePreset,
+                                                          *self.compatPresets)))
 
     def for_node(self, name: str) -> tuple[int, float, float]:
         """(split count, memory scaling, core scaling) for one node, overrides applied."""
@@ -222,12 +295,17 @@ class Settings(_Model):
         return self.plugin.migStrategy
 
 
+def _table(names: Mapping[str, ResourceNames], enabled: Iterable[str]) -> tuple[Preset, ...]:
+    return tuple(names[n].preset(PRESETS[n]) if n in names else PRESETS[n] for n in enabled)
+
+
 def _snake_upper(key: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", key).upper()
 
 
 ENV_KEYS = {f"VGPUD_{_snake_upper(k)}": k for k, f in Settings.model_fields.items()
-            if k not in ("nodeConfigs", "plugin", "scheduler", "ops", "compatPresets")}
+            if k not in ("nodeConfigs", "plugin", "scheduler", "ops", "compatPresets",
+                         "resourceNames")}
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -9,15 +9,19 @@ the code rather than against a second hand-written list.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
 from kubernetes_asyncio.client import AdmissionregistrationV1Api, CoordinationV1Api, CoreV1Api
 
+from vgpud.core.model import Defaults
 from vgpud.core.requests import PRESETS
 from vgpud.kube import resources
 
@@ -138,11 +142,12 @@ OTHER_RESOURCES = [{}, {"cpu": "1"}, {"memory": "1Gi", "ephemeral-storage": "1Gi
 PRESET_FIELDS = ("number", "memory", "cores", "memory_percent", "priority")
 
 
-def sample_pods() -> Iterator[dict[str, Any]]:
+def sample_pods(extra: Iterable[str] = ()) -> Iterator[dict[str, Any]]:
     """Pods whose one GPU-ish container (or init container) names each resource of every
-    preset, in its limits or its requests, with and without other resources; and pods
-    with no such container."""
-    names = sorted({getattr(p, f) for p in PRESETS.values() for f in PRESET_FIELDS} - {None})
+    preset (and each of ``extra``: renamed ones), in its limits or its requests, with and
+    without other resources; and pods with no such container."""
+    names = sorted({getattr(p, f) for p in PRESETS.values() for f in PRESET_FIELDS}
+                   - {None} | set(extra))
     resources: list[dict[str, Any]] = list(OTHER_RESOURCES)
     resources += [{n: "1"} for n in names] + [{"cpu": "1", n: "1"} for n in names]
     main = {"name": "main", "image": "cuda"}
@@ -158,6 +163,19 @@ def sample_pods() -> Iterator[dict[str, Any]]:
         yield {"spec": {"containers": [both]}}
 
 
+def load_render() -> ModuleType:
+    """manifests/render.py (a script, not a package module): helm, pinned, and the chart."""
+    name = "vgpud_render"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "manifests" / "render.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def match_condition(hook: dict[str, Any]) -> str:
     (cond,) = hook["matchConditions"]
     assert cond["name"]
@@ -165,15 +183,18 @@ def match_condition(hook: dict[str, Any]) -> str:
     return expression
 
 
-def check_match_condition(expression: str, preset: str, compat: tuple[str, ...]) -> None:
+def check_match_condition(expression: str, preset: str, compat: tuple[str, ...],
+                          defaults: Defaults | None = None) -> None:
     """The expression selects exactly the pods the webhook's code acts on
-    (vgpud/core/admission.py is_gpu_pod): none is admitted without it, no other is sent."""
+    (vgpud/core/admission.py is_gpu_pod) under ``defaults`` (the settings' renamed
+    presets; else the built-in ones of ``preset`` and ``compat``): none is admitted
+    without it, no other is sent."""
     from vgpud.core.admission import is_gpu_pod
-    from vgpud.core.model import Defaults
 
-    defaults = Defaults(preset=preset, compat_presets=compat)
+    defaults = defaults or Defaults(preset=preset, compat_presets=compat)
+    renamed = {n for p in defaults.presets for n in p.names}
     matched = 0
-    for pod in sample_pods():
+    for pod in sample_pods(renamed):
         want = is_gpu_pod(pod, defaults)
         assert cel_matches(expression, pod) is want, (want, pod)
         matched += want

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,22 +20,13 @@ from tests.deploy.rendered import (
     check_network_policies,
     cli_params,
     flag,
+    load_render,
     match_condition,
 )
-from vgpud.config import parse_settings
+from vgpud.config import Settings, parse_settings
 from vgpud.core.requests import PRESETS
 
-
-def _load_render() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vgpud_render", ROOT / "manifests" / "render.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _load_render()
+render = load_render()
 
 
 @pytest.fixture(scope="module")
@@ -250,15 +239,20 @@ FIELDS = ("number", "memory", "cores", "memory_percent", "priority")
 
 
 def expected_managed(preset: str, compat: tuple[str, ...], *, memory_gate: bool = False,
-                     core_gate: bool = False) -> dict[str, bool]:
-    """The code's resource names of the enabled presets -> ignoredByScheduler."""
-    names = [getattr(PRESETS[p], f) for p in dict.fromkeys((preset, *compat)) for f in FIELDS]
+                     core_gate: bool = False, settings: Settings | None = None,
+                     ) -> dict[str, bool]:
+    """The code's resource names of the enabled presets -> ignoredByScheduler (under the
+    names ``settings`` gives them, when given)."""
+    presets = (settings.presets() if settings is not None
+               else tuple(PRESETS[p] for p in dict.fromkeys((preset, *compat))))
+    gates = settings.preset_named("vgpu-manager") if settings else PRESETS["vgpu-manager"]
+    names = [getattr(p, f) for p in presets for f in FIELDS]
     out = {n: True for n in names if n is not None}
-    out["nvidia.com/vgpu-memory"] = not memory_gate
-    out["nvidia.com/vgpu-cores"] = not core_gate
+    out[str(gates.memory)] = not memory_gate
+    out[str(gates.cores)] = not core_gate
     out = {n: v for n, v in out.items() if n in names}
-    out[PRESETS[preset].number] = False  # the one the device plugin advertises
-    for prefix in dict.fromkeys(PRESETS[p].mig for p in (preset, *compat)):
+    out[presets[0].number] = False  # the one the device plugin advertises
+    for prefix in dict.fromkeys(p.mig for p in presets):
         if prefix is not None:  # MIG profiles: advertised by the plugin too
             out.update({f"{prefix}{profile}": False for profile in MIG_PROFILES})
     return out
@@ -292,6 +286,73 @@ def test_every_preset_renders_with_the_codes_names(helm: Path, preset: str,
             check_match_condition(expression, preset, compat)
 
 
+# Every peer's names moved as its own system allows (HAMi's keys, a domain), set in the
+# chart's values: seed 004's inspur.com/vcuda-*, Volcano and VGPU-Manager under another
+# domain, HAMi's five names.
+RENAMED = ("config.resourcePreset=tke", "config.compatPresets={hami,volcano,vgpu-manager}",
+           "config.resourceNames.tke.domain=inspur.com",
+           "config.resourceNames.volcano.domain=gpu.example.org",
+           "config.resourceNames.vgpu-manager.domain=corp.example",
+           "config.resourceNames.hami.resourceName=example.com/vgpu",
+           "config.resourceNames.hami.resourceMem=example.com/vgpu-memory",
+           "config.resourceNames.hami.resourceCores=example.com/vgpu-cores",
+           "config.resourceNames.hami.resourceMemPercentage=example.com/vgpu-memory-share",
+           "config.resourceNames.hami.resourcePriority=example.com/vgpu-priority",
+           "config.plugin.featureGates.MemoryPlugin=true")
+
+
+def test_renamed_presets_render_with_the_codes_names(helm: Path) -> None:
+    """config.resourceNames reaches the daemons' settings, kube-scheduler's managedResources
+    (the gated memory name too) and the webhooks' matchConditions, which select exactly
+    the pods the webhook's code takes for GPU pods under those names."""
+    m = template(helm, *RENAMED)
+    settings = parse_settings(yaml.safe_load(m.configmap_file("vgpud-settings", "vgpud.yaml")))
+    presets = {p.name: p for p in settings.presets()}
+    assert (presets["tke"].number, presets["tke"].memory) == (
+        "inspur.com/vcuda-core", "inspur.com/vcuda-memory")
+    assert presets["volcano"].memory_percent == "gpu.example.org/vgpu-memory-percentage"
+    assert presets["hami"].names == (
+        "example.com/vgpu", "example.com/vgpu-memory", "example.com/vgpu-cores",
+        "example.com/vgpu-memory-share", "example.com/vgpu-priority")
+    (ext,) = m.scheduler_config()["extenders"]
+    got = {r["name"]: r["ignoredByScheduler"] for r in ext["managedResources"]}
+    want = expected_managed("tke", (), memory_gate=True, settings=settings)
+    assert got == want
+    assert got["corp.example/vgpu-memory"] is False  # MemoryPlugin: node capacity
+    assert got["inspur.com/vcuda-core"] is False  # what the device plugin advertises
+    builtin = {n for p in PRESETS.values() for n in p.names} - {
+        n for p in presets.values() for n in p.names}
+    assert not builtin & set(got)  # no built-in name the settings replaced
+    gpu_names = {n for p in presets.values()
+                 for n in (p.number, p.memory, p.cores, p.memory_percent, p.mig) if n}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (cfg,) = m.of_kind(kind)
+        expression = match_condition(cfg["webhooks"][0])
+        assert set(re.findall(r'"([^"]+)"', expression)) == gpu_names
+        if importlib.util.find_spec("celpy") is not None:
+            check_match_condition(expression, "tke", settings.compatPresets,
+                                  settings.defaults())
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("config.resourceNames.hami.resourceName=example.com/gpu",
+     "config.resourceNames.hami: the preset is not enabled"),
+    ("config.resourceNames.kai.domain=example.com", 'unknown preset "kai"'),
+    ("config.resourceNames.vgpu-manager.domain=Example.com", "is not a DNS subdomain"),
+    ("config.resourceNames.vgpu-manager.domain=kubernetes.io", "Kubernetes' own"),
+    ("config.resourceNames.vgpu-manager.resourceName=vgpu", "not an extended resource name"),
+    ("config.resourceNames.vgpu-manager.resourceMem=", "not an extended resource name"),
+    ("config.resourceNames.vgpu-manager.resourceMem=nvidia.com/vgpu-number",
+     "two resources of the enabled presets have one name"),
+    ("config.resourceNames.vgpu-manager.resourceGPU=example.com/g", "unknown key"),
+    ("config.resourcePreset=tke,config.resourceNames.tke.resourceCores=example.com/c",
+     "TKE's names are vcuda-core"),
+])
+def test_bad_resource_names_fail_with_a_reason(helm: Path, setting: str, message: str) -> None:
+    with pytest.raises(render.RenderError, match=message):
+        render.render(helm, (setting,), lint=False)
+
+
 def test_nvidia_com_gpu_is_rendered_only_with_the_hami_preset(helm: Path) -> None:
     assert "nvidia.com/gpu" not in render.render(helm, (), lint=False)
     assert "nvidia.com/gpu" not in render.render(
@@ -303,8 +364,12 @@ def test_nvidia_com_gpu_is_rendered_only_with_the_hami_preset(helm: Path) -> Non
     values = (render.CHART / "values.yaml").read_text()
     notes = (render.CHART / "templates" / "NOTES.txt").read_text()
     assert "kubelet keeps one plugin per resource name" in values
-    assert 'eq .Values.config.resourcePreset "hami"' in notes
+    assert "if has $nvidia" in notes  # any enabled preset that advertises it
     assert "kubelet keeps one device plugin per" in notes
+    renamed = render.render(helm, ("config.resourcePreset=hami",
+                                   "config.resourceNames.hami.resourceName=example.com/gpu"),
+                            lint=False)
+    assert "nvidia.com/gpu\n" not in renamed and "name: example.com/gpu" in renamed
 
 
 # -- the webhook's switches ------------------------------------------------------------------

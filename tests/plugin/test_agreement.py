@@ -41,3 +41,7 @@ def test_core_scaling_1_15_gives_115_percent_to_scheduler_and_plugin() -> None:
     assert isinstance(got, Placement), got
     # and the capacity it publishes
     assert extended_resources(inv, cores=True, memory=False) == {"nvidia.com/vgpu-cores": "230"}
+    # the vgpu-manager preset's names, as the settings' resourceNames move them
+    assert extended_resources(inv, cores=True, memory=False,
+                              names=("corp.example/vgpu-cores", "corp.example/vgpu-memory"),
+                              ) == {"corp.example/vgpu-cores": "230"}

@@ -85,6 +85,25 @@ async def test_node_annotation_overrides_and_feature_gates() -> None:
         assert h.api.count("patch", "nodes") == patches
 
 
+async def test_the_gates_node_resources_follow_renamed_names() -> None:
+    """resourceNames moves the vgpu-manager preset's names: the number the plugin
+    registers and the memory and cores the gates publish as node capacity alike."""
+    settings = {"resourceNames": {"vgpu-manager": {"domain": "corp.example"}},
+                "plugin": {"featureGates": {"CorePlugin": True, "MemoryPlugin": True}}}
+    async with node_harness(2, settings=settings, resources=["corp.example/vgpu-number"]) as h:
+        assert h.kubelet.registered() == {"corp.example/vgpu-number"}
+        await h.published_inventory()
+
+        def capacity() -> dict[str, str]:
+            return dict(h.api.get("nodes", NODE, "")["status"].get("capacity") or {})
+
+        await wait_for(lambda: "corp.example/vgpu-memory" in capacity())
+        cap = capacity()
+        assert (cap["corp.example/vgpu-cores"], cap["corp.example/vgpu-memory"]) == (
+            "200", str(2 * 24576))
+        assert not {"nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory"} & set(cap)
+
+
 async def test_allocate_and_prestart_write_the_assigned_limits() -> None:
     async with node_harness(4) as h:
         p = placement({"main": [(1, 3000, 30)]})

@@ -77,3 +77,18 @@ def test_the_settings_presets_are_the_ones_served() -> None:
                                                   ("tencent.com/vcuda-core", 150)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         got[0].replicas = 1  # type: ignore[misc]
+
+
+def test_renamed_presets_are_served_under_their_names() -> None:
+    s = parse_settings({"resourcePreset": "tke", "compatPresets": ["hami", "vgpu-manager"],
+                        "resourceNames": {"tke": {"domain": "inspur.com"},
+                                          "hami": {"resourceName": "example.com/gpu"}}})
+    presets = s.presets()
+    got = served(presets[0], presets[1:], split=5, profiles=["1g.10gb"])
+    assert [(r.name, r.socket, r.replicas, r.per_gpu) for r in got] == [
+        ("inspur.com/vcuda-core", "vgpud-inspur.com-vcuda-core.sock", 100, PERCENT_IDS),
+        ("example.com/gpu", "vgpud-example.com-gpu.sock", 5, VGPU_IDS),
+        ("nvidia.com/vgpu-number", "vgpud-vgpu-number.sock", 5, VGPU_IDS),
+        ("nvidia.com/mig-1g.10gb", "vgpud-nvidia.com-mig-1g.10gb.sock", 1, VGPU_IDS)]
+    # the names the settings replaced are not served
+    assert not {"tencent.com/vcuda-core", "nvidia.com/gpu"} & {r.name for r in got}

@@ -31,9 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpud.core.fit import PREDICATES, GpuState, demand, gpu_reason
-from vgpud.core.model import ZERO, ContainerRequest, Defaults, GpuUsage, NodeInventory
-from vgpud.core.requests import (
+from vgpud.core.model import (
+    ZERO,
+    ContainerRequest,
+    Defaults,
+    GpuUsage,
+    NodeInventory,
     Preset,
+)
+from vgpud.core.requests import (
     RequestError,
     enabled_presets,
     parse_pod,
@@ -127,8 +133,7 @@ def _parts(c: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]] 
 
 
 def _names(preset: Preset) -> list[str]:
-    return [n for n in (preset.number, preset.memory, preset.cores, preset.memory_percent,
-                        preset.priority) if n is not None]
+    return list(preset.names)
 
 
 def unreadable(pod: object) -> str | None:

@@ -307,6 +307,35 @@ def phases(containers: Sequence[P]) -> list[list[P]]:
 
 
 @dataclass(frozen=True, slots=True)
+class Preset:
+    """Resource names of one GPU-sharing system (the built-in ones are
+    :data:`vgpud.core.requests.PRESETS`; the settings may rename them)."""
+
+    name: str
+    number: str
+    memory: str | None
+    cores: str | None
+    memory_percent: str | None = None
+    priority: str | None = None  # a resource carrying the priority (HAMi)
+    tke: bool = False  # TKE's units: vcuda-core 100 = one GPU, vcuda-memory × 256 MiB
+    mig: str | None = None  # prefix of the MIG profile resources (``<mig><profile>``)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The resource names a pod may ask for (number, memory, cores, memory share,
+        priority: those the preset has), MIG profiles aside."""
+        return tuple(n for n in (self.number, self.memory, self.cores, self.memory_percent,
+                                 self.priority) if n is not None)
+
+    def mig_profile(self, resource: str) -> str | None:
+        """The MIG profile a resource name asks for (``nvidia.com/mig-1g.10gb`` →
+        ``1g.10gb``), or None when it is not one of this preset's MIG resources."""
+        if self.mig is None or not resource.startswith(self.mig):
+            return None
+        return resource[len(self.mig):]
+
+
+@dataclass(frozen=True, slots=True)
 class Defaults:
     """Cluster-wide defaults the core applies (the daemon config's keys)."""
 
@@ -321,4 +350,7 @@ class Defaults:
     compute_policy: ComputePolicy = ComputePolicy.FIXED
     preset: str = "vgpu-manager"
     compat_presets: tuple[str, ...] = ()
+    # presets whose names the settings changed (``resourceNames``): each replaces the
+    # built-in preset of its name (vgpud.core.requests.preset_table)
+    presets: tuple[Preset, ...] = ()
     assume_ttl: float = 120.0  # seconds an assumed placement may go unconfirmed

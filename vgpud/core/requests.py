@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
@@ -22,6 +22,7 @@ from vgpud.core.model import (
     Defaults,
     PodRequest,
     Policy,
+    Preset,
     TopologyMode,
 )
 
@@ -38,27 +39,6 @@ class RequestError(ValueError):
     """A pod's GPU request is invalid; ``str()`` says which container and why."""
 
 
-@dataclass(frozen=True, slots=True)
-class Preset:
-    """Resource names of one GPU-sharing system."""
-
-    name: str
-    number: str
-    memory: str | None
-    cores: str | None
-    memory_percent: str | None = None
-    priority: str | None = None  # a resource carrying the priority (HAMi)
-    tke: bool = False  # TKE's units: vcuda-core 100 = one GPU, vcuda-memory × 256 MiB
-    mig: str | None = None  # prefix of the MIG profile resources (``<mig><profile>``)
-
-    def mig_profile(self, resource: str) -> str | None:
-        """The MIG profile a resource name asks for (``nvidia.com/mig-1g.10gb`` →
-        ``1g.10gb``), or None when it is not one of this preset's MIG resources."""
-        if self.mig is None or not resource.startswith(self.mig):
-            return None
-        return resource[len(self.mig):]
-
-
 PRESETS: dict[str, Preset] = {
     "vgpu-manager": Preset("vgpu-manager", "nvidia.com/vgpu-number", "nvidia.com/vgpu-memory",
                            "nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory-percentage",
@@ -71,6 +51,109 @@ PRESETS: dict[str, Preset] = {
     "tke": Preset("tke", "tencent.com/vcuda-core", "tencent.com/vcuda-memory", None, tke=True),
 }
 TKE_MEMORY_UNIT = 256  # MiB
+
+# -- renamed presets ------------------------------------------------------------------------
+# Each peer lets its names be changed: HAMi's chart keys (resourceName, resourceMem,
+# resourceMemPercentage, resourceCores, resourcePriority), Volcano's and VGPU-Manager's
+# domain, TKE's vendor domain (seed 004's inspur.com/vcuda-*). The settings say which
+# (vgpud/config.py ``resourceNames``); :func:`renamed` makes the preset, checked here.
+
+# Preset fields a setting may rename; the optional ones may be dropped ("").
+RENAMEABLE = ("number", "memory", "cores", "memory_percent", "priority")
+OPTIONAL = ("memory_percent", "priority")
+
+_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DOMAIN = re.compile(rf"^{_LABEL}(?:\.{_LABEL})*$")
+_SHORT = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class PresetError(ValueError):
+    """Renamed resources that Kubernetes or the other presets do not allow; ``str()``
+    says which name and why."""
+
+
+def domain_problem(domain: str) -> str | None:
+    """Why ``domain`` cannot be the domain of an extended resource, or None."""
+    if not _DOMAIN.match(domain) or len(domain) > 253 - len("requests."):
+        return (f"{domain!r} is not a DNS subdomain (lower-case letters, digits, '-' and "
+                "'.', like example.com)")
+    if domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        return f"{domain!r}: the kubernetes.io domains are Kubernetes' own"
+    return None
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be an extended resource (Kubernetes' rule: ``<domain>/<name>``
+    outside the kubernetes.io domains, and ``requests.<name>`` a qualified name for
+    ResourceQuota), or None."""
+    domain, slash, short = name.partition("/")
+    if not slash:
+        return f"{name!r} has no domain: write <domain>/<name>, like example.com/vgpu"
+    if (why := domain_problem(domain)) is not None:
+        return f"{name!r}: {why}"
+    if len(short) > 63 or not _SHORT.match(short):
+        return (f"{name!r}: {short!r} is not a resource name (at most 63 letters, digits, "
+                "'-', '_' or '.', beginning and ending with a letter or digit)")
+    return None
+
+
+def renamed(base: Preset, *, domain: str | None = None,
+            names: Mapping[str, str] | None = None,
+            labels: Mapping[str, str] | None = None) -> Preset:
+    """``base`` under other names: ``domain`` replaces the domain of each of its resource
+    names (not the MIG prefix: those resources are NVIDIA's), then ``names`` (field →
+    name, fields of :data:`RENAMEABLE`) replace single names; "" drops an optional one.
+    Raises :class:`PresetError` for a name Kubernetes refuses or two fields of one name;
+    ``labels`` (field → the setting's key) name the fields in its message."""
+    names = dict(names or {})
+    label = dict(labels or {})
+    unknown = sorted(set(names) - set(RENAMEABLE))
+    if unknown:
+        raise PresetError(f"{base.name}: no such names to rename: {', '.join(unknown)}")
+    fields: dict[str, str | None] = {f: getattr(base, f) for f in RENAMEABLE}
+    if domain is not None:
+        if (why := domain_problem(domain)) is not None:
+            raise PresetError(f"{base.name}: domain {why}")
+        fields = {f: None if n is None else f"{domain}/{n.partition('/')[2]}"
+                  for f, n in fields.items()}
+    for f, n in names.items():
+        if base.tke and f not in ("number", "memory"):
+            raise PresetError(f"{base.name}: TKE's names are vcuda-core (the GPUs and their "
+                              f"share) and vcuda-memory; there is no {label.get(f, f)} to "
+                              "rename")
+        if n == "" and f in OPTIONAL:
+            fields[f] = None
+            continue
+        if (why := resource_name_problem(n)) is not None:
+            raise PresetError(f"{base.name}.{label.get(f, f)}: {why}")
+        fields[f] = n
+    given = [n for n in fields.values() if n is not None]
+    twice = sorted({n for n in given if given.count(n) > 1})
+    if twice:
+        raise PresetError(f"{base.name}: {twice[0]} names two of its resources")
+    return replace(base, number=fields["number"] or base.number, memory=fields["memory"],
+                   cores=fields["cores"], memory_percent=fields["memory_percent"],
+                   priority=fields["priority"])
+
+
+def check_presets(presets: Sequence[Preset]) -> None:
+    """The enabled presets must not share a resource name (a pod naming it would be read
+    by the first one only), nor use a name under a MIG prefix (it would be read as a MIG
+    profile). Raises :class:`PresetError` naming the two."""
+    seen: dict[str, str] = {}
+    for p in presets:
+        for n in p.names:
+            if n in seen and seen[n] != p.name:
+                raise PresetError(f"{n} is a name of both {seen[n]} and {p.name}; an enabled "
+                                  "preset's names must be its own")
+            seen.setdefault(n, p.name)
+    for p in presets:
+        if p.mig is None:
+            continue
+        for n, owner in seen.items():
+            if n.startswith(p.mig):
+                raise PresetError(f"{owner}: {n} begins with {p.mig}, {p.name}'s MIG "
+                                  "profile prefix: it would be read as a MIG instance")
 
 # (canonical annotation, aliases)
 ANNOTATIONS: dict[str, tuple[str, ...]] = {
@@ -132,10 +215,17 @@ def _resources(container: Mapping[str, Any], cname: str) -> dict[str, object]:
     return merged
 
 
+def preset_table(defaults: Defaults) -> dict[str, Preset]:
+    """:data:`PRESETS` with the presets the settings renamed (``defaults.presets``)."""
+    return {**PRESETS, **{p.name: p for p in defaults.presets}}
+
+
 def enabled_presets(defaults: Defaults) -> list[Preset]:
-    """The configured preset first, then the compatible ones, each once."""
+    """The configured preset first, then the compatible ones, each once, under the names
+    the settings give them."""
+    table = preset_table(defaults)
     names = [defaults.preset, *[p for p in defaults.compat_presets if p != defaults.preset]]
-    return [PRESETS[n] for n in dict.fromkeys(names)]
+    return [table[n] for n in dict.fromkeys(names)]
 
 
 def preset_of(names: Iterable[str], presets: Sequence[Preset]) -> Preset | None:
@@ -165,7 +255,8 @@ def _container(
         return parse_quantity(res[name], f"container {cname!r}: {name}")
 
     if preset.tke:
-        return _tke_container(cname, get(preset.number), get(preset.memory), init, sidecar)
+        return _tke_container(cname, preset, get(preset.number), get(preset.memory), init,
+                              sidecar)
     profiles = {p: n for n in res if (p := preset.mig_profile(n)) is not None}
     if profiles:
         return _mig_container(cname, preset, profiles, res, init, sidecar)
@@ -238,26 +329,26 @@ def _mig_container(cname: str, preset: Preset, profiles: Mapping[str, str],
                             init=init, sidecar=sidecar, profile=profile)
 
 
-def _tke_container(cname: str, core: int | None, mem: int | None, init: bool,
+def _tke_container(cname: str, preset: Preset, core: int | None, mem: int | None, init: bool,
                    sidecar: bool) -> ContainerRequest | None:
+    core_name, mem_name = preset.number, preset.memory  # tencent.com/vcuda-core, -memory
     if not core:
         if mem:
-            raise RequestError(f"container {cname!r}: tencent.com/vcuda-memory needs "
-                               "tencent.com/vcuda-core")
+            raise RequestError(f"container {cname!r}: {mem_name} needs {core_name}")
         return None
     if core > 100 and core % 100:
-        raise RequestError(f"container {cname!r}: tencent.com/vcuda-core: {core} must be below "
+        raise RequestError(f"container {cname!r}: {core_name}: {core} must be below "
                            "100 (a share of one GPU) or a multiple of 100 (whole GPUs)")
     number, cores = (1, core) if core < 100 else (core // 100, 100)
     if number > MAX_VGPUS:
-        raise RequestError(f"container {cname!r}: tencent.com/vcuda-core: {number} GPUs is more "
+        raise RequestError(f"container {cname!r}: {core_name}: {number} GPUs is more "
                            f"than {MAX_VGPUS}")
     if mem is None:
         return ContainerRequest(name=cname, number=number, memory_percent=100, cores=cores,
                                 init=init, sidecar=sidecar)
     total = mem * TKE_MEMORY_UNIT
     if total > MAX_MEMORY_MIB * number:
-        raise RequestError(f"container {cname!r}: tencent.com/vcuda-memory: {mem} is absurd")
+        raise RequestError(f"container {cname!r}: {mem_name}: {mem} is absurd")
     return ContainerRequest(name=cname, number=number, memory=-(-total // number), cores=cores,
                             init=init, sidecar=sidecar)
 

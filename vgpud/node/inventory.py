@@ -1,6 +1,8 @@
 """Publishing the node's inventory: the ``vgpud.io/node-devices`` annotation and,
 behind the CorePlugin / MemoryPlugin feature gates, the extended resources
-``nvidia.com/vgpu-cores`` and ``nvidia.com/vgpu-memory`` in the node's capacity.
+``nvidia.com/vgpu-cores`` and ``nvidia.com/vgpu-memory`` in the node's capacity (the
+vgpu-manager preset's cores and memory names: the settings' ``resourceNames`` may move
+them, ``example.com/vgpu-memory``).
 
 The annotation is written only when it differs from what the node carries. The
 extended resources are set in ``status.capacity`` (kubelet copies them to
@@ -28,14 +30,16 @@ CORES = "nvidia.com/vgpu-cores"
 MEMORY = "nvidia.com/vgpu-memory"
 
 
-def extended_resources(inv: NodeInventory, *, cores: bool, memory: bool) -> dict[str, str]:
-    """The node's totals over healthy GPUs, as quantity strings."""
+def extended_resources(inv: NodeInventory, *, cores: bool, memory: bool,
+                       names: tuple[str, str] = (CORES, MEMORY)) -> dict[str, str]:
+    """The node's totals over healthy GPUs, as quantity strings, under ``names`` (cores,
+    memory)."""
     caps = [inv.capacity(g) for g in inv.devices if g.healthy and not g.mig]
     out = {}
     if cores:
-        out[CORES] = str(sum(c.cores for c in caps))
+        out[names[0]] = str(sum(c.cores for c in caps))
     if memory:
-        out[MEMORY] = str(sum(c.memory for c in caps))
+        out[names[1]] = str(sum(c.memory for c in caps))
     return out
 
 
@@ -47,6 +51,7 @@ async def publish_inventory(
     cores: bool = False,
     memory: bool = False,
     links: bool = True,
+    names: tuple[str, str] = (CORES, MEMORY),
     recheck: float = 60.0,
     retry: float = 5.0,
 ) -> None:
@@ -69,7 +74,8 @@ async def publish_inventory(
                 await cluster.set_node_annotation(node, NODE_DEVICES, text)
                 log.info("inventory_published", node=node, gpus=len(devices.uuids))
             if (cores or memory) and text != published:
-                res = extended_resources(devices.inventory(), cores=cores, memory=memory)
+                res = extended_resources(devices.inventory(), cores=cores, memory=memory,
+                                         names=names)
                 await cluster.set_node_resources(node, res)
             published = text
         except KubeError as e:

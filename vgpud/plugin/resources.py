@@ -1,10 +1,12 @@
 """Which kubelet resources a node's plugin serves, and what one device ID of each means.
 Pure: no I/O, no async.
 
-:func:`served` turns the settings (``resourcePreset`` and ``compatPresets``) into one
+:func:`served` turns the settings (``resourcePreset`` and ``compatPresets``, under the
+names ``resourceNames`` gives them: ``Settings.presets()``) into one
 :class:`ServedResource` per distinct resource name: the preset's *number* name
 (``nvidia.com/vgpu-number``, HAMi's ``nvidia.com/gpu``, Volcano's
-``volcano.sh/vgpu-number``, TKE's ``tencent.com/vcuda-core``). Each is registered with
+``volcano.sh/vgpu-number``, TKE's ``tencent.com/vcuda-core``, or the name the settings
+give it, like ``inspur.com/vcuda-core``). Each is registered with
 kubelet on its own socket. The presets' memory, cores and percentage names are *not*
 registered: they are scheduler-managed extended resources (kube-scheduler is told
 ``ignoredByScheduler``), and kubelet's admission drops the extended resources no node
@@ -32,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from vgpud.core.model import DeviceGrant
+from vgpud.core.model import DeviceGrant, Preset
 from vgpud.core.requests import PRESETS
 from vgpud.node.allocations import DEFAULT_RESOURCE
 
@@ -77,34 +79,40 @@ def socket_for(resource: str) -> str:
     return f"vgpud-{resource.replace('/', '-')}.sock"
 
 
-def mig_resources(preset: str, compat: Iterable[str], profiles: Iterable[str],
-                  ) -> tuple[ServedResource, ...]:
+def _preset(p: str | Preset) -> Preset:
+    return PRESETS[p] if isinstance(p, str) else p
+
+
+def mig_resources(preset: str | Preset, compat: Iterable[str | Preset],
+                  profiles: Iterable[str]) -> tuple[ServedResource, ...]:
     """One resource per MIG profile the node offers whole (``migStrategy: mixed``) and
     per preset that names MIG resources: ``nvidia.com/mig-1g.10gb``, one ID per
-    instance."""
+    instance. A preset is given by its built-in name or as a (renamed) :class:`Preset`."""
     out: dict[str, ServedResource] = {}
-    for name in (preset, *compat):
-        prefix = PRESETS[name].mig
+    for p in (preset, *compat):
+        prefix = _preset(p).mig
         if prefix is None:
             continue
-        for p in sorted(set(profiles)):
-            res = f"{prefix}{p}"
-            out.setdefault(res, ServedResource(res, socket_for(res), 1, VGPU_IDS, profile=p))
+        for prof in sorted(set(profiles)):
+            res = f"{prefix}{prof}"
+            out.setdefault(res, ServedResource(res, socket_for(res), 1, VGPU_IDS, profile=prof))
     return tuple(out.values())
 
 
-def served(preset: str, compat: Iterable[str] = (), *, split: int,
+def served(preset: str | Preset, compat: Iterable[str | Preset] = (), *, split: int,
            core_scaling: float = 1.0, profiles: Iterable[str] = (),
            ) -> tuple[ServedResource, ...]:
     """The resources to register: ``preset``'s first, then each of ``compat``, one per
     distinct resource name, then the MIG profile resources of ``profiles``
-    (:func:`mig_resources`). ``split`` and ``core_scaling`` are this node's settings."""
+    (:func:`mig_resources`). ``split`` and ``core_scaling`` are this node's settings; a
+    preset is given by its built-in name or as a (renamed) :class:`Preset`."""
     out: dict[str, ServedResource] = {}
-    for name in (preset, *compat):
-        number = PRESETS[name].number
+    compat = tuple(compat)
+    for p in map(_preset, (preset, *compat)):
+        number = p.number
         if number in out:
             continue
-        if PRESETS[name].tke:
+        if p.tke:
             out[number] = ServedResource(number, socket_for(number),
                                          max(PERCENT_IDS, round(PERCENT_IDS * core_scaling)),
                                          PERCENT_IDS)

@@ -40,7 +40,7 @@ from vgpud.node.allocations import Owner as AllocationOwner
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.cluster import ClusterApi, KubeCluster, PodView
 from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
-from vgpud.node.inventory import publish_inventory
+from vgpud.node.inventory import CORES, MEMORY, publish_inventory
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
 from vgpud.node.tenant import TenantReads
@@ -199,7 +199,8 @@ async def run_plugin(
     split, mem_scaling, core_scaling = settings.for_node(opts.node_name)
     devices = NodeDevices(found, split=split, memory_scaling=mem_scaling,
                           core_scaling=core_scaling, mig=settings.mig_strategy_for(opts.node_name))
-    resources = served(settings.resourcePreset, settings.compatPresets, split=split,
+    presets = settings.presets()  # resourcePreset first, under resourceNames' names
+    resources = served(presets[0], presets[1:], split=split,
                        core_scaling=core_scaling, profiles=_profiles(devices))
     log.info("gpus_found", node=opts.node_name, gpus=len(found), split=split,
              resources=[r.name for r in resources])
@@ -289,7 +290,7 @@ async def run_plugin(
             async def on_change(changes: Changes) -> None:
                 for uuid in changes.gone:
                     await device_gone(uuid)
-                for r in served(settings.resourcePreset, settings.compatPresets, split=split,
+                for r in served(presets[0], presets[1:], split=split,
                                 core_scaling=core_scaling, profiles=_profiles(devices)):
                     if r.name not in services:  # a MIG profile new to this node
                         services[r.name] = service_for(r)
@@ -307,9 +308,11 @@ async def run_plugin(
                 lambda pid: registry.allocation_of(pid, procfs.read(pid)),
                 period=plug.arbitrationPeriodSeconds, observed=observed,
                 on_sm=watchdog.record_sm, reads=reads))
+            vgm = settings.preset_named("vgpu-manager")  # the gates' names, renamed too
             tg.start_soon(lambda: publish_inventory(
                 opts.node_name, devices, cluster, cores=gates.CorePlugin,
-                memory=gates.MemoryPlugin, links=gates.GPUTopology))
+                memory=gates.MemoryPlugin, links=gates.GPUTopology,
+                names=(vgm.cores or CORES, vgm.memory or MEMORY)))
             port = None
             if listen:
                 metrics = CollectorRegistry(auto_describe=False)

@@ -145,7 +145,7 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
                     sites.append(bound_port(site, p))
                 log.info("webhook_listening", reviews=listen, ops=metrics_listen or listen,
                          scheduler_name=policy.scheduler_name,
-                         presets=[settings.resourcePreset, *settings.compatPresets])
+                         presets={p.name: p.number for p in settings.presets()})
                 if handle_signals:
                     tg.start_soon(cancel_on_signals, tg.cancel_scope, "webhook_stopping")
                 tg.start_soon(nodes.run)

@@ -126,6 +126,32 @@ tke:
   memory: tencent.com/vcuda-memory
 {{- end -}}
 
+{{/* The presets' table with config.resourceNames applied (vgpud/config.py ResourceNames):
+     a preset's `domain` replaces the domain of each of its names (not the MIG prefix),
+     then resourceName, resourceMem, resourceCores, resourceMemPercentage and
+     resourcePriority replace single names; "" drops one (only the last two may be
+     dropped: "vgpud.checks" says so). */}}
+{{- define "vgpud.namedPresets" -}}
+{{- $presets := include "vgpud.presets" . | fromYaml -}}
+{{- $keys := dict "number" "resourceName" "memory" "resourceMem" "cores" "resourceCores" "memoryPercent" "resourceMemPercentage" "priority" "resourcePriority" -}}
+{{- range $p, $names := .Values.config.resourceNames | default dict -}}
+{{- if and (hasKey $presets $p) (kindIs "map" $names) -}}
+{{- $t := get $presets $p -}}
+{{- range $field, $key := $keys -}}
+{{- $name := get $t $field -}}
+{{- if and $names.domain $name -}}
+{{- $name = printf "%s/%s" $names.domain (regexReplaceAll "^[^/]*/" $name "") -}}
+{{- end -}}
+{{- if and (hasKey $names $key) (kindIs "string" (get $names $key)) -}}
+{{- $name = get $names $key -}}
+{{- end -}}
+{{- if $name -}}{{- $_ := set $t $field $name -}}{{- else -}}{{- $_ := unset $t $field -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $presets | toYaml -}}
+{{- end -}}
+
 {{/* The enabled presets' names: config.resourcePreset first, then config.compatPresets. */}}
 {{- define "vgpud.enabledPresets" -}}
 {{- concat (list .Values.config.resourcePreset) (.Values.config.compatPresets | default list) | uniq | toJson -}}
@@ -134,7 +160,7 @@ tke:
 {{/* The enabled presets' resource names, in order, each once (JSON list), of the fields
      given: include "vgpud.resourceNames" (dict "ctx" $ "fields" (list "number" ...)). */}}
 {{- define "vgpud.resourceNames" -}}
-{{- $presets := include "vgpud.presets" .ctx | fromYaml -}}
+{{- $presets := include "vgpud.namedPresets" .ctx | fromYaml -}}
 {{- $names := list -}}
 {{- range $p := include "vgpud.enabledPresets" .ctx | fromJsonArray -}}
 {{- $t := get $presets $p -}}
@@ -172,9 +198,15 @@ tke:
 {{- include "vgpud.resourceNames" (dict "ctx" . "fields" (list "number" "memory" "cores" "memoryPercent")) -}}
 {{- end -}}
 
-{{/* The configured preset's table entry (JSON). */}}
+{{/* The configured preset's table entry (JSON), config.resourceNames applied. */}}
 {{- define "vgpud.preset" -}}
-{{- get (include "vgpud.presets" . | fromYaml) .Values.config.resourcePreset | toJson -}}
+{{- get (include "vgpud.namedPresets" . | fromYaml) .Values.config.resourcePreset | toJson -}}
+{{- end -}}
+
+{{/* The vgpu-manager preset's entry (JSON), renamed or not: its memory and cores names are
+     the node capacity the plugin's MemoryPlugin / CorePlugin gates publish. */}}
+{{- define "vgpud.gateNames" -}}
+{{- get (include "vgpud.namedPresets" . | fromYaml) "vgpu-manager" | toJson -}}
 {{- end -}}
 
 {{/* The webhook's matchConditions expression (CEL): the pod has a container or an init
@@ -210,6 +242,50 @@ tke:
 {{- if not (hasKey $presets (toString .)) -}}
 {{- fail (printf "config.compatPresets: unknown preset %q; choose one of %s" (toString .) $known) -}}
 {{- end -}}
+{{- end -}}
+{{- $enabled := include "vgpud.enabledPresets" . | fromJsonArray -}}
+{{- range $p, $names := .Values.config.resourceNames | default dict -}}
+{{- if not (hasKey $presets $p) -}}
+{{- fail (printf "config.resourceNames: unknown preset %q; choose one of %s" $p $known) -}}
+{{- end -}}
+{{- if not (has $p $enabled) -}}
+{{- fail (printf "config.resourceNames.%s: the preset is not enabled (config.resourcePreset or config.compatPresets): its names would not be read" $p) -}}
+{{- end -}}
+{{- if not (kindIs "map" $names) -}}
+{{- fail (printf "config.resourceNames.%s: expected a map of names (domain, resourceName, resourceMem, resourceCores, resourceMemPercentage, resourcePriority)" $p) -}}
+{{- end -}}
+{{- range $key, $v := $names -}}
+{{- if regexMatch `^([^/]*\.)?kubernetes\.io(/|$)` (toString $v) -}}
+{{- fail (printf "config.resourceNames.%s.%s: %q: the kubernetes.io domains are Kubernetes' own" $p $key (toString $v)) -}}
+{{- end -}}
+{{- if not (has $key (list "domain" "resourceName" "resourceMem" "resourceCores" "resourceMemPercentage" "resourcePriority")) -}}
+{{- fail (printf "config.resourceNames.%s.%s: unknown key; the keys are domain, resourceName, resourceMem, resourceCores, resourceMemPercentage, resourcePriority" $p $key) -}}
+{{- end -}}
+{{- if and (eq $p "tke") (has $key (list "resourceCores" "resourceMemPercentage" "resourcePriority")) -}}
+{{- fail (printf "config.resourceNames.tke.%s: TKE's names are vcuda-core (resourceName) and vcuda-memory (resourceMem)" $key) -}}
+{{- end -}}
+{{- if eq $key "domain" -}}
+{{- if not (regexMatch `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$` (toString $v)) -}}
+{{- fail (printf "config.resourceNames.%s.domain: %q is not a DNS subdomain (like example.com)" $p (toString $v)) -}}
+{{- end -}}
+{{- else if not (and (has $key (list "resourceMemPercentage" "resourcePriority")) (eq (toString $v) "")) -}}
+{{- if not (regexMatch `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$` (toString $v)) -}}
+{{- fail (printf "config.resourceNames.%s.%s: %q is not an extended resource name (<domain>/<name>, like example.com/vgpu)" $p $key (toString $v)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $all := include "vgpud.resourceNames" (dict "ctx" . "fields" (list "number" "memory" "cores" "memoryPercent" "priority")) | fromJsonArray -}}
+{{- $named := include "vgpud.namedPresets" . | fromYaml -}}
+{{- $count := 0 -}}
+{{- range $p := $enabled -}}
+{{- $t := get $named $p -}}
+{{- range $f := list "number" "memory" "cores" "memoryPercent" "priority" -}}
+{{- if get $t $f -}}{{- $count = add1 $count -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (len $all) (int $count) -}}
+{{- fail "config.resourceNames: two resources of the enabled presets have one name; each must have its own" -}}
 {{- end -}}
 {{- $wh := .Values.webhook -}}
 {{- if not (has $wh.certs.mode (list "bootstrap" "cert-manager")) -}}
