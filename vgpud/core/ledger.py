@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from vgpud.core.cluster import Cluster
 from vgpud.core.fit import room
 from vgpud.core.model import ZERO, GpuUsage, Placement, Reason
+from vgpud.core.quota import NONE, Use, placement_use
 
 
 class State(enum.Enum):
@@ -52,6 +53,10 @@ def _same(a: Placement, b: Placement) -> bool:
     return replace(a, time="") == replace(b, time="")
 
 
+def _namespace(key: str) -> str:
+    return key.partition("/")[0] if "/" in key else ""
+
+
 class Ledger:
     """Entries by pod uid, applied to a :class:`Cluster`'s usage totals."""
 
@@ -62,6 +67,8 @@ class Ledger:
         self._on_node: dict[str, dict[str, None]] = {}  # node -> uids (insertion order)
         self._deadlines: list[tuple[float, str]] = []
         self._assumed = 0  # entries in State.ASSUMED, kept as they change
+        # namespace -> what its entries take (vgpud.core.quota), kept as they change
+        self._namespaces: dict[str, Use] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -83,6 +90,13 @@ class Ledger:
     def on_node(self, node: str) -> list[Entry]:
         """The entries placed on ``node`` (preemption looks for victims there)."""
         return [self._entries[uid] for uid in self._on_node.get(node, ())]
+
+    def namespace_use(self, namespace: str) -> Use:
+        """What the namespace's entries (confirmed and assumed) take, for its quota."""
+        return self._namespaces.get(namespace, NONE)
+
+    def namespaces(self) -> dict[str, Use]:
+        return dict(self._namespaces)
 
     def room(self, placement: Placement, held: dict[str, GpuUsage] | None = None) -> Reason | None:
         """Why ``placement`` would break an invariant now; None when it fits."""
@@ -170,6 +184,12 @@ class Ledger:
                            f"{', '.join(sorted(e.key for e in pods))}")
         out += self.cluster.drift()
         assumed = sum(e.state is State.ASSUMED for e in self._entries.values())
+        spaces: dict[str, Use] = {}
+        for e in self._entries.values():
+            ns = _namespace(e.key)
+            spaces[ns] = spaces.get(ns, NONE) + placement_use(e.placement)
+        if {k: v for k, v in spaces.items() if v != NONE} != self._namespaces:
+            out.append(f"namespace totals {self._namespaces} differ from the entries' {spaces}")
         if assumed != self._assumed:
             out.append(f"{assumed} entries are assumed but the count says {self._assumed}")
         return out
@@ -179,6 +199,8 @@ class Ledger:
         self._assumed += e.state is State.ASSUMED
         self._on_node.setdefault(e.placement.node, {})[e.uid] = None
         self.cluster.add_usage(e.placement.node, held or e.placement.charge(), +1)
+        ns = _namespace(e.key)
+        self._namespaces[ns] = self._namespaces.get(ns, NONE) + placement_use(e.placement)
 
     def _drop(self, e: Entry) -> None:
         # The charge is derived again rather than stored: 50,000 entries' dicts cost
@@ -190,3 +212,9 @@ class Ledger:
         if not uids:
             del self._on_node[e.placement.node]
         self.cluster.add_usage(e.placement.node, e.placement.charge(), -1)
+        ns = _namespace(e.key)
+        left = self._namespaces.get(ns, NONE) - placement_use(e.placement)
+        if left == NONE:
+            del self._namespaces[ns]
+        else:
+            self._namespaces[ns] = left
