@@ -205,7 +205,12 @@ async def test_quotas_show_use_against_the_limit_from_both_sources(cluster: Clus
                                "5000", "MiB"]
     assert "ERROR: ResourceQuota team-a/typo" in text[2]
     url = cluster.sched.ops_url
+
+
+    async def from_scheduler() -> Any:
+        return json.loads((await _run(cluster, "quotas", "-o", "json", "--scheduler", url)
+                           ).stdout)
+
     with anyio.fail_after(20):
-        while json.loads((await _run(cluster, "quotas", "-o", "json", "--scheduler", url)
-                          ).stdout) != want:  # noqa: ASYNC110 (the informer catches up)
+        while await from_scheduler() != want:  # noqa: ASYNC110 (the informer catches up)
             await anyio.sleep(0.1)
