@@ -99,3 +99,22 @@ def test_the_extender_refuses_past_the_quota_on_what_pods_really_take(
     assert denied.value.code == 403, denied.value
     control_plane.audit_forget(start)  # this refusal was the test's own doing
     admin.delete("ResourceQuota", "gpu", scenario.ns)
+
+
+def test_a_key_without_requests_is_vgpuds_alone(scenario: Scenario, release: Release) -> None:
+    """``nvidia.com/vgpu-memory`` (no ``requests.``): kube-apiserver stores it and counts
+    nothing against it (it admits the pod though the quota has no status, which it would
+    need for a resource it counts), and vgpud's filter refuses the pod."""
+    scenario.gpu_node("a", gpus=2, memory=16384)
+    scenario.admin.create({"apiVersion": "v1", "kind": "ResourceQuota",
+                           "metadata": {"name": "gpu", "namespace": scenario.ns},
+                           "spec": {"hard": {"nvidia.com/vgpu-memory": "2000"}}})
+    wait_for("the extender to read the quota", lambda: [
+        r for r in _quotas(release) if r["namespace"] == scenario.ns], detail=release.tails)
+    scenario.apply(scenario.pod("big", _gpu(1, 3000)))
+    message = wait_for("kube-scheduler to record the extender's quota refusal",
+                       lambda: _quota_event(scenario, "big"),
+                       detail=lambda: scenario.describe("big") + "\n" + release.tails())
+    assert "nvidia.com/vgpu-memory is 2000 MiB of vGPU memory in all; its pods take 0 and " \
+           "this pod would take 3000 more" in message, message
+    scenario.admin.delete("ResourceQuota", "gpu", scenario.ns)
