@@ -149,11 +149,25 @@ def _phase_max(totals: Iterable[Use]) -> Use:
     return best
 
 
-def placement_use(p: Placement) -> Use:
-    """What a placed pod takes: its grants, summed per phase, the largest phase."""
-    return _phase_max(
+def placement_totals(p: Placement) -> tuple[int, int]:
+    """What a placed pod takes, (MiB, percent): its grants summed per phase, the largest
+    phase. The ledger asks at every add and drop: one loop when there is one phase."""
+    if not any(c.init for c in p.containers):
+        memory = cores = 0
+        for c in p.containers:
+            for d in c.devices:
+                memory += d.memory
+                cores += d.cores
+        return memory, cores
+    u = _phase_max(
         Use(sum(d.memory for c in ph for d in c.devices),
             sum(d.cores for c in ph for d in c.devices)) for ph in phases(p.containers))
+    return u.memory, u.cores
+
+
+def placement_use(p: Placement) -> Use:
+    """What a placed pod takes (:func:`placement_totals`)."""
+    return Use(*placement_totals(p))
 
 
 def request_use(req: PodRequest) -> Use | None:
