@@ -144,7 +144,7 @@ def _inspect(what: str, *, kubeconfig: str | None, scheduler: str | None,
                     doc = await api.pod(namespace, name)
                     return render(doc, fmt, pod_text(doc))
                 if what == "quotas":
-                    rows = api.quotas()
+                    rows = await api.quotas()
                     return render(rows, fmt, quotas_table(rows))
                 v = api.view(node)
         wide = fmt is Format.wide

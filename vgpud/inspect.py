@@ -40,7 +40,7 @@ from vgpud.core.codec import (
     decode_node_devices,
 )
 from vgpud.core.model import Node
-from vgpud.core.quota import Quota, quota_keys, quota_rows, read_quota
+from vgpud.core.quota import quota_keys, quota_rows, read_quota
 from vgpud.core.report import gpu_rows, pending_reasons, pod_row, pod_rows, to_json
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.kube.client import Json, KubeClient
@@ -102,7 +102,6 @@ class ApiSource:
         self.kube = kube
         self.alloc = Allocator(settings.defaults())
         self.warnings: list[str] = []
-        self.resource_quotas: list[Quota] = []
 
     async def load(self) -> None:
         for n in await _list(self.kube, "/api/v1/nodes"):
@@ -130,23 +129,17 @@ class ApiSource:
                 self.warnings.append(f"pod {key}: {e}")
                 continue
             self.alloc.confirm(str(meta.get("uid") or key), key, placement)
-        await self._load_quotas()
 
-    async def _load_quotas(self) -> None:
+    async def quotas(self) -> list[dict[str, Any]]:
+        """The ResourceQuotas' vGPU limits against the ledger :meth:`load` laid out (read
+        only here: the other commands need no access to ResourceQuotas)."""
         keys = quota_keys(self.alloc.defaults)
         try:
             items = await _list(self.kube, "/api/v1/resourcequotas")
         except Forbidden as e:
-            self.warnings.append(f"cannot list ResourceQuotas (no vGPU quota shown): {e}")
-            return
-        for obj in items:
-            q = read_quota(obj, keys)
-            if q.limits or q.errors:
-                self.resource_quotas.append(q)
-
-    def quotas(self) -> list[dict[str, Any]]:
-        return [r.to_json() for r in quota_rows(self.resource_quotas,
-                                                self.alloc.ledger.namespaces())]
+            raise InspectError(f"cannot list ResourceQuotas: {e}") from None
+        quotas = [q for q in (read_quota(obj, keys) for obj in items) if q.limits or q.errors]
+        return [r.to_json() for r in quota_rows(quotas, self.alloc.ledger.namespaces())]
 
     def view(self, node: str | None = None) -> View:
         c, ledger = self.alloc.cluster, self.alloc.ledger
