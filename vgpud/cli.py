@@ -99,6 +99,7 @@ def _inspect(what: str, *, kubeconfig: str | None, scheduler: str | None,
         gpus_table,
         nodes_table,
         pod_text,
+        quotas_table,
         render,
     )
     from vgpud.kube.client import KubeClient
@@ -129,6 +130,9 @@ def _inspect(what: str, *, kubeconfig: str | None, scheduler: str | None,
                 if what == "pod":
                     doc = await src.pod(namespace, name)
                     return render(doc, fmt, pod_text(doc))
+                if what == "quotas":
+                    rows = await src.quotas()
+                    return render(rows, fmt, quotas_table(rows))
                 v = await src.view(node)
         else:
             async with KubeClient.connect(kubeconfig) as kube:
@@ -139,6 +143,9 @@ def _inspect(what: str, *, kubeconfig: str | None, scheduler: str | None,
                 if what == "pod":
                     doc = await api.pod(namespace, name)
                     return render(doc, fmt, pod_text(doc))
+                if what == "quotas":
+                    rows = await api.quotas()
+                    return render(rows, fmt, quotas_table(rows))
                 v = api.view(node)
         wide = fmt is Format.wide
         if what == "nodes":
@@ -185,6 +192,14 @@ def inspect_pod(pod: Annotated[str, typer.Argument(help="NAMESPACE/NAME")],
     """One pod: what it asks, its assignment and limits, or why it is pending."""
     _inspect("pod", kubeconfig=kubeconfig, scheduler=scheduler, config=config,
              output=output, pod=pod)
+
+
+@inspect_app.command("quotas")
+def inspect_quotas(kubeconfig: KubeconfigOpt = None, scheduler: SchedulerOpt = None,
+                   config: ConfigOpt = None, output: OutputOpt = "text") -> None:
+    """Each namespace's vGPU memory / cores quota against what its pods really take."""
+    _inspect("quotas", kubeconfig=kubeconfig, scheduler=scheduler, config=config,
+             output=output)
 
 
 def _register_roles() -> None:

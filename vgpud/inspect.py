@@ -7,8 +7,11 @@ Two sources, one set of rows (:mod:`vgpud.core.report`):
   read and laid into a ledger of their own, as the scheduler does when it starts; a
   Pending pod's reasons are worked out with the scheduler's own filter;
 * a running scheduler (``--scheduler URL``, its ops address): its JSON API
-  (``/api/v1/gpus``, ``/api/v1/pods``), which is its own ledger, assumed binds and the
-  last filter reason included.
+  (``/api/v1/gpus``, ``/api/v1/pods``, ``/api/v1/quotas``), which is its own ledger,
+  assumed binds and the last filter reason included.
+
+``vgpud inspect quotas`` shows each namespace's ResourceQuota limits on vGPU memory and
+cores against what its pods take as vgpud counts it (:mod:`vgpud.core.quota`).
 
 Output: ``text`` (default), ``wide``, ``json``, ``yaml``.
 """
@@ -37,10 +40,11 @@ from vgpud.core.codec import (
     decode_node_devices,
 )
 from vgpud.core.model import Node
+from vgpud.core.quota import quota_keys, quota_rows, read_quota
 from vgpud.core.report import gpu_rows, pending_reasons, pod_row, pod_rows, to_json
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.kube.client import Json, KubeClient
-from vgpud.kube.errors import NotFound
+from vgpud.kube.errors import Forbidden, NotFound
 
 MIB = 1 << 20
 PAGE = 500
@@ -126,6 +130,17 @@ class ApiSource:
                 continue
             self.alloc.confirm(str(meta.get("uid") or key), key, placement)
 
+    async def quotas(self) -> list[dict[str, Any]]:
+        """The ResourceQuotas' vGPU limits against the ledger :meth:`load` laid out (read
+        only here: the other commands need no access to ResourceQuotas)."""
+        keys = quota_keys(self.alloc.defaults)
+        try:
+            items = await _list(self.kube, "/api/v1/resourcequotas")
+        except Forbidden as e:
+            raise InspectError(f"cannot list ResourceQuotas: {e}") from None
+        quotas = [q for q in (read_quota(obj, keys) for obj in items) if q.limits or q.errors]
+        return [r.to_json() for r in quota_rows(quotas, self.alloc.ledger.namespaces())]
+
     def view(self, node: str | None = None) -> View:
         c, ledger = self.alloc.cluster, self.alloc.ledger
         nodes = None if node is None else [node]
@@ -201,6 +216,10 @@ class SchedulerSource:
     async def view(self, node: str | None = None) -> View:
         params = {"node": node} if node else {}
         return View(await self._all("/api/v1/gpus", params), await self._all("/api/v1/pods", {}))
+
+    async def quotas(self) -> list[dict[str, Any]]:
+        doc = await self._get("/api/v1/quotas", "")
+        return list(doc.get("items") or [])
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any]:
         rows = [p for p in await self._all("/api/v1/pods", {"namespace": namespace, "q": name})
@@ -309,6 +328,18 @@ def pod_text(p: Mapping[str, Any]) -> str:
                         False: " (never, as the node is)"}.get(x.get("resolvable"), "")
                 lines.append(f"  {count}{x['reason']}{kind}")
     return "\n".join(lines)
+
+
+def quotas_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Each limit against the namespace's use; a value vgpud could not read, as an error."""
+    out = [["NAMESPACE", "QUOTA", "LIMIT", "USED", "HARD", "UNIT"]]
+    for r in rows:
+        if r.get("error"):
+            out.append([r["namespace"], r["quota"], f"ERROR: {r['error']}", "-", "-", "-"])
+        else:
+            out.append([r["namespace"], r["quota"], r["key"], str(r["used"]), str(r["hard"]),
+                        r["unit"]])
+    return _table(out) if len(out) > 1 else "no ResourceQuota limits vGPU memory or cores"
 
 
 def render(doc: Any, fmt: Format, text: str) -> str:

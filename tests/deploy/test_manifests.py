@@ -64,6 +64,7 @@ EXPECTED_RULES: dict[tuple[str, str], dict[Rule, set[str]]] = {
         ("", "pods/binding", ()): {"create"},
         ("", "events", ()): {"create", "patch"},
         ("policy", "poddisruptionbudgets", ()): {"list", "watch"},  # preemption
+        ("", "resourcequotas", ()): {"list", "watch"},  # the vGPU quota
     },
     ("Role", "vgpud-scheduler-leases"): {
         ("coordination.k8s.io", "leases", ()): {"create"},

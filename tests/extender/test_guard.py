@@ -28,7 +28,8 @@ from vgpud.ops import QUEUE_PER_SLOT, RELOAD_EVERY, Guard, TokenFile, is_loopbac
 pytestmark = pytest.mark.anyio
 
 TOKEN = "s3cret-token"
-OPS_PATHS = ("/", "/api/v1/gpus", "/api/v1/pods", "/api/v1/summary", "/metrics",
+OPS_PATHS = ("/", "/api/v1/gpus", "/api/v1/pods", "/api/v1/summary", "/api/v1/quotas",
+             "/metrics",
              "/static/status.css")
 
 

@@ -181,3 +181,36 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
     assert len(view.gpus) == 8  # four pages of two, then the pods' (empty) page
     assert waits == [2.0, 2.0, 2.0]  # a token every 2 s once the burst of 2 was spent
     assert guard.refused["rate"] == 3
+
+
+async def test_quotas_show_use_against_the_limit_from_both_sources(cluster: Cluster) -> None:
+    """team-a's notebook takes 4,000 MiB of a 5,000 MiB vGPU memory quota; a value that
+    is not a quantity is shown as an error, not a crash."""
+    await cluster.d.create([
+        {"apiVersion": "v1", "kind": "ResourceQuota",
+         "metadata": {"name": "gpu", "namespace": "team-a"},
+         "spec": {"hard": {"requests.nvidia.com/vgpu-memory": "5000", "pods": "10"}}},
+        {"apiVersion": "v1", "kind": "ResourceQuota",
+         "metadata": {"name": "typo", "namespace": "team-a"},
+         "spec": {"hard": {"nvidia.com/vgpu-cores": "many"}}}])
+    want = [{"namespace": "team-a", "quota": "gpu", "key": "requests.nvidia.com/vgpu-memory",
+             "resource": "memory", "unit": "MiB", "hard": 5000, "used": 4000},
+            {"namespace": "team-a", "quota": "typo", "error": (
+                "ResourceQuota team-a/typo: spec.hard[nvidia.com/vgpu-cores]: 'many' is not "
+                "a quantity (this limit is not enforced)")}]
+    assert json.loads((await _run(cluster, "quotas", "-o", "json")).stdout) == want
+    text = (await _run(cluster, "quotas")).stdout.splitlines()
+    assert text[0].split() == ["NAMESPACE", "QUOTA", "LIMIT", "USED", "HARD", "UNIT"]
+    assert text[1].split() == ["team-a", "gpu", "requests.nvidia.com/vgpu-memory", "4000",
+                               "5000", "MiB"]
+    assert "ERROR: ResourceQuota team-a/typo" in text[2]
+    url = cluster.sched.ops_url
+
+
+    async def from_scheduler() -> Any:
+        return json.loads((await _run(cluster, "quotas", "-o", "json", "--scheduler", url)
+                           ).stdout)
+
+    with anyio.fail_after(20):
+        while await from_scheduler() != want:  # noqa: ASYNC110 (the informer catches up)
+            await anyio.sleep(0.1)

@@ -13,8 +13,8 @@ What the real server showed (and ``vgpud/kube/cache.py`` relies on):
   minute later at the earliest, and only once the resource has changed since (61 s with
   the node's status reported every 5 s; 121 s in a run where nothing moved). That is the
   server the informer must find out at once (the first plain bookmark, or an old
-  ``/version``) instead of waiting for the watch's 300 s timeout three times over (nodes,
-  pods, PodDisruptionBudgets one after the other);
+  ``/version``) instead of waiting for the watch's 300 s timeout four times over (nodes,
+  pods, PodDisruptionBudgets, ResourceQuotas one after the other);
 - after a restart (and after etcd's compaction) a watch from the old resourceVersion gets
   410: the new watch cache starts at the current revision. The restarted server also
   answers 403 to ServiceAccounts for a moment, before its RBAC caches are filled: the
@@ -55,15 +55,16 @@ from vgpud.core.codec import NODE_DEVICES
 MIB = 1 << 20
 MEMORY = "nvidia.com/vgpu-memory"
 CORES = "nvidia.com/vgpu-cores"
-INFORMERS = ("nodes", "pods", "poddisruptionbudgets")
+INFORMERS = ("nodes", "pods", "poddisruptionbudgets", "resourcequotas")
 PATHS = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods",
-         "poddisruptionbudgets": "/apis/policy/v1/poddisruptionbudgets"}
+         "poddisruptionbudgets": "/apis/policy/v1/poddisruptionbudgets",
+         "resourcequotas": "/api/v1/resourcequotas"}
 VGPUD_AGENT = "OpenAPI-Generator/"  # kubernetes_asyncio's User-Agent: vgpud's own requests
 SCHEDULER_USER = f"system:serviceaccount:{NAMESPACE}:vgpud-scheduler"
 # A plain watch's first bookmark comes a minute after it opens (defaultBookmarkFrequency);
 # the watch itself ends after 300 s. Ready well before that is ready "at once".
 AFTER_THE_FIRST_BOOKMARK = 150.0
-AT_ONCE = 45.0  # a Python process's start, three small syncs, on a busy 2-core machine
+AT_ONCE = 45.0  # a Python process's start, four small syncs, on a busy 2-core machine
 
 SYNCS = re.compile(r'^vgpud_scheduler_informer_syncs_total\{informer="([^"]+)",'
                    r'mode="([^"]+)"\} (\S+)$', re.M)
@@ -89,8 +90,9 @@ def syncs(metrics: str) -> dict[tuple[str, str], float]:
 
 
 def synced(metrics: Callable[[], str]) -> dict[tuple[str, str], float]:
-    """:func:`syncs` once every informer has synced. Readiness waits for the nodes and
-    pods only: the budgets informer may still be listing (seen on a loaded machine)."""
+    """:func:`syncs` once every informer has synced. Readiness waits for the nodes,
+    pods and quotas only: the budgets informer may still be listing (seen on a loaded
+    machine)."""
     def done() -> bool:
         counts = syncs(metrics())
         return all(counts.get((i, "list"), 0) + counts.get((i, "watch-list"), 0) >= 1
@@ -261,8 +263,8 @@ def proxy_to(cp: ControlPlane, proxies: list[ApiProxy], name: str, **options: An
 
 def test_the_schedulers_informers_sync_by_streaming_list(control_plane: ControlPlane,
                                                          release: Release) -> None:
-    """A fresh ``vgpud scheduler`` fills its three caches by streaming list: its own
-    count says so, kube-apiserver counts three more streaming lists finished, and the
+    """A fresh ``vgpud scheduler`` fills its four caches by streaming list: its own
+    count says so, kube-apiserver counts four more streaming lists finished, and the
     audit log shows no list request from it."""
     assert release.extender is not None
     release.extender.stop()
@@ -575,8 +577,8 @@ def test_a_server_that_ignores_send_initial_events_is_found_out_at_its_first_boo
     """The proxy drops ``sendInitialEvents``/``resourceVersionMatch``: the server with the
     feature off serves a plain watch and its first bookmark, a minute later (the node's
     status reported meanwhile, as kubelets do), has no end mark. The nodes informer falls
-    back to listing there; the pods and budgets informers share its client and list at
-    once. Before, each waited for the watch to time out (300 s, three times over)."""
+    back to listing there; the pods, budgets and quotas informers share its client and
+    list at once. Before, each waited for the watch to time out (300 s, each in turn)."""
     proxy = proxy_to(feature_off, proxies, "proxy-strip", strip_watch_list=True)
     s = start_scheduler(off_release, proxy.url, "vgpud-scheduler-stripped")
     schedulers.append(s)

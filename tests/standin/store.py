@@ -106,6 +106,7 @@ KINDS: tuple[Kind, ...] = (
          unconditional_update=False),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True,
          has_status=True),
+    Kind("", "v1", "resourcequotas", "ResourceQuota", namespaced=True, has_status=True),
     Kind("apps", "v1", "replicasets", "ReplicaSet", namespaced=True, has_status=True),
 )
 

@@ -16,6 +16,10 @@ The state machine of one pod's entry (after kube-scheduler's cache)::
 * ``forget`` is a failed bind or a pod that ended; ``expire`` drops assumptions that
   were never confirmed (HAMi#2923: stale reservations block nodes forever).
 
+Each namespace's total (:meth:`Ledger.namespace_use`: vGPU memory and cores its entries
+hold, assumed and confirmed, counted as :func:`vgpud.core.quota.placement_use` counts a
+pod) is kept as entries come and go, for the namespace quota.
+
 Invariants (while only ``assume`` adds): per GPU, held memory ≤ memory × scaling,
 cores ≤ 100 × core scaling, vGPUs ≤ split (each pod charged the maximum over its
 phases, :meth:`~vgpud.core.model.Placement.charge`), and a pod that holds a GPU
@@ -32,6 +36,7 @@ from dataclasses import dataclass, replace
 from vgpud.core.cluster import Cluster
 from vgpud.core.fit import room
 from vgpud.core.model import ZERO, GpuUsage, Placement, Reason
+from vgpud.core.quota import NONE, Use, placement_totals, placement_use
 
 
 class State(enum.Enum):
@@ -62,6 +67,8 @@ class Ledger:
         self._on_node: dict[str, dict[str, None]] = {}  # node -> uids (insertion order)
         self._deadlines: list[tuple[float, str]] = []
         self._assumed = 0  # entries in State.ASSUMED, kept as they change
+        # namespace -> [MiB, percent] its entries take (vgpud.core.quota), kept as they change
+        self._namespaces: dict[str, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -83,6 +90,25 @@ class Ledger:
     def on_node(self, node: str) -> list[Entry]:
         """The entries placed on ``node`` (preemption looks for victims there)."""
         return [self._entries[uid] for uid in self._on_node.get(node, ())]
+
+    def namespace_use(self, namespace: str) -> Use:
+        """What the namespace's entries (confirmed and assumed) take, for its quota."""
+        t = self._namespaces.get(namespace)
+        return Use(t[0], t[1]) if t is not None else NONE
+
+    def namespaces(self) -> dict[str, Use]:
+        return {ns: Use(t[0], t[1]) for ns, t in self._namespaces.items()}
+
+    def _count(self, e: Entry, sign: int) -> None:
+        ns = e.key.partition("/")[0]
+        memory, cores = placement_totals(e.placement)
+        t = self._namespaces.get(ns)
+        if t is None:
+            t = self._namespaces[ns] = [0, 0]
+        t[0] += sign * memory
+        t[1] += sign * cores
+        if sign < 0 and t[0] == 0 and t[1] == 0:
+            del self._namespaces[ns]
 
     def room(self, placement: Placement, held: dict[str, GpuUsage] | None = None) -> Reason | None:
         """Why ``placement`` would break an invariant now; None when it fits."""
@@ -170,6 +196,14 @@ class Ledger:
                            f"{', '.join(sorted(e.key for e in pods))}")
         out += self.cluster.drift()
         assumed = sum(e.state is State.ASSUMED for e in self._entries.values())
+        spaces: dict[str, Use] = {}
+        for e in self._entries.values():
+            ns = e.key.partition("/")[0]
+            spaces[ns] = spaces.get(ns, NONE) + placement_use(e.placement)
+        kept = self.namespaces()
+        if {k: v for k, v in spaces.items() if v != NONE} != {
+                k: v for k, v in kept.items() if v != NONE}:
+            out.append(f"namespace totals {kept} differ from the entries' {spaces}")
         if assumed != self._assumed:
             out.append(f"{assumed} entries are assumed but the count says {self._assumed}")
         return out
@@ -179,6 +213,7 @@ class Ledger:
         self._assumed += e.state is State.ASSUMED
         self._on_node.setdefault(e.placement.node, {})[e.uid] = None
         self.cluster.add_usage(e.placement.node, held or e.placement.charge(), +1)
+        self._count(e, +1)
 
     def _drop(self, e: Entry) -> None:
         # The charge is derived again rather than stored: 50,000 entries' dicts cost
@@ -190,3 +225,4 @@ class Ledger:
         if not uids:
             del self._on_node[e.placement.node]
         self.cluster.add_usage(e.placement.node, e.placement.charge(), -1)
+        self._count(e, -1)

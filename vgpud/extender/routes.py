@@ -22,11 +22,12 @@ import numpy as np
 import structlog
 
 from vgpud.core.admission import pod_risk
-from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, summarize
+from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, Filtered, summarize
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.ledger import Entry
 from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
+from vgpud.core.quota import NONE, QUOTA_CODE, Use, exceeds, placement_use, request_use
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.state import SchedulerState
@@ -133,7 +134,17 @@ class Extender:
             await self._event(args.pod, "UnsafeGPUContainer", risk, "Warning")
             return filter_result(args, [], {}, dict.fromkeys(args.node_names, risk))
         self.state.remember(req)
+        quotas = self.state.quotas_in(req.namespace)
+        fixed = request_use(req) if quotas else None
+        if quotas and fixed is not None:  # the same wherever it goes: one answer
+            why = exceeds(quotas, self._namespace_use(req), fixed, req.namespace)
+            if why is not None:
+                self.metrics.rejections.labels(QUOTA_CODE).inc(len(args.node_names))
+                self.state.refuse(req, why.message, self.now())
+                return filter_result(args, [], {}, dict.fromkeys(args.node_names, why.message))
         got = self.alloc.filter(req, args.node_names)
+        if quotas and fixed is None and got.feasible:
+            got = self._quota_per_node(req, got)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name, reason in got.failed.items():
@@ -144,6 +155,29 @@ class Extender:
         elif got.failed:
             self.state.refuse(req, summarize(got.failed).message, self.now())
         return filter_result(args, got.feasible, failed, unresolvable)
+
+    def _namespace_use(self, req: PodRequest) -> Use:
+        """What the pod's namespace takes now, the pod's own entry (if any) left out."""
+        used = self.alloc.ledger.namespace_use(req.namespace)
+        own = self.alloc.ledger.get(req.uid) if req.uid else None
+        return used - placement_use(own.placement) if own is not None else used
+
+    def _quota_per_node(self, req: PodRequest, got: Filtered) -> Filtered:
+        """A pod whose memory is a share of its GPUs: what it takes on each feasible
+        node is what its placement there grants (one placement per node, only for a
+        namespace with a vGPU quota)."""
+        quotas = self.state.quotas_in(req.namespace)
+        used = self._namespace_use(req)
+        feasible, failed = [], dict(got.failed)
+        for node in got.feasible:
+            p = self.alloc.place(req, node)
+            why = exceeds(quotas, used, placement_use(p) if isinstance(p, Placement) else NONE,
+                          req.namespace)
+            if why is None:
+                feasible.append(node)
+            else:
+                failed[node] = why
+        return Filtered(feasible, failed)
 
     # -- prioritize -------------------------------------------------------------------------
 
@@ -274,6 +308,12 @@ class Extender:
         if isinstance(got, Reason):
             return {"Error": f"pod {key} no longer fits {args.node}: {got.message}"}
         placement = replace(got, time=self.now())
+        quotas = self.state.quotas_in(req.namespace)
+        if quotas:  # counted with the ledger as assume will find it: no await between
+            over = exceeds(quotas, self._namespace_use(req), placement_use(placement),
+                           req.namespace)
+            if over is not None:
+                return {"Error": f"pod {key} cannot be bound: {over.message}"}
         why = self.alloc.assume(req, placement)  # atomic: no await since place()
         if why is not None:
             return {"Error": f"pod {key} cannot hold its GPUs on {args.node}: {why.message}"}

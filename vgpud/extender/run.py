@@ -1,11 +1,12 @@
 """``vgpud scheduler``: one task group for the extender role.
 
-Children: the node, pod and PodDisruptionBudget informers (feeding
-:class:`SchedulerState`), the ledger's expiry loop, the event recorder, the leader
-elector (optional), the reschedule controller (gate ``Reschedule``, started once the
-node and pod informers have synced; ``vgpud/extender/reschedule.py``), and the HTTP
-server. ``/readyz`` turns true once both informers have synced, which is when
-the ledger has been rebuilt from every pod's ``vgpud.io/assignment``.
+Children: the node, pod, PodDisruptionBudget and ResourceQuota informers (feeding
+:class:`SchedulerState`; quotas: :mod:`vgpud.core.quota`), the ledger's expiry loop,
+the event recorder, the leader elector (optional), the reschedule controller (gate
+``Reschedule``, started once the node and pod informers have synced;
+``vgpud/extender/reschedule.py``), and the HTTP server. ``/readyz`` turns true once
+the informers have synced, which is when the ledger has been rebuilt from every
+pod's ``vgpud.io/assignment``.
 
 With several replicas (``leader_elect``) only the Lease's holder runs leader-only
 work: the reschedule controller, the one writer that acts on pods it did not bind.
@@ -29,6 +30,7 @@ from aiohttp import web
 from vgpud.config import Settings
 from vgpud.core.allocate import Allocator
 from vgpud.core.preempt import Budget
+from vgpud.core.quota import Quota, quota_keys, read_quota
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.reschedule import Planner, Rescheduler, gpu_problem
 from vgpud.extender.routes import Extender
@@ -47,7 +49,7 @@ from vgpud.kube.cache import Informer
 from vgpud.kube.client import KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.lease import LeaderElector
-from vgpud.kube.resources import NODES, PDBS, PODS
+from vgpud.kube.resources import NODES, PDBS, PODS, RESOURCEQUOTAS
 from vgpud.kube.writes import EventRecorder, PodBinder
 from vgpud.ops import Guard
 from vgpud.process import cancel_on_signals, parse_listen
@@ -87,11 +89,14 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
         pods: Informer[PodInfo] = Informer(kube, PODS, project=partial(
             project_pod, waits=waits, grants=grants))
         budgets: Informer[Budget] = Informer(kube, PDBS, project=project_budget)
+        quotas: Informer[Quota] = Informer(kube, RESOURCEQUOTAS, project=partial(
+            read_quota, keys=quota_keys(alloc.defaults)))
         state = SchedulerState(alloc, pod_lookup=pods.get)
         metrics.count_pending(state.pending_since)
         nodes.subscribe(state.on_node)
         pods.subscribe(state.on_pod)
-        for informer in (nodes, pods, budgets):
+        quotas.subscribe(state.on_quota)
+        for informer in (nodes, pods, budgets, quotas):
             metrics.count_syncs(informer)
         events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)
         elector = None
@@ -121,7 +126,7 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                            allow_privileged=settings.allowPrivilegedGPUPods,
                            topology=sched.featureGates.GPUTopology)
             def ready() -> bool:
-                return nodes.has_synced and pods.has_synced
+                return nodes.has_synced and pods.has_synced and quotas.has_synced
 
             runners = [web.AppRunner(make_app(ext, ready, ops=ops_at is None, guard=guard),
                                      access_log=None, handle_signals=False)]
@@ -138,6 +143,7 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                 await tg.start(nodes.run)
                 await tg.start(pods.run)
                 await tg.start(budgets.run)
+                await tg.start(quotas.run)
                 tg.start_soon(events.run)
                 if elector is not None:
                     tg.start_soon(elector.run)

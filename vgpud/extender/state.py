@@ -7,7 +7,9 @@ Informer events become ledger operations:
 * a pod that is bound (``spec.nodeName``) and carries a ``vgpud.io/assignment`` for
   that node is *confirmed*; a terminated or deleted pod is *forgotten*;
 * an annotated pod that is not bound yet is a bind in flight (or one that failed
-  after its patch): it stays assumed until bound, or expires.
+  after its patch): it stays assumed until bound, or expires;
+* a ResourceQuota's limits on vGPU memory and cores (:mod:`vgpud.core.quota`) are kept
+  by namespace, so a changed quota counts from the next filter on.
 
 Pods are projected to :class:`PodInfo` so the scheduler holds 50,000 pods in a few
 tens of MiB. Decoding is the core's; this module only routes.
@@ -36,6 +38,7 @@ from vgpud.core.codec import (
 )
 from vgpud.core.model import Defaults, Node, NodeInventory, Placement, PodRequest
 from vgpud.core.preempt import Budget, Requirement
+from vgpud.core.quota import Quota
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 
 log = structlog.get_logger()
@@ -262,6 +265,8 @@ class SchedulerState:
         self.refused: OrderedDict[str, Refused] = OrderedDict()
         # GPU pods waiting to be placed (PodInfo.pending_since): uid -> creation time
         self.pending: dict[str, float] = {}
+        # ResourceQuotas that bound vGPU memory or cores: namespace -> name -> quota
+        self.quotas: dict[str, dict[str, Quota]] = {}
 
     # -- requests seen at filter time, for bind ----------------------------------------------
 
@@ -306,6 +311,27 @@ class SchedulerState:
                 and event.old.labels == info.labels:
             return  # a heartbeat or status change: nothing the allocator reads
         self.alloc.set_node(Node(info.name, info.inventory, info.labels))
+
+    def on_quota(self, event: Event[Quota]) -> None:
+        if isinstance(event, Synced):
+            return
+        q = event.obj if isinstance(event, (Added, Deleted)) else event.new
+        held = self.quotas.get(q.namespace, {})
+        old = held.pop(q.name, None)
+        if not isinstance(event, Deleted) and (q.limits or q.errors):
+            held[q.name] = q
+            if q.errors and (old is None or old.errors != q.errors):
+                for e in q.errors:
+                    log.warning("quota_invalid", quota=q.key, error=e)
+        if held:
+            self.quotas[q.namespace] = held
+        else:
+            self.quotas.pop(q.namespace, None)
+
+    def quotas_in(self, namespace: str) -> list[Quota]:
+        """The namespace's ResourceQuotas that bound vGPU memory or cores."""
+        held = self.quotas.get(namespace)
+        return list(held.values()) if held else []
 
     def on_pod(self, event: Event[PodInfo]) -> None:
         if isinstance(event, Synced):

@@ -14,6 +14,10 @@ verbs-only port):
 * ``GET /api/v1/pods`` — the same for pods (holding GPUs, or pending); ``node``,
   ``namespace``, ``q``, ``state``, ``offset``, ``limit``.
 * ``GET /api/v1/summary`` — cluster totals.
+* ``GET /api/v1/quotas`` — ``{"items": [...]}``: each namespace's ResourceQuota limits on
+  vGPU memory and cores against what its pods take as vgpud counts it
+  (:mod:`vgpud.core.quota`), and the values vgpud could not read. The page shows them
+  too, as of its rendering.
 * ``GET /static/…`` — the page's CSS, script and icon (package data: ``static/``; the
   page's markup is ``templates/status.html``; nothing is loaded from anywhere else).
 
@@ -59,6 +63,7 @@ from vgpud.core.query import (
     select_pods,
     summary,
 )
+from vgpud.core.quota import MEMORY, QuotaRow, quota_rows
 from vgpud.core.report import GpuRow, PodRow, Slice, to_json
 from vgpud.extender.routes import Extender
 
@@ -177,6 +182,18 @@ def pending_row_html(p: PodRow) -> str:
             f'<td data-label="Reason" class="reason">{escape(p.reason or "")}</td></tr>')
 
 
+def quota_row_html(r: QuotaRow) -> str:
+    ns = f'<td data-label="Namespace">{escape(r.namespace)}</td>'
+    name = f'<td data-label="Quota">{escape(r.quota)}</td>'
+    if r.error:
+        return (f'<tr class="alert">{ns}{name}<td data-label="Limit" colspan="2" '
+                f'class="reason">{escape(r.error)}</td></tr>')
+    unit = "MiB" if r.what == MEMORY else "%"
+    return (f'<tr>{ns}{name}<td data-label="Limit">{escape(r.key)}</td>'
+            f'<td data-label="Used">{_bar(r.used, r.hard, f"{r.used:,} / {r.hard:,} {unit}")}'
+            "</td></tr>")
+
+
 def share(used: int, cap: int) -> str:
     """``used`` as a percentage of ``cap``, for people ("<1 %" rather than "0 %")."""
     if cap <= 0:
@@ -250,7 +267,7 @@ def _pager_link(rel: str, text: str, href: str | None) -> str:
 
 def render_page(*, ready: bool, query: Query, gpus: Page | None, pending: Page | None,
                 totals: dict[str, int] | None, now: str, error: str | None = None,
-                refresh: int = REFRESH_SECONDS) -> str:
+                refresh: int = REFRESH_SECONDS, quotas: list[QuotaRow] | None = None) -> str:
     """The whole page, complete without script. Every value is escaped here; the
     template holds only markup."""
     if not ready:
@@ -287,7 +304,8 @@ def render_page(*, ready: bool, query: Query, gpus: Page | None, pending: Page |
         next=_pager_link("next", "next →", next_href),
         range=_range(gpus, len(gpus.items)) if gpus else "none",
         gpus_empty="" if rows else '<p class="empty" id="gpus-empty">No GPUs match.</p>',
-        gpu_rows=rows)
+        gpu_rows=rows, quotas_hidden="" if quotas else " hidden",
+        quota_rows="".join(quota_row_html(r) for r in quotas or ()))
 
 
 # -- handlers ----------------------------------------------------------------------------------
@@ -339,6 +357,18 @@ class StatusViews:
     def _pods(self, query: Query) -> Steps[Page]:
         return select_pods(self.ext.alloc.ledger, self.pending(), query)
 
+    def quotas(self) -> list[QuotaRow]:
+        held = self.ext.state.quotas
+        return quota_rows((q for qs in list(held.values()) for q in list(qs.values())),
+                          self.ext.alloc.ledger.namespaces())
+
+    async def quotas_api(self, request: web.Request) -> web.Response:
+        if request.query:
+            return _json({"error": "this endpoint takes no parameters"}, 400)
+        if not self.ready():
+            return _json({"error": NOT_READY}, 503)
+        return _json({"items": [r.to_json() for r in self.quotas()]})
+
     def summary(self) -> dict[str, int]:
         a = self.ext.alloc
         return summary(a.cluster, a.ledger, len(self.ext.state.refused))
@@ -382,7 +412,7 @@ class StatusViews:
             query = parse_query(params, GPU_PARAMS)
         except QueryError as e:
             status, error, query = 400, f"bad query: {e}", Query()
-        gpus = pending = totals = None
+        gpus = pending = totals = quotas = None
         ready = self.ready()
         if ready and error is None:
             gpus = await drive(self._gpus(query))
@@ -390,9 +420,10 @@ class StatusViews:
                 namespace=query.namespace, q=query.q, state="pending",
                 limit=PENDING_ON_PAGE)))
             totals = self.summary()
+            quotas = self.quotas()
         html = await anyio.to_thread.run_sync(lambda: render_page(
             ready=ready, query=query, gpus=gpus, pending=pending, totals=totals,
-            now=_now(), error=error, refresh=refresh))
+            now=_now(), error=error, refresh=refresh, quotas=quotas))
         return web.Response(text=html, status=status if ready else 503,
                             content_type="text/html", charset="utf-8",
                             headers={**SECURITY_HEADERS, "Cache-Control": "no-store"})
@@ -418,5 +449,6 @@ def add_status_routes(app: web.Application, ext: Extender, ready: Callable[[], b
     app.router.add_get("/api/v1/gpus", views.gpus)
     app.router.add_get("/api/v1/pods", views.pods)
     app.router.add_get("/api/v1/summary", views.summary_api)
+    app.router.add_get("/api/v1/quotas", views.quotas_api)
     app.router.add_get("/static/{name}", views.static)
     app.router.add_get("/favicon.ico", views.favicon)

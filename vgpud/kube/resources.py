@@ -42,6 +42,7 @@ NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget",
                 namespaced=True)
+RESOURCEQUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 
 
