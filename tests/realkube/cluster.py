@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.realkube.api import Api, Obj, wait_for
@@ -141,3 +142,16 @@ def assignment(pod: Obj) -> Placement:
     raw = (pod["metadata"].get("annotations") or {}).get(ASSIGNMENT)
     assert raw, f"pod {pod['metadata']['name']} carries no {ASSIGNMENT}"
     return decode_assignment(raw)
+
+
+def placed_slice(scenario: Scenario, limits: dict[str, str],
+                 detail: Callable[[], str] = lambda: "") -> tuple[Obj, int, int]:
+    """A one-container pod asking ``limits``, sent to vgpud's scheduler by the webhook
+    and bound: the pod as bound, and the (MiB, cores) its one GPU was granted."""
+    created = scenario.apply(scenario.pod("peer", limits))
+    assert created["spec"]["schedulerName"] == "vgpu-scheduler"
+    pod = scenario.wait_bound("peer", detail=lambda: scenario.describe("peer") + "\n"
+                              + detail())
+    (grant,) = assignment(pod).containers
+    (device,) = grant.devices
+    return pod, device.memory, device.cores

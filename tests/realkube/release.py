@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import base64
 import copy
-import importlib.util
 import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
 
-from tests.deploy.rendered import Manifests
+from tests.deploy.rendered import Manifests, load_render
 from tests.realkube.api import ApiError, Obj, wait_for
 from tests.realkube.controlplane import ControlPlane, Proc, free_port
 
@@ -38,23 +36,11 @@ APPLIED = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleB
            "ConfigMap", "PriorityClass")
 
 
-def _load_render() -> ModuleType:
-    name = "vgpud_manifests_render"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "manifests" / "render.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def render(sets: tuple[str, ...] = ()) -> Manifests:
     """The chart rendered with ``--set`` values; the committed manifests without any."""
     if not sets:
         return Manifests.committed()
-    r = _load_render()
+    r = load_render()
     return Manifests.parse(r.render(r.obtain_helm(), sets, lint=False))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.realkube.cluster import Scenario, assignment
+from tests.realkube.cluster import Scenario, placed_slice
 from tests.realkube.release import Release
 
 
@@ -35,13 +35,8 @@ def test_a_peers_pod_is_placed_with_the_slice_it_meant(
         scenario: Scenario, release: Release, limits: dict[str, str], memory: int,
         cores: int) -> None:
     scenario.gpu_node("a", gpus=2, memory=16384)
-    created = scenario.apply(scenario.pod("peer", limits))
-    assert created["spec"]["schedulerName"] == "vgpu-scheduler"
-    pod = scenario.wait_bound("peer", detail=lambda: scenario.describe("peer")
-                              + "\n" + release.tails())
-    (grant,) = assignment(pod).containers
-    (device,) = grant.devices
-    assert (device.memory, device.cores) == (memory, cores)
+    pod, got_memory, got_cores = placed_slice(scenario, limits, release.tails)
+    assert (got_memory, got_cores) == (memory, cores)
     # The pod keeps the peer's names (the plugin registers each enabled preset's count
     # with kubelet); the API server writes quantities canonically ("3000" is "3k"), and
     # the assignment above still reads 3,000 MiB.

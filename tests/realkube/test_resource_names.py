@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.realkube.cluster import Scenario, assignment
+from tests.realkube.cluster import Scenario, placed_slice
 from tests.realkube.release import Release
 
 
@@ -41,13 +41,8 @@ def test_a_peers_pod_under_renamed_names_is_placed_with_the_slice_it_meant(
         scenario: Scenario, release: Release, limits: dict[str, str], memory: int,
         cores: int) -> None:
     scenario.gpu_node("a", gpus=2, memory=16384)
-    created = scenario.apply(scenario.pod("peer", limits))
-    assert created["spec"]["schedulerName"] == "vgpu-scheduler"
-    pod = scenario.wait_bound("peer", detail=lambda: scenario.describe("peer")
-                              + "\n" + release.tails())
-    (grant,) = assignment(pod).containers
-    (device,) = grant.devices
-    assert (device.memory, device.cores) == (memory, cores)
+    _, got_memory, got_cores = placed_slice(scenario, limits, release.tails)
+    assert (got_memory, got_cores) == (memory, cores)
 
 
 @pytest.mark.parametrize("limits", [
