@@ -61,3 +61,10 @@ def _tests_write_only_their_temporary_directories() -> Iterator[None]:
     yield
     created = [str(p) for p in _HOST_PATHS if p.exists() and not before[p]]
     assert not created, f"this test wrote outside its temporary directories: {created}"
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Every async test and fixture runs on asyncio (the product's event loop); session
+    scope so module-scoped async fixtures may use it too."""
+    return "asyncio"

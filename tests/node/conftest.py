@@ -191,8 +191,3 @@ async def gpu_node(runtime: Node, *, gpus: int = 1, action: str = "warn",
             finally:
                 await anyio.to_thread.run_sync(kubelet.stop)
                 shutil.rmtree(root / "shim", ignore_errors=True)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

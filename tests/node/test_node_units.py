@@ -332,8 +332,3 @@ def test_registered_processes_are_bounded_per_allocation() -> None:
     r.add(Registered("k2", 19, 7, "/cg2", Claim(1, 7, 0, ())))  # a PID reused elsewhere
     r.forget("k1")
     assert sorted(r.by_pid) == [19, 99] and r.accepted == 12
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

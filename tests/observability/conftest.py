@@ -21,8 +21,3 @@ def prometheus_tools() -> Tools:
         return obtain_tools()
     except PrometheusUnavailable as e:
         unavailable("prometheus", "VGPUD_PROMETHEUS_REQUIRED", e)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"

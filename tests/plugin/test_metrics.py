@@ -40,11 +40,6 @@ MIB = 1 << 20
 GPU, OTHER = "GPU-0", "GPU-1"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def samples(text: str, name: str) -> dict[tuple[str, str], float]:
     """{(pod, uuid): value} of one family."""
     fams = {f.name: f for f in text_string_to_metric_families(text)}

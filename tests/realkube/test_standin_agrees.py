@@ -69,11 +69,6 @@ GPU = {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "3000",
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # -- the two servers ---------------------------------------------------------------------------
 
 

@@ -24,11 +24,6 @@ from vgpud.config import Settings, parse_settings
 from vgpud.webhook.run import BootstrapOptions, Serving, run_webhook
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def kubeconfig_for(url: str, path: Path) -> Path:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "standin",
