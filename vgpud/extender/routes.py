@@ -29,6 +29,7 @@ from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
 from vgpud.core.quota import NONE, QUOTA_CODE, Use, exceeds, placement_use, request_use
 from vgpud.core.requests import RequestError, parse_pod
+from vgpud.core.timestamps import rfc3339
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.state import SchedulerState
 from vgpud.extender.wire import (
@@ -50,7 +51,7 @@ MAX_ROUNDS = 4  # rounds of MAX_TIED top-scored nodes prioritize checks the pod 
 
 
 def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.now(UTC))
 
 
 def describe(p: Placement) -> str:

@@ -22,7 +22,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import structlog
@@ -39,6 +38,7 @@ from vgpud.core.codec import (
 from vgpud.core.model import Defaults, Node, NodeInventory, Placement, PodRequest
 from vgpud.core.preempt import Budget, Requirement
 from vgpud.core.quota import Quota
+from vgpud.core.timestamps import parse_rfc3339
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 
 log = structlog.get_logger()
@@ -126,7 +126,7 @@ NOT_GRANTED = ("not a grant of this scheduler: the pod does not name it or asks 
 
 def _created(meta: dict[str, Any]) -> float:
     try:
-        return datetime.fromisoformat(str(meta["creationTimestamp"])).timestamp()
+        return parse_rfc3339(str(meta["creationTimestamp"])).timestamp()
     except (KeyError, ValueError):
         return -1.0
 

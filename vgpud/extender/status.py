@@ -65,6 +65,7 @@ from vgpud.core.query import (
 )
 from vgpud.core.quota import MEMORY, QuotaRow, quota_rows
 from vgpud.core.report import GpuRow, PodRow, Slice, to_json
+from vgpud.core.timestamps import rfc3339
 from vgpud.extender.routes import Extender
 
 NOT_READY = "vgpud scheduler is still syncing its caches (the ledger is not rebuilt yet)"
@@ -312,7 +313,7 @@ def render_page(*, ready: bool, query: Query, gpus: Page | None, pending: Page |
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(datetime.now(UTC))
 
 
 async def drive(steps: Steps[Page]) -> Page:

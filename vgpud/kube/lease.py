@@ -30,6 +30,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
+from vgpud.core.timestamps import rfc3339_micro
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound
@@ -37,10 +38,6 @@ from vgpud.kube.resources import LEASES
 from vgpud.kube.writes import utc_now
 
 log = structlog.get_logger(__name__)
-
-
-def _micro_time(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -126,7 +123,7 @@ class LeaderElector:
 
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this elector holds the Lease afterwards."""
-        now_wall = _micro_time(self.wall())
+        now_wall = rfc3339_micro(self.wall())
         try:
             lease = await self.kube.request("GET", LEASES.object_path(self.name, self.namespace))
         except NotFound:
@@ -195,7 +192,7 @@ class LeaderElector:
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") != self.identity:
                 return
-            now_wall = _micro_time(self.wall())
+            now_wall = rfc3339_micro(self.wall())
             spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=now_wall)
             body = {
                 "apiVersion": "coordination.k8s.io/v1",

@@ -39,6 +39,7 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
+from vgpud.core.timestamps import rfc3339
 from vgpud.kube.backoff import Backoff
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.client import Json, KubeClient
@@ -54,10 +55,6 @@ MERGE_PATCH = "application/merge-patch+json"
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def _timestamp(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -316,8 +313,8 @@ class EventRecorder:
             "message": message[:1024],
             "type": type,
             "count": 1,
-            "firstTimestamp": _timestamp(wall),
-            "lastTimestamp": _timestamp(wall),
+            "firstTimestamp": rfc3339(wall),
+            "lastTimestamp": rfc3339(wall),
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.instance,
@@ -340,7 +337,7 @@ class EventRecorder:
     async def _write_count(self, agg: _Aggregate) -> None:
         if not self._budget.try_acquire():
             return  # stays dirty; flush() writes it
-        patch = {"count": agg.count, "lastTimestamp": _timestamp(agg.last_wall)}
+        patch = {"count": agg.count, "lastTimestamp": rfc3339(agg.last_wall)}
         try:
             await self.retry.run(
                 lambda: self.kube.request(
