@@ -145,7 +145,7 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
 
     from tests.core.builders import node
     from tests.kube.clocks import ManualClock
-    from vgpud import inspect
+    from vgpud import inspection
     from vgpud.config import OpsSettings
     from vgpud.core.allocate import Allocator
     from vgpud.extender.metrics import Metrics
@@ -154,7 +154,7 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
     from vgpud.extender.state import SchedulerState
     from vgpud.ops import Guard
 
-    monkeypatch.setattr(inspect, "PAGE", 2)
+    monkeypatch.setattr(inspection, "PAGE", 2)
     alloc = Allocator()
     for name in ("a", "b", "c", "d"):
         alloc.set_node(node(name, 2, 16000))
@@ -174,7 +174,7 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
 
     try:
         async with aiohttp.ClientSession() as s:
-            src = inspect.SchedulerSource(s, f"http://127.0.0.1:{port}", sleep=sleep)
+            src = inspection.SchedulerSource(s, f"http://127.0.0.1:{port}", sleep=sleep)
             view = await src.view()
     finally:
         await runner.cleanup()
