@@ -41,7 +41,6 @@ import json
 import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from html import escape
 from importlib import resources
 from typing import Any
@@ -65,7 +64,6 @@ from vgpud.core.query import (
 )
 from vgpud.core.quota import MEMORY, QuotaRow, quota_rows
 from vgpud.core.report import GpuRow, PodRow, Slice, to_json
-from vgpud.core.timestamps import rfc3339
 from vgpud.extender.routes import Extender
 
 NOT_READY = "vgpud scheduler is still syncing its caches (the ledger is not rebuilt yet)"
@@ -312,10 +310,6 @@ def render_page(*, ready: bool, query: Query, gpus: Page | None, pending: Page |
 # -- handlers ----------------------------------------------------------------------------------
 
 
-def _now() -> str:
-    return rfc3339(datetime.now(UTC))
-
-
 async def drive(steps: Steps[Page]) -> Page:
     """Run a stepped selection, letting the event loop serve others between steps."""
     while True:
@@ -424,7 +418,7 @@ class StatusViews:
             quotas = self.quotas()
         html = await anyio.to_thread.run_sync(lambda: render_page(
             ready=ready, query=query, gpus=gpus, pending=pending, totals=totals,
-            now=_now(), error=error, refresh=refresh, quotas=quotas))
+            now=self.ext.stamp(), error=error, refresh=refresh, quotas=quotas))
         return web.Response(text=html, status=status if ready else 503,
                             content_type="text/html", charset="utf-8",
                             headers={**SECURITY_HEADERS, "Cache-Control": "no-store"})
