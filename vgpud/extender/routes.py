@@ -28,7 +28,6 @@ from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
 from vgpud.core.quota import NONE, QUOTA_CODE, Use, exceeds, placement_use, request_use
 from vgpud.core.requests import RequestError, parse_pod
-from vgpud.core.timestamps import rfc3339
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.state import SchedulerState
 from vgpud.extender.wire import (
@@ -44,6 +43,7 @@ from vgpud.extender.wire import (
 )
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound
+from vgpud.kube.timestamps import rfc3339
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder
 
 log = structlog.get_logger()

@@ -37,9 +37,9 @@ from vgpud.core.codec import (
 from vgpud.core.model import Defaults, Node, NodeInventory, Placement, PodRequest
 from vgpud.core.preempt import Budget, Requirement
 from vgpud.core.quota import Quota
-from vgpud.core.timestamps import parse_rfc3339
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
+from vgpud.kube.timestamps import parse_rfc3339
 
 log = structlog.get_logger()
 

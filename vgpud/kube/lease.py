@@ -29,11 +29,11 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from vgpud.core.timestamps import rfc3339_micro
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound
 from vgpud.kube.resources import LEASES
+from vgpud.kube.timestamps import rfc3339_micro
 
 log = structlog.get_logger(__name__)
 

@@ -39,13 +39,13 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from vgpud.core.timestamps import rfc3339
 from vgpud.kube.backoff import Backoff
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Conflict, KubeError, NotFound, Unavailable
 from vgpud.kube.resources import EVENTS, PODS
+from vgpud.kube.timestamps import rfc3339
 
 R = TypeVar("R")
 log = structlog.get_logger(__name__)

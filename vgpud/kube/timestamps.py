@@ -3,7 +3,9 @@
 The API has two forms: ``Time`` in whole seconds (``2026-01-02T03:04:05Z``: events,
 the status page, placements) and ``MicroTime`` with six fraction digits
 (``2026-01-02T03:04:05.678901Z``: a Lease's ``renewTime``, which the API server refuses
-in the seconds form). Both are written in UTC whatever zone ``when`` carries.
+in the seconds form). Both are written in UTC whatever zone ``when`` carries. Here, not
+in the core, because this is the API's format (the kube layer never imports the core); the
+roles use it for what they write (placements, the status page) too.
 """
 
 from __future__ import annotations

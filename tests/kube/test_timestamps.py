@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from vgpud.core.timestamps import parse_rfc3339, rfc3339, rfc3339_micro
+from vgpud.kube.timestamps import parse_rfc3339, rfc3339, rfc3339_micro
 
 WHEN = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 
