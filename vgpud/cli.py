@@ -91,7 +91,7 @@ def _inspect(what: str, *, kubeconfig: str | None, scheduler: str | None,
     import anyio
 
     from vgpud.config import load_settings
-    from vgpud.inspect import (
+    from vgpud.inspection import (
         ApiSource,
         Format,
         InspectError,

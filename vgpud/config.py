@@ -29,6 +29,7 @@ from pydantic import (
 
 from vgpud.core.model import ComputePolicy, Defaults, Policy, Preset
 from vgpud.core.requests import PRESETS, PresetError, check_presets, renamed
+from vgpud.files import read_bounded
 
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -311,12 +312,7 @@ ENV_KEYS = {f"VGPUD_{_snake_upper(k)}": k for k, f in Settings.model_fields.item
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a YAML or JSON settings file into a mapping (not yet validated)."""
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {p} is larger than {MAX_CONFIG_BYTES} bytes")
+    data = read_bounded(p, f"config file {p}", limit=MAX_CONFIG_BYTES, error=ConfigError)
     try:
         doc = json.loads(data) if p.suffix == ".json" else yaml.safe_load(data)
     except (ValueError, yaml.YAMLError) as e:

@@ -36,6 +36,7 @@ import structlog
 from aiohttp import web
 
 from vgpud.config import ConfigError, OpsSettings
+from vgpud.files import read_bounded
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 
@@ -55,13 +56,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def read_token(path: str) -> str:
     """The token in ``path`` (surrounding whitespace dropped); :class:`ConfigError` if the
     file cannot be read, is empty or is too large to be a token."""
-    try:
-        with Path(path).open("rb") as f:
-            raw = f.read(MAX_TOKEN_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"ops.tokenFile {path}: cannot read it: {e.strerror or e}") from None
-    if len(raw) > MAX_TOKEN_BYTES:
-        raise ConfigError(f"ops.tokenFile {path}: larger than {MAX_TOKEN_BYTES} bytes")
+    raw = read_bounded(path, f"ops.tokenFile {path}", limit=MAX_TOKEN_BYTES, error=ConfigError)
     try:
         token = raw.decode("ascii").strip()
     except UnicodeDecodeError:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from vgpud.config import ConfigError, Settings, parse_settings
 from vgpud.core.model import MIG_PROFILE, Gpu, Node, NodeInventory, offered
+from vgpud.files import read_bounded
 
 MAX_SCENARIO_BYTES = 16 << 20
 MAX_PODS = 1_000_000
@@ -178,12 +179,7 @@ def build_nodes(s: Scenario, settings: Settings) -> list[Node]:
 
 def load_scenarios(path: str | Path) -> list[Scenario]:
     p = Path(path)
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise ScenarioError(f"cannot read scenario {p}: {e.strerror or e}") from e
-    if len(data) > MAX_SCENARIO_BYTES:
-        raise ScenarioError(f"scenario {p} is larger than {MAX_SCENARIO_BYTES} bytes")
+    data = read_bounded(p, f"scenario {p}", limit=MAX_SCENARIO_BYTES, error=ScenarioError)
     try:
         docs = [d for d in yaml.safe_load_all(data) if d is not None]
     except yaml.YAMLError as e:

@@ -149,7 +149,7 @@ async def test_loopback_needs_no_token_only_while_trusted(tmp_path: Path) -> Non
 
 
 def test_a_bad_token_file_stops_the_start(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read it"):
+    with pytest.raises(ConfigError, match=r"cannot read ops\.tokenFile"):
         Guard.from_settings(OpsSettings(tokenFile=str(tmp_path / "missing")))
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match="empty"):

@@ -3,11 +3,13 @@ scheduler, ask for a vGPU and are not bound, from creation until bound, ended or
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.kube.clocks import ManualClock
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Defaults
 from vgpud.extender.metrics import PendingGpuPods
@@ -49,7 +51,8 @@ def test_the_state_counts_them_until_bound_or_gone_and_the_metrics_show_the_olde
     b = project_pod(pod("b", created="2026-01-01T00:05:00Z"), WAITS)
     state.on_pod(Added("ml/a", a))
     state.on_pod(Added("ml/b", b))
-    gauges = PendingGpuPods(state.pending_since, clock=lambda: T0 + 600)
+    gauges = PendingGpuPods(state.pending_since,
+                            clock=ManualClock(wall=datetime.fromtimestamp(T0 + 600, UTC)))
     reg = CollectorRegistry(auto_describe=False)
     reg.register(gauges)
 

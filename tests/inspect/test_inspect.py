@@ -144,8 +144,8 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
     from aiohttp import web
 
     from tests.core.builders import node
-    from tests.kube.clocks import ManualClock
-    from vgpud import inspect
+    from tests.kube.clocks import JumpClock
+    from vgpud import inspection
     from vgpud.config import OpsSettings
     from vgpud.core.allocate import Allocator
     from vgpud.extender.metrics import Metrics
@@ -154,32 +154,26 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
     from vgpud.extender.state import SchedulerState
     from vgpud.ops import Guard
 
-    monkeypatch.setattr(inspect, "PAGE", 2)
+    monkeypatch.setattr(inspection, "PAGE", 2)
     alloc = Allocator()
     for name in ("a", "b", "c", "d"):
         alloc.set_node(node(name, 2, 16000))
     ext = Extender(SchedulerState(alloc), writer=None, events=None, metrics=Metrics(alloc))
-    clock = ManualClock()
+    clock = JumpClock()  # the Guard's budget and the client's waits on one time line
     guard = Guard(OpsSettings(clientQPS=0.5, clientBurst=2), clock=clock)
     runner = web.AppRunner(make_app(ext, lambda: True, verbs=False, guard=guard))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    waits: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        clock.advance(seconds)
-
     try:
         async with aiohttp.ClientSession() as s:
-            src = inspect.SchedulerSource(s, f"http://127.0.0.1:{port}", sleep=sleep)
+            src = inspection.SchedulerSource(s, f"http://127.0.0.1:{port}", clock=clock)
             view = await src.view()
     finally:
         await runner.cleanup()
     assert len(view.gpus) == 8  # four pages of two, then the pods' (empty) page
-    assert waits == [2.0, 2.0, 2.0]  # a token every 2 s once the burst of 2 was spent
+    assert clock.sleeps == [2.0, 2.0, 2.0]  # a token every 2 s once the burst of 2 was spent
     assert guard.refused["rate"] == 3
 
 

@@ -5,17 +5,38 @@
 - ``JumpClock``: every ``sleep`` returns at once after moving time forward to the
   sleeper's deadline (never backwards). For measuring how long something *would*
   have waited, e.g. the request budget; ``sleeps`` records every request.
+
+Both tell calendar time too (``wall``, UTC): ``wall`` at ``start``, moving with the
+monotonic time; ``set_wall`` jumps it (a certificate's expiry, say) without moving ``now``.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import anyio
 import anyio.lowlevel
 
+WALL = datetime(2026, 1, 1, tzinfo=UTC)
 
-class ManualClock:
-    def __init__(self, start: float = 1000.0) -> None:
+
+class _Wall:
+    start: float
+    _now: float
+    _wall: datetime
+
+    def wall(self) -> datetime:
+        return self._wall + timedelta(seconds=self._now - self.start)
+
+    def set_wall(self, when: datetime) -> None:
+        self._wall = when - timedelta(seconds=self._now - self.start)
+
+
+class ManualClock(_Wall):
+    def __init__(self, start: float = 1000.0, wall: datetime = WALL) -> None:
+        self.start = start
         self._now = start
+        self._wall = wall
         self._sleepers: list[tuple[float, anyio.Event]] = []
 
     def now(self) -> float:
@@ -45,10 +66,11 @@ class ManualClock:
                 event.set()
 
 
-class JumpClock:
-    def __init__(self, start: float = 1000.0) -> None:
+class JumpClock(_Wall):
+    def __init__(self, start: float = 1000.0, wall: datetime = WALL) -> None:
         self.start = start
         self._now = start
+        self._wall = wall
         self.sleeps: list[float] = []
 
     def now(self) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import anyio
 import pytest
@@ -26,6 +27,9 @@ class _ShiftedClock:
 
     def now(self) -> float:
         return time.monotonic() + self.shift
+
+    def wall(self) -> datetime:
+        return datetime.now(UTC)
 
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from vgpud import shm
+from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
 from vgpud.node.arbiter import Member, Publisher, run_arbiter
 from vgpud.node.registration import Owner, Registry
@@ -71,7 +71,7 @@ async def test_the_arbiters_rounds_feed_the_watchdog_which_kills_the_abuser(
     abuser, bystander = await anyio.open_process(sleeper), await anyio.open_process(sleeper)
     try:
         (tmp_path / "b").mkdir()
-        valid_file(tmp_path / "b" / shm.STATE_FILE, host_pid=bystander.pid)
+        valid_file(tmp_path / "b" / usage_state.STATE_FILE, host_pid=bystander.pid)
         watched = {"ka": Watched(A, {GPU: GIB}, {GPU: 30}),
                    "kb": Watched(B, {GPU: GIB}, {GPU: 30})}
         members = [Member("ka", 0, (GPU,), tmp_path / "a"), Member("kb", 0, (GPU,), tmp_path / "b")]

@@ -4,7 +4,7 @@ The system: the API stand-in, ``vgpud scheduler`` and ``vgpud plugin`` as proces
 plugin over fake GPUs from a file, one of three unhealthy, registered with the fake
 kubelet). Two GPU pods are placed through the extender the way kube-scheduler drives
 it and started through the fake kubelet (Allocate, PreStartContainer), and their shims'
-usage files are written (the layout of ``vgpud.shm``, the C ABI's mirror); a third asks
+usage files are written (the layout of ``vgpud.usage_state``, the C ABI's mirror); a third asks
 for more GPUs than the node has healthy and stays Pending. Prometheus scrapes both
 daemons every second and evaluates the alert rules file itself.
 
@@ -55,7 +55,7 @@ from tests.observability.prometheus import (
     rule_queries,
     without_threshold,
 )
-from vgpud import shm
+from vgpud import usage_state
 from vgpud.core.codec import NODE_DEVICES
 from vgpud.node.allocations import AllocationStore
 
@@ -83,30 +83,32 @@ def substitute(expr: str) -> str:
 
 
 def write_usage(state: Path, used: int, limit: int) -> None:
-    """A usage file as the shim keeps it (``vgpud.shm``'s layout, which tests/shim checks
+    """A usage file as the shim keeps it (``vgpud.usage_state``'s layout, which tests/shim checks
     against the C ABI): one device, one live process charging ``used`` bytes."""
-    buf = bytearray(shm.FILE_SIZE)
+    buf = bytearray(usage_state.FILE_SIZE)
 
     def put(table: dict[str, tuple[int, str]], base: int, name: str, *values: int) -> None:
         offset, fmt = table[name]
         n = struct.calcsize(fmt) // struct.calcsize("<" + fmt[-1])
         struct.pack_into(fmt, buf, base + offset, *values, *[0] * (n - len(values)))
 
-    h = shm.HEADER_FIELDS
-    put(h, 0, "magic", shm.MAGIC)
-    put(h, 0, "version", shm.VERSION)
-    for name, value in (("header_size", shm.HEADER_SIZE), ("slot_size", shm.SLOT_SIZE),
-                        ("max_slots", shm.MAX_SLOTS), ("max_devices", shm.MAX_DEVICES),
+    h = usage_state.HEADER_FIELDS
+    put(h, 0, "magic", usage_state.MAGIC)
+    put(h, 0, "version", usage_state.VERSION)
+    for name, value in (("header_size", usage_state.HEADER_SIZE),
+                        ("slot_size", usage_state.SLOT_SIZE),
+                        ("max_slots", usage_state.MAX_SLOTS),
+                        ("max_devices", usage_state.MAX_DEVICES),
                         ("device_count", 1)):
         put(h, 0, name, value)
     put(h, 0, "limit", limit)
     put(h, 0, "used", used)
-    slot = shm.HEADER_SIZE  # slot 0; host PID 0: not registered yet, counted as alive
-    put(shm.SLOT_FIELDS, slot, "pid", 1)
-    put(shm.SLOT_FIELDS, slot, "used", used)
-    tmp = state / (shm.STATE_FILE + ".tmp")
+    slot = usage_state.HEADER_SIZE  # slot 0; host PID 0: not registered yet, counted as alive
+    put(usage_state.SLOT_FIELDS, slot, "pid", 1)
+    put(usage_state.SLOT_FIELDS, slot, "used", used)
+    tmp = state / (usage_state.STATE_FILE + ".tmp")
     tmp.write_bytes(bytes(buf))
-    tmp.replace(state / shm.STATE_FILE)
+    tmp.replace(state / usage_state.STATE_FILE)
 
 
 @contextlib.contextmanager

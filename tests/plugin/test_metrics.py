@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.node.test_usage_file import valid_file
-from vgpud import shm
+from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
 from vgpud.core.model import DeviceGrant
 from vgpud.node.allocations import AllocationStore, Owner
@@ -143,7 +143,7 @@ async def test_a_gpu_found_after_start_gets_its_priority_record(tmp_path: Path) 
 
 
 class _WaitingOs:
-    """``os`` as :mod:`vgpud.shm` sees it, but ``open`` ignores ``O_NONBLOCK``: a FIFO in
+    """``os`` as :mod:`vgpud.usage_state` sees it, but ``open`` ignores ``O_NONBLOCK``: a FIFO in
     place of a usage file then waits for a writer, as every read does on a file system
     that does not answer (O_NONBLOCK, issue 22's defence, does not help there)."""
 
@@ -160,7 +160,7 @@ def stalled_fifo(monkeypatch: pytest.MonkeyPatch, state: Path) -> Iterator[threa
     """A FIFO in place of ``state``'s usage file whose reads wait; setting the event (or
     leaving the block, or 5 s passing, so that a loop it froze comes back) lets them go
     on. On leaving, reads stop waiting and every reader still in the FIFO is let out."""
-    fifo = state / shm.STATE_FILE
+    fifo = state / usage_state.STATE_FILE
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
     release, leaving = threading.Event(), threading.Event()
@@ -178,7 +178,7 @@ def stalled_fifo(monkeypatch: pytest.MonkeyPatch, state: Path) -> Iterator[threa
 
     t = threading.Thread(target=releaser, daemon=True)
     with monkeypatch.context() as m:
-        m.setattr(shm, "os", _WaitingOs())
+        m.setattr(usage_state, "os", _WaitingOs())
         t.start()
         try:
             yield release
@@ -223,8 +223,9 @@ def usage_setup(tmp_path: Path) -> tuple[AllocationStore, NodeDevices, dict[str,
               for i, name in enumerate(("good", "huge", "fifo"))}
     for a in allocs.values():
         a.state.mkdir(parents=True, exist_ok=True)
-    valid_file(allocs["good"].state / shm.STATE_FILE, host_pid=os.getpid(), slot_used=300 * MIB)
-    with open(allocs["huge"].state / shm.STATE_FILE, "wb") as f:
+    valid_file(allocs["good"].state / usage_state.STATE_FILE, host_pid=os.getpid(),
+               slot_used=300 * MIB)
+    with open(allocs["huge"].state / usage_state.STATE_FILE, "wb") as f:
         f.truncate(1 << 30)
     found, _ = parse_fake_devices(json.dumps({"devices": [
         {"uuid": GPU, "index": 0, "model": "Fake", "memory": 24576}]}), "test")

@@ -34,7 +34,7 @@ import anyio
 import pytest
 import yaml
 
-from tests.kube.clocks import JumpClock
+from tests.kube.clocks import JumpClock, ManualClock
 from tests.realkube.api import ApiError, wait_for
 from tests.realkube.cluster import Scenario
 from tests.realkube.controlplane import ControlPlane
@@ -729,9 +729,8 @@ async def test_binding(server: Server, kube: KubeClient) -> None:
 async def test_events_are_created_and_their_count_patched(server: Server,
                                                           kube: KubeClient) -> None:
     target = await create(kube, server.ns, pod("p"))
-    clock = JumpClock()
-    wall = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
-    recorder = EventRecorder(kube, clock=clock, wall=lambda: wall, min_interval=10)
+    clock = JumpClock(wall=dt.datetime(2026, 1, 2, 3, 3, 45, tzinfo=dt.UTC))  # +20 s: 03:04:05
+    recorder = EventRecorder(kube, clock=clock, min_interval=10)
     ref = ObjectRef.of(target)
     await recorder.record(ref, "Rescheduled", "first", type="Warning")
     clock.advance(20)
@@ -874,9 +873,9 @@ async def test_error_bodies(server: Server, kube: KubeClient) -> None:
 
 
 async def test_leader_election_lease(server: Server, kube: KubeClient) -> None:
-    wall = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
+    clock = ManualClock(wall=dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC))
     elector = LeaderElector(kube, name="vgpu-scheduler", namespace=server.ns, identity="a",
-                            wall=lambda: wall)
+                            clock=clock)
     assert await elector.try_acquire_or_renew()  # created
     assert await elector.try_acquire_or_renew()  # renewed: a PUT with the resourceVersion
     path = f"/apis/coordination.k8s.io/v1/namespaces/{server.ns}/leases/vgpu-scheduler"
@@ -919,12 +918,12 @@ async def test_the_webhooks_secret_and_ca_bundle(server: Server, kube: KubeClien
             "webhooks": [{"name": "a.vgpud.io", **hook}, {"name": "b.vgpud.io", **hook}]})
     now = dt.datetime.now(dt.UTC)
     boot = Bootstrap(kube, server.ns, "vgpud-webhook-tls", ["vgpud-webhook.svc"],
-                     tmp_path / "tls.crt", tmp_path / "tls.key", conf, clock=lambda: now)
+                     tmp_path / "tls.crt", tmp_path / "tls.key", conf, clock=ManualClock(wall=now))
     ca, _serving = await boot.ensure_secret()  # created
     assert await boot.ensure_secret() == (ca, _serving)  # read back, still good
     later = Bootstrap(kube, server.ns, "vgpud-webhook-tls", ["vgpud-webhook.svc"],
                       tmp_path / "tls.crt", tmp_path / "tls.key", conf,
-                      clock=lambda: now + dt.timedelta(days=3000))
+                      clock=ManualClock(wall=now + dt.timedelta(days=3000)))
     renewed_ca, renewed = await later.ensure_secret()  # replaced, resourceVersion and all
     assert renewed != _serving
     secret = await kube.request("GET", f"/api/v1/namespaces/{server.ns}/secrets/"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import vgpud.shm as shm
+from vgpud import usage_state
 
 from .conftest import CSRC, ROOT, Built
 
@@ -137,15 +137,15 @@ def test_state_layout_matches_python_view(tmp_path: Path) -> None:
             consts[name] = rest[0]
         else:
             fields[(kind, name)] = (int(rest[0]), int(rest[1]))
-    assert int(consts["magic"]) == shm.MAGIC
-    assert int(consts["version"]) == shm.VERSION
-    assert int(consts["max_devices"]) == shm.MAX_DEVICES
-    assert int(consts["max_slots"]) == shm.MAX_SLOTS
-    assert int(consts["header_size"]) == shm.HEADER_SIZE
-    assert int(consts["slot_size"]) == shm.SLOT_SIZE
-    assert int(consts["file_size"]) == shm.FILE_SIZE
-    assert consts["file_name"] == shm.STATE_FILE
-    for kind, table in (("header", shm.HEADER_FIELDS), ("slot", shm.SLOT_FIELDS)):
+    assert int(consts["magic"]) == usage_state.MAGIC
+    assert int(consts["version"]) == usage_state.VERSION
+    assert int(consts["max_devices"]) == usage_state.MAX_DEVICES
+    assert int(consts["max_slots"]) == usage_state.MAX_SLOTS
+    assert int(consts["header_size"]) == usage_state.HEADER_SIZE
+    assert int(consts["slot_size"]) == usage_state.SLOT_SIZE
+    assert int(consts["file_size"]) == usage_state.FILE_SIZE
+    assert consts["file_name"] == usage_state.STATE_FILE
+    for kind, table in (("header", usage_state.HEADER_FIELDS), ("slot", usage_state.SLOT_FIELDS)):
         c_names = {n for (k, n) in fields if k == kind}
         assert set(table) == c_names, (kind, set(table) ^ c_names)
         for name, (offset, fmt) in table.items():
@@ -156,14 +156,14 @@ def test_python_view_rejects_foreign_files(tmp_path: Path) -> None:
     import pytest
 
     bad = tmp_path / "usage.v1"
-    bad.write_bytes(b"\0" * shm.FILE_SIZE)
-    with pytest.raises(shm.StateFileError, match="not a version-1"):
-        shm.read_usage(tmp_path)
+    bad.write_bytes(b"\0" * usage_state.FILE_SIZE)
+    with pytest.raises(usage_state.StateFileError, match="not a version-1"):
+        usage_state.read_usage(tmp_path)
     bad.write_bytes(b"short")
-    with pytest.raises(shm.StateFileError, match="shorter"):
-        shm.read_usage(bad)
-    with pytest.raises(shm.StateFileError):
-        shm.read_usage(tmp_path / "missing")
+    with pytest.raises(usage_state.StateFileError, match="shorter"):
+        usage_state.read_usage(bad)
+    with pytest.raises(usage_state.StateFileError):
+        usage_state.read_usage(tmp_path / "missing")
 
 
 if __name__ == "__main__":  # pragma: no cover

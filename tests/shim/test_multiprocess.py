@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 
-from vgpud.shm import read_usage
+from vgpud.usage_state import read_usage
 
 from .conftest import Shim
 

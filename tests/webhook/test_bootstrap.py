@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from tests.kube.clocks import ManualClock
 from tests.standin.apiserver import ApiServer
 from tests.webhook.conftest import review
 from vgpud.kube.client import KubeClient
@@ -79,18 +80,18 @@ async def test_replicas_share_one_secret_and_the_ca_bundle_is_set(webhook_factor
 async def test_renewal_keeps_the_ca_and_replaces_an_expiring_certificate(
         tmp_path: Path) -> None:
     now = dt.datetime(2026, 11, 23, tzinfo=dt.UTC)
-    clock = [now]
+    clock = ManualClock(wall=now)
     async with ApiServer() as api, KubeClient.for_url(api.url) as kube:
         b = Bootstrap(kube, NS, SECRET, service_names("vgpud-webhook", NS),
-                      tmp_path / "tls.crt", tmp_path / "tls.key", None, clock=lambda: clock[0])
+                      tmp_path / "tls.crt", tmp_path / "tls.key", None, clock=clock)
         ca, serving = await b.ensure_secret()
         assert await b.ensure_secret() == (ca, serving)  # still good: untouched
-        clock[0] = now + SERVING_LIFETIME - RENEW_BEFORE + dt.timedelta(days=1)
+        clock.set_wall(now + SERVING_LIFETIME - RENEW_BEFORE + dt.timedelta(days=1))
         ca2, serving2 = await b.ensure_secret()
         assert ca2 == ca and serving2 != serving
         cert = serving2.certificate()
         cert.verify_directly_issued_by(ca.certificate())
-        assert cert.not_valid_after_utc > clock[0] + RENEW_BEFORE
+        assert cert.not_valid_after_utc > clock.wall() + RENEW_BEFORE
         stored = api.get("secrets", SECRET, namespace=NS)
         assert base64.b64decode(stored["data"]["tls.crt"]) == serving2.cert
 

@@ -7,7 +7,6 @@ percent); ``docs/metrics.md`` lists every metric.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from prometheus_client.registry import Collector
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Node
 from vgpud.kube.cache import LISTING, STREAMING, Event, Informer, Synced
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.05, 0.1, 0.25,
                    0.5, 1, 2.5, 5)  # finer around the 10 ms a filter must stay under
@@ -120,7 +120,7 @@ class PendingGpuPods(Collector):
     (since its creation). ``since`` gives their creation times (epoch seconds)."""
 
     def __init__(self, since: Callable[[], Collection[float]] = tuple,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.since = since
         self.clock = clock
 
@@ -134,7 +134,7 @@ class PendingGpuPods(Collector):
         yield GaugeMetricFamily(
             "vgpud_scheduler_oldest_pending_gpu_pod_age_seconds",
             "How long the oldest of those pods has existed (0 when there is none)",
-            value=0.0 if oldest is None else max(0.0, self.clock() - oldest))
+            value=0.0 if oldest is None else max(0.0, self.clock.wall().timestamp() - oldest))
 
 
 class Metrics:

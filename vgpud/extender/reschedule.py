@@ -62,6 +62,7 @@ from anyio.abc import TaskStatus
 from vgpud.core.cluster import Cluster
 from vgpud.core.codec import ASSIGNMENT
 from vgpud.extender.state import NodeInfo, PodInfo
+from vgpud.kube.backoff import Backoff
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
 from vgpud.kube.client import Json, KubeClient
@@ -401,7 +402,7 @@ class Rescheduler:
         self.max_backoff = max_backoff
         self._queue: OrderedDict[str, None] = OrderedDict()
         self._retry_at: dict[str, float] = {}
-        self._failures: dict[str, int] = {}
+        self._failures: dict[str, Backoff] = {}  # a pod's backoff, from its first failure
         self._pending: dict[str, set[str]] = {}  # node -> keys of bound Pending pods
         self._pending_node: dict[str, str] = {}  # key -> its node in _pending
         self._wake = anyio.Event()
@@ -489,9 +490,11 @@ class Rescheduler:
         return wait
 
     def _backoff(self, key: str, error: BaseException) -> None:
-        n = self._failures.get(key, 0) + 1
-        self._failures[key] = n
-        delay = min(self.max_backoff, 2.0 ** min(n, 16))
+        backoff = self._failures.get(key)
+        if backoff is None:  # 2, 4, 8 … max_backoff seconds
+            backoff = self._failures[key] = Backoff(
+                min(2.0, self.max_backoff), self.max_backoff, jitter=0.0, clock=self.clock)
+        delay = backoff.next_delay()
         self._retry_at[key] = self.clock.now() + delay
         log.warning("reschedule_failed", pod=key, error=str(error) or repr(error),
                     retry_in=delay)

@@ -14,7 +14,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -42,15 +41,13 @@ from vgpud.extender.wire import (
     host_priorities,
     preemption_result,
 )
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound
+from vgpud.kube.timestamps import rfc3339
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder
 
 log = structlog.get_logger()
 MAX_ROUNDS = 4  # rounds of MAX_TIED top-scored nodes prioritize checks the pod still fits
-
-
-def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def describe(p: Placement) -> str:
@@ -69,7 +66,7 @@ class Extender:
         writer: PodBinder | None,
         events: EventRecorder | None,
         metrics: Metrics,
-        now: Callable[[], str] = _now_rfc3339,
+        clock: Clock = SYSTEM_CLOCK,
         spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None,
         budgets: Callable[[], Sequence[Budget]] = lambda: (),
         serial_binds: bool = False,
@@ -81,7 +78,7 @@ class Extender:
         self.writer = writer
         self.events = events
         self.metrics = metrics
-        self.now = now
+        self.clock = clock
         self.spawn = spawn  # runs event writes beside the request, not in its path
         self.budgets = budgets  # the PodDisruptionBudgets, for preemption
         # SerialBindNode: one bind at a time per node, for users who want the peers'
@@ -93,6 +90,10 @@ class Extender:
         self.topology = topology
         self._node_locks: dict[str, tuple[anyio.Lock, int]] = {}
         self.binds_in_flight = 0
+
+    def stamp(self) -> str:
+        """Now on the clock, as the RFC 3339 ``Time`` placements and refusals carry."""
+        return rfc3339(self.clock.wall())
 
     def _parse(self, pod: dict[str, object]) -> PodRequest:
         req = parse_pod(pod, self.alloc.defaults)
@@ -140,7 +141,7 @@ class Extender:
             why = exceeds(quotas, self._namespace_use(req), fixed, req.namespace)
             if why is not None:
                 self.metrics.rejections.labels(QUOTA_CODE).inc(len(args.node_names))
-                self.state.refuse(req, why.message, self.now())
+                self.state.refuse(req, why.message, self.stamp())
                 return filter_result(args, [], {}, dict.fromkeys(args.node_names, why.message))
         got = self.alloc.filter(req, args.node_names)
         if quotas and fixed is None and got.feasible:
@@ -153,7 +154,7 @@ class Extender:
         if got.feasible:
             self.state.refused.pop(req.uid, None)
         elif got.failed:
-            self.state.refuse(req, summarize(got.failed).message, self.now())
+            self.state.refuse(req, summarize(got.failed).message, self.stamp())
         return filter_result(args, got.feasible, failed, unresolvable)
 
     def _namespace_use(self, req: PodRequest) -> Use:
@@ -307,7 +308,7 @@ class Extender:
         got = self.alloc.place(req, args.node)
         if isinstance(got, Reason):
             return {"Error": f"pod {key} no longer fits {args.node}: {got.message}"}
-        placement = replace(got, time=self.now())
+        placement = replace(got, time=self.stamp())
         quotas = self.state.quotas_in(req.namespace)
         if quotas:  # counted with the ledger as assume will find it: no await between
             over = exceeds(quotas, self._namespace_use(req), placement_use(placement),

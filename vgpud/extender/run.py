@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import time
 from functools import partial
 
 import anyio
@@ -79,7 +78,7 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
     host, port = parse_listen(listen)
     ops_at = parse_listen(metrics_listen) if metrics_listen else None
     guard = Guard.from_settings(settings.ops)  # a bad token file stops the start here
-    alloc = Allocator(settings.defaults(), clock=time.monotonic)
+    alloc = Allocator(settings.defaults(), clock=SYSTEM_CLOCK.now)
     metrics = Metrics(alloc)
     async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
                                   burst=settings.kubeBurst) as kube:

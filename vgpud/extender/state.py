@@ -18,11 +18,9 @@ tens of MiB. Decoding is the core's; this module only routes.
 from __future__ import annotations
 
 import sys
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import structlog
@@ -40,6 +38,8 @@ from vgpud.core.model import Defaults, Node, NodeInventory, Placement, PodReques
 from vgpud.core.preempt import Budget, Requirement
 from vgpud.core.quota import Quota
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
+from vgpud.kube.timestamps import parse_rfc3339
 
 log = structlog.get_logger()
 
@@ -126,7 +126,7 @@ NOT_GRANTED = ("not a grant of this scheduler: the pod does not name it or asks 
 
 def _created(meta: dict[str, Any]) -> float:
     try:
-        return datetime.fromisoformat(str(meta["creationTimestamp"])).timestamp()
+        return parse_rfc3339(str(meta["creationTimestamp"])).timestamp()
     except (KeyError, ValueError):
         return -1.0
 
@@ -252,10 +252,13 @@ class SchedulerState:
     """The allocator, fed by node and pod events; the extender's routes read it."""
 
     def __init__(self, alloc: Allocator, *, request_cache: int = 20_000,
-                 pod_lookup: Callable[[str], PodInfo | None] = lambda key: None) -> None:
+                 pod_lookup: Callable[[str], PodInfo | None] = lambda key: None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         """``pod_lookup`` finds a pod's projection by ``namespace/name``: the pod
-        informer's own cache (``Informer.get``), so pods are not indexed twice."""
+        informer's own cache (``Informer.get``), so pods are not indexed twice;
+        ``clock`` dates the pods that carry no creation time."""
         self.alloc = alloc
+        self.clock = clock
         self.pod_lookup = pod_lookup
         self.bad_assignments: set[str] = set()
         self.bad_nodes: dict[str, str] = {}
@@ -349,7 +352,7 @@ class SchedulerState:
         if info.pending_since:
             # no creation time: count from when the scheduler first saw it
             self.pending.setdefault(info.uid, info.pending_since if info.pending_since > 0
-                                    else time.time())
+                                    else self.clock.wall().timestamp())
         else:
             self.pending.pop(info.uid, None)
         if info.phase in TERMINAL or info.node:

@@ -41,7 +41,6 @@ import json
 import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from html import escape
 from importlib import resources
 from typing import Any
@@ -311,10 +310,6 @@ def render_page(*, ready: bool, query: Query, gpus: Page | None, pending: Page |
 # -- handlers ----------------------------------------------------------------------------------
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 async def drive(steps: Steps[Page]) -> Page:
     """Run a stepped selection, letting the event loop serve others between steps."""
     while True:
@@ -423,7 +418,7 @@ class StatusViews:
             quotas = self.quotas()
         html = await anyio.to_thread.run_sync(lambda: render_page(
             ready=ready, query=query, gpus=gpus, pending=pending, totals=totals,
-            now=_now(), error=error, refresh=refresh, quotas=quotas))
+            now=self.ext.stamp(), error=error, refresh=refresh, quotas=quotas))
         return web.Response(text=html, status=status if ready else 503,
                             content_type="text/html", charset="utf-8",
                             headers={**SECURITY_HEADERS, "Cache-Control": "no-store"})

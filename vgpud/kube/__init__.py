@@ -7,7 +7,9 @@ core stays pure; callers convert between the two). Everything takes an injected
 - ``client``: ``KubeClient`` (configuration, request budget, error mapping).
 - ``errors``: the exception tree (drawn in its docstring).
 - ``budget``: ``RequestBudget``, the client-side token bucket.
-- ``clock``: ``Clock`` protocol and ``SYSTEM_CLOCK``; ``backoff``: ``Backoff``.
+- ``clock``: ``Clock`` protocol and ``SYSTEM_CLOCK``, vgpud's one clock; ``backoff``:
+  ``Backoff``, its one backoff.
+- ``timestamps``: RFC 3339 as the API writes it (``Time``, ``MicroTime``) and reads it.
 - ``resources``: ``Resource`` descriptors (``PODS``, ``NODES``, ``EVENTS``, ``LEASES``).
 - ``watch``: raw paged list and watch streams (``list_pages``, ``open_watch``).
 - ``cache``: ``Informer`` — a cache with projections and change events, synced by a

@@ -1,7 +1,9 @@
 """Capped exponential backoff with jitter, on an injected clock.
 
 ``Backoff(initial=0.2, cap=30)`` waits 0.2, 0.4, 0.8 … 30 s (each ±``jitter``
-fraction, drawn from an injected ``random``) until ``reset()``.
+fraction, drawn from an injected ``random``) until ``reset()``. The one backoff of
+vgpud: the API writes and informers sleep it, the reschedule controller reads its delays
+per pod, the device plugin's kubelet registration sleeps it without jitter.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ class Backoff:
 
     def next_delay(self) -> float:
         """The next delay (and count the attempt)."""
-        base = min(self.cap, self.initial * self.factor**self.attempt)
+        try:
+            base = min(self.cap, self.initial * self.factor**self.attempt)
+        except OverflowError:  # a long outage: the power left the floats long after the cap
+            base = self.cap
         self.attempt += 1
         if self.jitter:
             base *= 1.0 + self.jitter * (2.0 * self._random() - 1.0)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, NoReturn
 
 import anyio
@@ -34,13 +33,9 @@ from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound
 from vgpud.kube.resources import LEASES
-from vgpud.kube.writes import utc_now
+from vgpud.kube.timestamps import rfc3339_micro
 
 log = structlog.get_logger(__name__)
-
-
-def _micro_time(when: datetime) -> str:
-    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -57,7 +52,6 @@ class LeaderElector:
         release_on_exit: bool = True,
         on_change: Callable[[bool], None] | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        wall: Callable[[], datetime] = utc_now,
     ) -> None:
         if not identity:
             raise ValueError("a leader election identity must not be empty")
@@ -73,7 +67,6 @@ class LeaderElector:
         self.release_on_exit = release_on_exit
         self.on_change = on_change
         self.clock = clock
-        self.wall = wall
         self.is_leader = False
         self.transitions = 0  # how often this elector became leader
         self._observed: tuple[Any, ...] | None = None
@@ -126,7 +119,7 @@ class LeaderElector:
 
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this elector holds the Lease afterwards."""
-        now_wall = _micro_time(self.wall())
+        now_wall = rfc3339_micro(self.clock.wall())
         try:
             lease = await self.kube.request("GET", LEASES.object_path(self.name, self.namespace))
         except NotFound:
@@ -195,7 +188,7 @@ class LeaderElector:
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") != self.identity:
                 return
-            now_wall = _micro_time(self.wall())
+            now_wall = rfc3339_micro(self.clock.wall())
             spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=now_wall)
             body = {
                 "apiVersion": "coordination.k8s.io/v1",

@@ -32,7 +32,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -45,19 +45,12 @@ from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Conflict, KubeError, NotFound, Unavailable
 from vgpud.kube.resources import EVENTS, PODS
+from vgpud.kube.timestamps import rfc3339
 
 R = TypeVar("R")
 log = structlog.get_logger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _timestamp(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -259,7 +252,6 @@ class EventRecorder:
         max_keys: int = 4096,
         retry: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        wall: Callable[[], datetime] = utc_now,
     ) -> None:
         self.kube = kube
         self.component = component
@@ -269,7 +261,6 @@ class EventRecorder:
         self.max_keys = max_keys
         self.retry = retry or RetryPolicy(attempts=3)
         self.clock = clock
-        self.wall = wall
         self._budget = RequestBudget(max_per_second, max(1, int(max_per_second)), clock=clock)
         self._seen: OrderedDict[tuple[str, ...], _Aggregate] = OrderedDict()
         self.created = 0
@@ -289,7 +280,7 @@ class EventRecorder:
         if agg is not None and now - agg.last_seen <= self.window:
             agg.count += 1
             agg.last_seen = now
-            agg.last_wall = self.wall()
+            agg.last_wall = self.clock.wall()
             agg.dirty = True
             self._seen.move_to_end(key)
             self.aggregated += 1
@@ -299,7 +290,7 @@ class EventRecorder:
         if not self._budget.try_acquire():
             self.dropped += 1
             return
-        wall = self.wall()
+        wall = self.clock.wall()
         name = f"{ref.name}.{secrets.token_hex(8)}"
         body = {
             "apiVersion": "v1",
@@ -316,8 +307,8 @@ class EventRecorder:
             "message": message[:1024],
             "type": type,
             "count": 1,
-            "firstTimestamp": _timestamp(wall),
-            "lastTimestamp": _timestamp(wall),
+            "firstTimestamp": rfc3339(wall),
+            "lastTimestamp": rfc3339(wall),
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.instance,
@@ -340,7 +331,7 @@ class EventRecorder:
     async def _write_count(self, agg: _Aggregate) -> None:
         if not self._budget.try_acquire():
             return  # stays dirty; flush() writes it
-        patch = {"count": agg.count, "lastTimestamp": _timestamp(agg.last_wall)}
+        patch = {"count": agg.count, "lastTimestamp": rfc3339(agg.last_wall)}
         try:
             await self.retry.run(
                 lambda: self.kube.request(

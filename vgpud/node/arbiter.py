@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import anyio
 import structlog
 
 from vgpud.core.arbitration import Arbiter, Contender, Record
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.node.tenant import NotRead, TenantReads
-from vgpud.shm import StateFileError, read_usage
+from vgpud.usage_state import StateFileError, read_usage
 
 log = structlog.get_logger(__name__)
 
@@ -170,7 +170,7 @@ async def run_arbiter(
     owner_of: Callable[[int], str | None],
     *,
     period: float = 0.2,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = SYSTEM_CLOCK,
     wall_ns: Callable[[], int] = time.time_ns,
     on_round: Callable[[Mapping[str, Record]], None] | None = None,
     observed: Observed | None = None,
@@ -202,8 +202,8 @@ async def run_arbiter(
                 try:
                     await reads.run(partial(declared_pids, ms, declared), "usage files")
                 except NotRead as e:
-                    if clock() - warned >= 60:
-                        warned = clock()
+                    if clock.now() - warned >= 60:
+                        warned = clock.now()
                         log.warning("arbiter_usage_files_not_read", why=str(e))
                 declared = dict(declared)  # a copy: a read left behind may still add to it
             samples: list[Contender] = []
@@ -221,14 +221,14 @@ async def run_arbiter(
                         pids.setdefault((owner, uuid), []).append(pid)
                 samples += [Contender(k, uuid, prio[k], v) for k, v in totals.items()]
             gpus = [*publisher.files, *(u for u in per_gpu if u not in publisher.files)]
-            records = arbiter.decide(clock(), gpus, per_gpu, samples)
+            records = arbiter.decide(clock.now(), gpus, per_gpu, samples)
             publisher.publish(records, period_ms, wall_ns())
             if observed is not None:
                 observed.update(ms, samples, records, used)
             if on_round is not None:
                 on_round(records)
             if on_sm is not None:
-                on_sm(clock(), trusted, {k: tuple(v) for k, v in pids.items()})
+                on_sm(clock.now(), trusted, {k: tuple(v) for k, v in pids.items()})
         except Exception as e:  # one bad round must not end arbitration
             log.error("arbiter_round_failed", error=str(e) or type(e).__name__)
-        await anyio.sleep(period)
+        await clock.sleep(period)

@@ -23,6 +23,7 @@ import yaml
 from anyio.abc import ObjectSendStream
 
 from vgpud.core.codec import CodecError, decode_gpu
+from vgpud.files import read_bounded
 from vgpud.node.devices import DeviceInfo, HealthEvent
 
 log = structlog.get_logger(__name__)
@@ -73,13 +74,8 @@ def parse_fake_devices(text: str, where: str) -> tuple[tuple[DeviceInfo, ...], d
 
 
 def _read(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_FILE + 1)
-    except OSError as e:
-        raise FakeDevicesError(f"cannot read fake devices file {path}: {e.strerror or e}") from e
-    if len(data) > MAX_FILE:
-        raise FakeDevicesError(f"fake devices file {path} is larger than {MAX_FILE} bytes")
+    data = read_bounded(path, f"fake devices file {path}", limit=MAX_FILE,
+                        error=FakeDevicesError)
     return data.decode("utf-8", errors="replace")
 
 

@@ -27,6 +27,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
+from vgpud.kube.backoff import Backoff
 from vgpud.plugin._pb import v1beta1 as pb
 
 log = structlog.get_logger(__name__)
@@ -116,7 +117,7 @@ async def serve_plugin(
         await server.start(path=str(sock))
         mine = _inode(sock)
         try:
-            delay = poll
+            backoff = Backoff(poll, max(poll, 10.0), jitter=0.0)  # poll, 2 poll … 10 s
             theirs = None
             # until registered; a new kubelet removes every plugin socket when it starts
             # (CleanupPluginDirectory), maybe ours after we served it anew: then it cannot
@@ -134,8 +135,7 @@ async def serve_plugin(
                             RegistrationError) as e:
                         log.warning("register_retry", resource=resource,
                                     error=str(e) or type(e).__name__)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                await backoff.sleep()
             else:
                 log.info("socket_removed", resource=resource, socket=str(sock))
                 continue

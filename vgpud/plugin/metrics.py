@@ -2,7 +2,7 @@
 
 Per GPU: capacity, memory and cores allocated, memory used (from the GPU source),
 containers sharing it, health, the top priority active on it. Per container: its
-limits; the memory its shim counts (``vgpud.shm``; slots of processes that are gone
+limits; the memory its shim counts (``vgpud.usage_state``; slots of processes that are gone
 are left out, whatever the file says); the memory NVML says it uses and whether it is
 over its limit past the grace period (the watchdog); its SM use as NVML measured it
 in the last arbitration round and whether a higher priority holds it at the floor.
@@ -33,7 +33,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vgpud import shm
+from vgpud import usage_state
 from vgpud.node import procfs
 from vgpud.node.allocations import AllocationStore
 from vgpud.node.arbiter import Observed
@@ -48,7 +48,7 @@ MIB = 1 << 20
 UsageReader = Callable[[Path, Sequence[str]], Mapping[str, int] | None]
 
 
-def _alive(p: shm.ProcessSlot) -> bool:
+def _alive(p: usage_state.ProcessSlot) -> bool:
     """The slot's process still runs (by its host PID and start time); a slot whose host
     PID is not known yet counts as alive."""
     if p.host_pid <= 0:
@@ -63,9 +63,9 @@ def shim_usage(state: Path, uuids: Sequence[str]) -> Mapping[str, int] | None:
 
     The file's devices are the limits file's (the shim indexes them by UUID).
     """
-    if not (state / shm.STATE_FILE).exists():
+    if not (state / usage_state.STATE_FILE).exists():
         return None
-    snap = shm.read_usage(state)
+    snap = usage_state.read_usage(state)
     out = dict.fromkeys(uuids[: snap.device_count], 0)
     for p in snap.processes:
         if any(p.used[: len(uuids)]) and _alive(p):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from vgpud.kube.client import KubeClient
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 
 log = structlog.get_logger(__name__)
@@ -151,7 +152,7 @@ class Bootstrap:
     cert_file: Path
     key_file: Path
     configuration: str | None
-    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    clock: Clock = SYSTEM_CLOCK
 
     def _body(self, ca: Pair, serving: Pair, version: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": self.secret, "namespace": self.namespace,
@@ -174,7 +175,7 @@ class Bootstrap:
     async def ensure_secret(self) -> tuple[Pair, Pair]:
         """The CA and serving pair in the Secret, created or renewed as needed."""
         for _ in range(5):
-            now = self.clock()
+            now = self.clock.wall()
             current = await self._read()
             pairs = _secret_pairs(current) if current is not None else None
             if pairs is not None and still_good(pairs[1], pairs[0], self.names, now):
@@ -245,7 +246,7 @@ class Bootstrap:
     async def run(self, every: float = CHECK_EVERY) -> None:
         """Renew as needed, forever (after the first :meth:`once` at start)."""
         while True:
-            await anyio.sleep(every)
+            await self.clock.sleep(every)
             try:
                 await self.once()
             except KubeError as e:

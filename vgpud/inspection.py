@@ -21,13 +21,12 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
-import anyio
 import yaml
 
 from vgpud.config import Settings
@@ -44,6 +43,7 @@ from vgpud.core.quota import quota_keys, quota_rows, read_quota
 from vgpud.core.report import gpu_rows, pending_reasons, pod_row, pod_rows, to_json
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.kube.client import Json, KubeClient
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Forbidden, NotFound
 
 MIB = 1 << 20
@@ -181,10 +181,10 @@ class SchedulerSource:
     is waited out (``Retry-After``, at most :data:`MAX_WAIT` seconds in all)."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str, *,
-                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.s = session
         self.url = url.rstrip("/")
-        self.sleep = sleep
+        self.clock = clock
         self.waited = 0.0
 
     async def _get(self, path: str, query: str) -> Any:
@@ -201,7 +201,7 @@ class SchedulerSource:
             except aiohttp.ClientError as e:
                 raise InspectError(f"cannot reach the scheduler at {self.url}: {e}") from None
             self.waited += wait
-            await self.sleep(wait)
+            await self.clock.sleep(wait)
 
     async def _all(self, path: str, params: Mapping[str, str]) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
