@@ -72,7 +72,8 @@ EXPECTED_RULES: dict[tuple[str, str], dict[Rule, set[str]]] = {
     },
     ("ClusterRole", "vgpud-plugin"): {
         ("", "nodes", ()): {"get", "patch"},
-        ("", "pods", ()): {"get", "list", "patch"},
+        # watch: the node's pods (vgpud/node/pods.py); list when a streaming list is refused
+        ("", "pods", ()): {"get", "list", "watch", "patch"},
         ("", "events", ()): {"create", "patch"},
     },
     # bootstrap mode (the default): its own two configurations by name, its Secret

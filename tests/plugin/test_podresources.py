@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
+from tests.fakekubelet import FakeKubelet
 from vgpud.plugin._pb import v1 as pr
 from vgpud.plugin.podresources import PodResourcesClient, PodResourcesError
 
@@ -58,3 +60,55 @@ async def test_one_list_call_answers_both_questions(monkeypatch: pytest.MonkeyPa
     assert calls == 1
     assert live == {("nvidia.com/vgpu-number", frozenset({"GPU-a::0", "GPU-a::1"}))}
     assert listed == {("ns", "p"), ("ns", "q")}
+
+
+@pytest.mark.anyio
+async def test_one_connection_serves_the_calls_and_a_kubelet_restart_fails_none(
+        tmp_path: Path) -> None:
+    """The client keeps its connection between calls; a kubelet restart (its socket
+    closed and served anew) fails no call."""
+    kubelet = FakeKubelet(tmp_path)
+    kubelet.start_servers()
+    try:
+        client = PodResourcesClient(str(kubelet.podres_socket), "nvidia.com/vgpu-number",
+                                    timeout=5)
+        assert await client.list() == []
+        channel = client._channel
+        assert await client.list() == [] and client._channel is channel  # reused
+        await anyio.to_thread.run_sync(kubelet.stop)
+        await anyio.to_thread.run_sync(kubelet.start_servers)
+        # no error: grpclib reconnects a channel whose connection was lost, and a call that
+        # fails on the old connection anyway is made again on a new one
+        assert await client.list() == []
+        client.close()
+    finally:
+        kubelet.stop()
+
+
+@pytest.mark.anyio
+async def test_a_call_that_fails_on_the_kept_connection_is_made_once_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    channels: list[object] = []
+
+    async def flaky(self: PodResourcesClient, channel: object) -> tuple[pr.PodResources, ...]:
+        channels.append(channel)
+        if len(channels) == 2:  # the second call, on the kept connection: kubelet restarted
+            raise ConnectionResetError("reset by peer")
+        return ()
+
+    monkeypatch.setattr(PodResourcesClient, "_list", flaky)
+    client = PodResourcesClient("/nonexistent", "nvidia.com/vgpu-number")
+    await client.list()
+    await client.list()  # fails once on the kept connection, then succeeds on a new one
+    assert len(channels) == 3 and channels[0] is channels[1] and channels[2] is not channels[1]
+    channels.clear()
+
+    async def down(self: PodResourcesClient, channel: object) -> tuple[pr.PodResources, ...]:
+        channels.append(channel)
+        raise ConnectionRefusedError("no kubelet")
+
+    monkeypatch.setattr(PodResourcesClient, "_list", down)
+    with pytest.raises(PodResourcesError, match="no kubelet"):
+        await client.list()
+    assert len(channels) == 2  # the kept connection, then one new one: no more
+    client.close()

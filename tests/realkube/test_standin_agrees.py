@@ -49,6 +49,7 @@ from vgpud.kube.resources import EVENTS, NODES, PODS
 from vgpud.kube.watch import Selector, WatchEvent, list_pages, open_watch
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder, PodWriter, RetryPolicy
 from vgpud.node.cluster import KubeCluster
+from vgpud.node.pods import NodePods
 from vgpud.webhook.bootstrap import Bootstrap, issue_ca
 
 pytestmark = pytest.mark.anyio
@@ -484,6 +485,12 @@ async def test_the_plugins_pods_on_node_and_node_and_event_selectors(
     await create(kube, server.ns, pod("there", node=other))
     views = await KubeCluster(kube).pods_on_node(node)
     assert [(v.namespace, v.name, v.node_name) for v in views] == [(server.ns, "here", node)]
+    # the plugin's watch of its node's pods (vgpud/node/pods.py) holds what that LIST returns
+    watched = NodePods.of(KubeCluster(kube), node)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watched.run)
+        assert list(watched.all()) == [(v.namespace, v.name) for v in views]
+        tg.cancel_scope.cancel()
     await kube.request("POST", NODES.collection_path(), body={"metadata": {"name": node}})
     nodes = await kube.request("GET", NODES.collection_path(), query={
         "fieldSelector": f"metadata.name={node},spec.unschedulable=false"})

@@ -1,13 +1,14 @@
 """The Kubernetes API calls the plugin makes, behind one small interface.
 
-:class:`ClusterApi` is what the rest of the plugin uses: read a pod, list the pods
-bound to this node, rewrite a pod's assignment, read and write the node's inventory
-annotation and extended resources, and post events. :class:`KubeCluster` implements it
-with ``vgpud.kube``: writes go through :class:`~vgpud.kube.writes.PodWriter` (merge
-patch with a resourceVersion precondition, conflict re-reads, retries) and
-:class:`~vgpud.kube.writes.EventRecorder` (aggregated, rate-limited events), the same
-code the scheduler uses. Failures are the :mod:`vgpud.kube.errors` tree. Pods come back
-as :class:`PodView` values, never as client models.
+:class:`ClusterApi` is what the rest of the plugin uses: read a pod, list (or watch:
+:mod:`vgpud.node.pods`) the pods bound to this node, rewrite a pod's assignment, read
+and write the node's inventory annotation and extended resources, and post events.
+:class:`KubeCluster` implements it with ``vgpud.kube``: writes go through
+:class:`~vgpud.kube.writes.PodWriter` (merge patch with a resourceVersion precondition,
+conflict re-reads, retries) and :class:`~vgpud.kube.writes.EventRecorder` (aggregated,
+rate-limited events), the same code the scheduler uses. Failures are the
+:mod:`vgpud.kube.errors` tree. Pods come back as :class:`PodView` values, never as
+client models.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from typing import Any, Protocol
 import structlog
 
 from vgpud.core.codec import ASSIGNMENT
+from vgpud.kube.cache import Informer
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.errors import NotFound
+from vgpud.kube.resources import PODS
+from vgpud.kube.watch import Selector
 from vgpud.kube.writes import MERGE_PATCH, EventRecorder, ObjectRef, PodWriter
 
 log = structlog.get_logger(__name__)
@@ -61,9 +65,14 @@ class ClusterApi(Protocol):
 
     async def pods_on_node(self, node: str) -> list[PodView]: ...
 
-    async def rewrite_assignment(self, pod: PodView, value: str) -> None:
+    def watch_node_pods(self, node: str) -> Informer[PodView]:
+        """An informer of the pods :meth:`pods_on_node` lists (not started)."""
+        ...
+
+    async def rewrite_assignment(self, pod: PodView, value: str) -> PodView:
         """Set the pod's assignment to ``value`` if it still holds the assignment ``pod``
-        shows; :class:`~vgpud.kube.errors.Conflict` if it changed meanwhile."""
+        shows, and return the pod as written; :class:`~vgpud.kube.errors.Conflict` if it
+        changed meanwhile."""
         ...
 
     async def node_annotation(self, node: str, key: str) -> str | None: ...
@@ -155,7 +164,11 @@ class KubeCluster:
                                 field_selector=f"spec.nodeName={node}")
         return [view(p) for p in body.get("items") or []]
 
-    async def rewrite_assignment(self, pod: PodView, value: str) -> None:
+    def watch_node_pods(self, node: str) -> Informer[PodView]:
+        return Informer(self.kube, PODS, selector=Selector(fields=f"spec.nodeName={node}"),
+                        project=view, name="node-pods")
+
+    async def rewrite_assignment(self, pod: PodView, value: str) -> PodView:
         based_on = pod.annotations.get(ASSIGNMENT)
 
         def unchanged(current: Json) -> bool:
@@ -163,9 +176,9 @@ class KubeCluster:
             return (not meta.get("deletionTimestamp")
                     and (meta.get("annotations") or {}).get(ASSIGNMENT) == based_on)
 
-        await self.writer.patch_annotations(pod.namespace, pod.name, {ASSIGNMENT: value},
-                                            resource_version=pod.resource_version, uid=pod.uid,
-                                            still_valid=unchanged)
+        return view(await self.writer.patch_annotations(
+            pod.namespace, pod.name, {ASSIGNMENT: value}, resource_version=pod.resource_version,
+            uid=pod.uid, still_valid=unchanged))
 
     async def node_annotation(self, node: str, key: str) -> str | None:
         obj = await self._call("read_node", self.core.read_node, node)

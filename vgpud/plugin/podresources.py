@@ -6,6 +6,11 @@ looks up the container whose IDs of one resource are exactly a given set (the pl
 serves several resources whose IDs may be the same strings: a lookup is always for
 one resource). ``List`` is GA since
 Kubernetes 1.28 (``Get`` is still behind a feature gate, so it is not used).
+
+A client keeps one connection to kubelet's socket for its calls (a new one per call
+cost a connection set-up on every GetPreferredAllocation and PreStartContainer); a call
+that fails on it is made once more on a new connection, so a kubelet restart costs no
+failed call.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class PodResourcesClient:
         self.socket = socket
         self.resource = resource
         self.timeout = timeout
+        self._channel: Channel | None = None
 
     async def list(self) -> list[Held]:
         """Every container of every active pod, with its IDs of ``resource``."""
@@ -78,16 +84,29 @@ class PodResourcesClient:
                 live |= {(r, frozenset(ids)) for r, ids in by.items() if ids}
         return live, pods
 
+    def close(self) -> None:
+        """Close the connection (the next call opens another)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
     async def _pods(self) -> tuple[pr.PodResources, ...]:
-        channel = Channel(path=self.socket)
+        if self._channel is not None:
+            try:
+                return await self._list(self._channel)
+            except KUBELET_GONE:
+                self.close()  # kubelet restarted, or the connection broke: a new one
+        self._channel = Channel(path=self.socket)
         try:
-            reply = await pr.PodResourcesListerStub(channel).list(
-                pr.ListPodResourcesRequest(), timeout=self.timeout)
+            return await self._list(self._channel)
         except KUBELET_GONE as e:
+            self.close()
             raise PodResourcesError(
                 f"cannot list pod resources from kubelet at {self.socket}: {e}") from None
-        finally:
-            channel.close()
+
+    async def _list(self, channel: Channel) -> tuple[pr.PodResources, ...]:
+        reply = await pr.PodResourcesListerStub(channel).list(
+            pr.ListPodResourcesRequest(), timeout=self.timeout)
         return tuple(reply.pod_resources)
 
 

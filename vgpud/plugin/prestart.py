@@ -151,6 +151,20 @@ def plan(
     return Configure(placement=got, grant=grant, limits=limits, rewrite=got is not placement)
 
 
+def init_pending(annotations: Mapping[str, str], init_done: Collection[str]) -> bool:
+    """Whether the pod's assignment grants a regular init container GPUs that the pod's
+    status does not show completed (an unreadable assignment: no)."""
+    raw = annotations.get(ASSIGNMENT)
+    if raw is None:
+        return False
+    try:
+        placement = decode_assignment(raw)
+    except CodecError:
+        return False
+    return any(c.init and not c.sidecar and c.devices and c.name not in init_done
+               for c in placement.containers)
+
+
 def held_by_others(pods: Iterable[tuple[str, str, str, Mapping[str, str]]],
                    me: tuple[str, str]) -> dict[str, GpuUsage]:
     """Per GPU, what the assignments of the pods ``(namespace, name, phase,

@@ -10,7 +10,9 @@ a :func:`vgpud.plugin.kubelet.serve_plugin` task that re-registers on its own af
 kubelet restarts), the inventory publisher, the process registrar (one socket per
 allocation, :mod:`vgpud.node.registration`), the watchdog (:mod:`vgpud.node.watchdog`),
 the housekeeping loop (stale allocation directories, memory in use) and the metrics
-server. ``task_status.started`` hands back a :class:`Running` once kubelet has accepted
+server, and the watch of the node's pods (:mod:`vgpud.node.pods`), which the
+allocation path reads instead of listing: it is filled before any resource registers
+with kubelet. ``task_status.started`` hands back a :class:`Running` once kubelet has accepted
 every registration. Cancelling the scope stops everything; the
 files of running containers stay where they are.
 """
@@ -41,6 +43,7 @@ from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.cluster import ClusterApi, KubeCluster, PodView
 from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
 from vgpud.node.inventory import CORES, MEMORY, publish_inventory
+from vgpud.node.pods import NodePods
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
 from vgpud.node.tenant import TenantReads
@@ -223,6 +226,7 @@ async def run_plugin(
 
     registrar = Registrar(registry, on_ignored_env=env_ignored)
     reconciling = anyio.Lock()
+    node_pods = NodePods.of(cluster, opts.node_name)
 
     def service_for(r: ServedResource) -> PluginService:
         return PluginService(
@@ -230,7 +234,8 @@ async def run_plugin(
             podresources=PodResourcesClient(str(opts.pod_resources_socket), r.name),
             cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
             registrar=registrar, reconcile_lock=reconciling, arbiter=arbiter_dir,
-            scheduler_name=settings.schedulerName, defaults=settings.defaults())
+            scheduler_name=settings.schedulerName, defaults=settings.defaults(),
+            pods=node_pods)
 
     services = {r.name: service_for(r) for r in resources}
     service = services[resources[0].name]
@@ -300,6 +305,7 @@ async def run_plugin(
 
             tg.start_soon(_health, source, devices, kick)
             tg.start_soon(cluster.run)
+            await tg.start(node_pods.run)  # filled before kubelet can call us
             tg.start_soon(watchdog.run, source, time.monotonic, over_limit)
             tg.start_soon(partial(
                 run_arbiter, Arbiter(floor_permille=plug.priorityFloorPercent * 10,
@@ -332,6 +338,8 @@ async def run_plugin(
                           opts.collect_grace)
             task_status.started(Running(devices, port, services, sockets))
     finally:
+        for s in services.values():
+            s.podresources.close()
         with anyio.CancelScope(shield=True):
             await source.aclose()
 

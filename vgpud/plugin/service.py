@@ -8,7 +8,9 @@ the resources apart), the API and the registrar.
   node, and again whenever :class:`~vgpud.node.devices.NodeDevices` changes.
 - **GetPreferredAllocation** steers kubelet to the GPUs the scheduler assigned to
   the pod kubelet is admitting (the pod whose containers PodResources lists without
-  devices yet). It is only a hint; PreStartContainer checks what kubelet really did.
+  devices yet), read from the node's watched pods (:mod:`vgpud.node.pods`; one GET for
+  a pod the cache does not show in full yet). It is only a hint; PreStartContainer
+  checks what kubelet really did.
 - **Allocate** knows only the IDs. It prepares the allocation's directory and returns
   the visible devices, the shim library, ``/etc/ld.so.preload``, the read-only
   config directory (``/etc/vgpud``), the writable state directory and the node's
@@ -16,7 +18,10 @@ the resources apart), the API and the registrar.
   kubelet's response by :func:`_response`.
 - **PreStartContainer** (``pre_start_required``) learns the owner from PodResources
   (a regular init container, which PodResources does not list, from the active pods'
-  assignments and statuses), reads its ``vgpud.io/assignment``, and carries out what
+  assignments and statuses), reads its ``vgpud.io/assignment`` (one GET: the limits are
+  written from the API's current pod, never from a cache that may still show a
+  namesake it replaced; the neighbours, when kubelet chose other GPUs, come from the
+  watched pods), and carries out what
   :func:`vgpud.plugin.prestart.plan` decides: write the limits file atomically (after
   rewriting the assignment when kubelet chose other GPUs with room), or fail that one
   container with a message kubelet shows on the pod.
@@ -36,7 +41,7 @@ import structlog
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from vgpud.core.codec import encode_assignment
+from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.container import LimitsError, render
 from vgpud.core.model import ComputePolicy, Defaults, GpuUsage
 from vgpud.core.requests import (
@@ -51,6 +56,7 @@ from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
 from vgpud.node.cluster import ClusterApi, PodView
 from vgpud.node.devices import NodeDevices
+from vgpud.node.pods import NodePods, PodKey
 from vgpud.node.registration import Owner as RegistrationOwner
 from vgpud.node.registration import Registrar
 from vgpud.node.shim import ShimFiles
@@ -62,6 +68,7 @@ from vgpud.plugin.prestart import (
     Configure,
     Refuse,
     held_by_others,
+    init_pending,
     plan,
     stale,
     starting_init_container,
@@ -119,6 +126,8 @@ class PluginService(pb.DevicePluginBase):
         arbiter: Path | None = None,
         scheduler_name: str | None = None,
         defaults: Defaults | None = None,
+        pods: NodePods | None = None,
+        rewrite_wait: float = 2.0,
     ) -> None:
         self.resource = resource
         # whose assignments are grants: pods naming this scheduler (None: any) and asking
@@ -133,6 +142,10 @@ class PluginService(pb.DevicePluginBase):
         self.store = store
         self.podresources = podresources
         self.cluster = cluster
+        # the node's pods, watched (run_plugin starts it before registering); an
+        # unstarted one reads every pod it is asked about with a GET
+        self._node_pods = pods
+        self.rewrite_wait = rewrite_wait  # for the cache to show our own rewrite
         self.visible = visible
         self.shim = shim
         self.clock = clock
@@ -140,6 +153,12 @@ class PluginService(pb.DevicePluginBase):
         # shared by the services of one node: two reconciliations onto one GPU must not
         # both see the same room
         self._reconcile_lock = reconcile_lock or anyio.Lock()
+
+    @property
+    def pods(self) -> NodePods:
+        if self._node_pods is None:
+            self._node_pods = NodePods.of(self.cluster, self.node)
+        return self._node_pods
 
     # -- the RPCs ----------------------------------------------------------------------------
 
@@ -238,11 +257,15 @@ class PluginService(pb.DevicePluginBase):
         ID of this resource it should get."""
         try:
             held = await self.podresources.list()
-            pods = await self.cluster.pods_on_node(self.node)
-        except (PodResourcesError, KubeError) as e:
+        except PodResourcesError as e:
             log.warning("preferred_without_hint", error=str(e))
             return []
-        by_key = {(p.namespace, p.name): p for p in pods}
+        # kubelet lists only pods bound here, whose assignment came with the binding: a
+        # pod with a container that holds no IDs yet, which the cache lacks, shows being
+        # deleted (a namesake may replace it) or without an assignment while asking for
+        # this resource, is read from the API instead
+        unsure = {(h.namespace, h.pod) for h in held if not h.ids}
+        by_key = await self.pods.views(unsure, self._complete)
         waiting: dict[tuple[str, str], set[str]] = {}
         for h in held:
             pod = by_key.get((h.namespace, h.pod))
@@ -257,9 +280,14 @@ class PluginService(pb.DevicePluginBase):
         return wanted(waiting, {k: p.annotations for k, p in by_key.items()}, size,
                       self.resource.per_gpu, init_waiting=admitting)
 
+    def _complete(self, pod: PodView) -> bool:
+        """Whether the cached view of a pod kubelet lists can be decided on."""
+        return not pod.deleting and (ASSIGNMENT in pod.annotations or not any(
+            self.resource.name in names for names in pod.asks.values()))
+
     # -- PreStartContainer -------------------------------------------------------------------
 
-    async def _owner(self, ids: list[str]) -> Held:
+    async def _owner(self, ids: list[str]) -> tuple[Held, list[Held]]:
         delay = 0.05
         held: list[Held] = []
         for attempt in range(max(1, self.owner_retries)):
@@ -269,13 +297,13 @@ class PluginService(pb.DevicePluginBase):
                 raise AllocationFailed(str(e)) from None
             owner = find_owner(held, ids)
             if owner is not None:
-                return owner
+                return owner, held
             if attempt + 1 < self.owner_retries:
                 await anyio.sleep(delay)
                 delay *= 2
         got = await self._init_owner(ids, held)
         if isinstance(got, Held):
-            return got
+            return got, held
         raise AllocationFailed(
             f"kubelet's PodResources lists no container holding exactly the "
             f"{self.resource.name} devices {', '.join(sorted(ids))}, and {got}; cannot "
@@ -284,16 +312,17 @@ class PluginService(pb.DevicePluginBase):
     async def _init_owner(self, ids: list[str], held: list[Held]) -> Held | str:
         """The regular init container kubelet is starting with ``ids``: PodResources lists
         no such container (:func:`~vgpud.plugin.prestart.starting_init_container`)."""
-        try:
-            pods = await self.cluster.pods_on_node(self.node)
-        except KubeError as e:
-            return f"the pods on the node cannot be read: {e}"
         by_pod: dict[tuple[str, str], set[str]] = {}
         for h in held:
             by_pod.setdefault((h.namespace, h.pod), set()).update(h.ids)
+        # the statuses decide, and a cached one may lag: every active pod the cache shows
+        # with a regular init container not yet done (or lacks) is read from the API
+        # (a status only ever adds completed init containers)
+        pods = await self.pods.views(by_pod, lambda p: self._complete(p) and not init_pending(
+            p.annotations, p.init_done))
         active = [ActivePod(p.namespace, p.name, p.annotations, p.init_done,
-                            frozenset(by_pod[(p.namespace, p.name)]))
-                  for p in pods if (p.namespace, p.name) in by_pod]
+                            frozenset(by_pod[key]))
+                  for key, p in pods.items() if key in by_pod]
         got = starting_init_container(active, ids, per_gpu=self.resource.per_gpu)
         if isinstance(got, str):
             return got
@@ -308,7 +337,7 @@ class PluginService(pb.DevicePluginBase):
             chosen = gpus_of(ids)
         except ReplicaIdError as e:
             raise AllocationFailed(str(e)) from None
-        h = await self._owner(ids)
+        h, held = await self._owner(ids)
         where = f"pod {h.namespace}/{h.pod} container {h.container!r}"
         pod = await self._pod(h.namespace, h.pod, where)
         if not self._granted(pod):
@@ -319,7 +348,8 @@ class PluginService(pb.DevicePluginBase):
         node_policy = await self._node_policy(pod)
         step = self._plan(where, pod, h.container, chosen, policy=node_policy)
         if step is NEEDS_OTHERS:
-            step = await self._reconcile(where, pod, h.container, chosen, node_policy)
+            step = await self._reconcile(where, pod, h.container, chosen, node_policy,
+                                         listed={(x.namespace, x.pod) for x in held})
         if isinstance(step, Refuse):
             raise AllocationFailed(step.message, pod)
         assert isinstance(step, Configure)
@@ -414,23 +444,27 @@ class PluginService(pb.DevicePluginBase):
 
     async def _reconcile(self, where: str, pod: PodView, container: str,
                          chosen: list[str], policy: ComputePolicy | None = None,
+                         listed: set[PodKey] | frozenset[PodKey] = frozenset(),
                          ) -> Configure | Refuse:
-        """kubelet chose other GPUs: rewrite the assignment if they have room."""
+        """kubelet chose other GPUs: rewrite the assignment if they have room.
+
+        The neighbours are the watched pods, and those of ``listed`` (the pods kubelet
+        lists) the cache does not show in full (:meth:`_complete`), read from the API. A rewrite is
+        waited for in the cache (under the lock) before the next reconciliation counts
+        the neighbours again."""
         async with self._reconcile_lock:
             for _ in range(5):
-                try:
-                    on_node = await self.cluster.pods_on_node(self.node)
-                except KubeError as e:
-                    return Refuse(f"{where}: {e}")
+                on_node = await self.pods.views(listed, self._complete)
                 others = held_by_others(((p.namespace, p.name, p.phase, p.annotations)
-                                         for p in on_node if self._granted(p)),
+                                         for p in on_node.values() if self._granted(p)),
                                         (pod.namespace, pod.name))
                 step = self._plan(where, pod, container, chosen, others, policy=policy)
                 if not isinstance(step, Configure) or not step.rewrite:
                     assert isinstance(step, Configure | Refuse)
                     return step
+                value = encode_assignment(step.placement)
                 try:
-                    await self.cluster.rewrite_assignment(pod, encode_assignment(step.placement))
+                    written = await self.cluster.rewrite_assignment(pod, value)
                 except Conflict:  # the assignment changed meanwhile: decide again
                     pod = await self._pod(pod.namespace, pod.name, where)
                     continue
@@ -438,6 +472,7 @@ class PluginService(pb.DevicePluginBase):
                     return Refuse(f"{where}: the pod no longer exists in the API")
                 except KubeError as e:
                     return Refuse(f"{where}: cannot rewrite the assignment: {e}")
+                await self._await_cache(written, value)
                 gpus = list(dict.fromkeys(chosen))  # percent IDs name a GPU many times
                 log.info("reconciled", pod=f"{pod.namespace}/{pod.name}", container=container,
                          gpus=gpus)
@@ -448,6 +483,16 @@ class PluginService(pb.DevicePluginBase):
                 return step
             return Refuse(f"{where}: the assignment kept changing while it was being "
                           f"reconciled")
+
+    async def _await_cache(self, pod: PodView, value: str) -> None:
+        """Wait (``rewrite_wait`` at most) for the watched pods to show the assignment
+        just written on ``pod``, or a pod that replaced it."""
+        def shown(cached: PodView | None) -> bool:
+            return cached is not None and (cached.uid != pod.uid
+                                           or cached.annotations.get(ASSIGNMENT) == value)
+        if not await self.pods.wait_until(pod.namespace, pod.name, shown, self.rewrite_wait):
+            log.warning("rewrite_not_yet_watched", pod=f"{pod.namespace}/{pod.name}",
+                        waited=self.rewrite_wait)
 
     # -- housekeeping ------------------------------------------------------------------------
 
