@@ -17,6 +17,7 @@ import pytest
 
 from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
+from vgpud.kube.clock import SYSTEM_CLOCK
 from vgpud.node.arbiter import Member, Publisher, run_arbiter
 from vgpud.node.registration import Owner, Registry
 from vgpud.node.watchdog import SmKill, SmReport, SmUsage, Watchdog, Watched, sm_margin
@@ -98,7 +99,7 @@ async def test_the_arbiters_rounds_feed_the_watchdog_which_kills_the_abuser(
                 tg.start_soon(lambda: run_arbiter(
                     Arbiter(floor_permille=50, hold=1.0), publisher, utilisation,
                     lambda: members, owners.get, period=0.02, on_sm=w.record_sm))
-                tg.start_soon(w.run, NoMemory(), anyio.current_time, report)
+                tg.start_soon(w.run, NoMemory(), SYSTEM_CLOCK, report)
                 while abuser.returncode is None:  # noqa: ASYNC110 - the watchdog kills it
                     await anyio.sleep(0.02)
                 tg.cancel_scope.cancel()

@@ -41,6 +41,7 @@ from typing import Literal, Protocol
 import anyio
 import structlog
 
+from vgpud.kube.clock import Clock
 from vgpud.node import procfs
 from vgpud.node.registration import Owner, Registry
 
@@ -304,11 +305,11 @@ class Watchdog:
                                   error=str(e))
         return actions
 
-    async def run(self, source: GpuProcesses, clock: Callable[[], float],
+    async def run(self, source: GpuProcesses, clock: Clock,
                   report: Callable[[Usage | SmUsage, Owner], Awaitable[None]]) -> None:
         while True:
             try:
-                await self.step(source, clock(), report)
+                await self.step(source, clock.now(), report)
             except Exception as e:  # one bad round must not end the watchdog
                 log.error("watchdog_round_failed", error=str(e) or type(e).__name__)
-            await anyio.sleep(self.interval)
+            await clock.sleep(self.interval)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from vgpud.config import Settings
 from vgpud.core.arbitration import Arbiter
 from vgpud.kube.client import KubeClient
+from vgpud.kube.clock import SYSTEM_CLOCK
 from vgpud.node import procfs
 from vgpud.node.allocations import AllocationStore
 from vgpud.node.allocations import Owner as AllocationOwner
@@ -306,7 +306,7 @@ async def run_plugin(
             tg.start_soon(_health, source, devices, kick)
             tg.start_soon(cluster.run)
             await tg.start(node_pods.run)  # filled before kubelet can call us
-            tg.start_soon(watchdog.run, source, time.monotonic, over_limit)
+            tg.start_soon(watchdog.run, source, SYSTEM_CLOCK, over_limit)
             tg.start_soon(partial(
                 run_arbiter, Arbiter(floor_permille=plug.priorityFloorPercent * 10,
                                      hold=plug.priorityHoldSeconds),

@@ -32,8 +32,7 @@ functions in :mod:`vgpud.plugin.prestart` and :mod:`vgpud.plugin.replicas`.
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -51,6 +50,8 @@ from vgpud.core.requests import (
     parse_pod,
     preset_of,
 )
+from vgpud.kube.backoff import Backoff
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
@@ -120,7 +121,7 @@ class PluginService(pb.DevicePluginBase):
         visible: edits.VisibleMode = "env",
         shim: ShimFiles | None = None,
         registrar: Registrar | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         owner_retries: int = 5,
         reconcile_lock: anyio.Lock | None = None,
         arbiter: Path | None = None,
@@ -288,7 +289,7 @@ class PluginService(pb.DevicePluginBase):
     # -- PreStartContainer -------------------------------------------------------------------
 
     async def _owner(self, ids: list[str]) -> tuple[Held, list[Held]]:
-        delay = 0.05
+        wait = Backoff(0.05, cap=60.0, jitter=0, clock=self.clock)  # 0.05, 0.1, 0.2 ...
         held: list[Held] = []
         for attempt in range(max(1, self.owner_retries)):
             try:
@@ -299,8 +300,7 @@ class PluginService(pb.DevicePluginBase):
             if owner is not None:
                 return owner, held
             if attempt + 1 < self.owner_retries:
-                await anyio.sleep(delay)
-                delay *= 2
+                await wait.sleep()
         got = await self._init_owner(ids, held)
         if isinstance(got, Held):
             return got, held
@@ -511,7 +511,7 @@ class PluginService(pb.DevicePluginBase):
         allocations = [a for a in await anyio.to_thread.run_sync(self.store.all)
                        if a.owner is None or (a.owner.namespace, a.owner.pod) not in listed]
         gone = stale(((a.key, (a.resource, frozenset(a.ids)), a.written) for a in allocations),
-                     live, self.clock(), grace)
+                     live, self.clock.wall().timestamp(), grace)
         for key in gone:
             if self.registrar is not None:
                 self.registrar.close(key)
