@@ -25,9 +25,10 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import pytest
 from anyio.abc import TaskGroup
 
-from tests.fakekubelet import FakeKubelet
+from tests.fakekubelet import AdmitError, FakeKubelet, FakePod
 from tests.standin import ApiServer
 from vgpud.config import Settings, parse_settings
 from vgpud.core.allocate import Allocator
@@ -84,6 +85,22 @@ def pod_manifest(name: str, containers: Mapping[str, int | Limits], assignment: 
             for c, n in containers.items()]},
         "status": {"phase": "Pending"},
     }
+
+
+async def kubelet_picks_a_full_gpu(h: Harness) -> AdmitError:
+    """GPU 1 filled by one pod, then a pod placed on GPU 0 whose GPUs kubelet chooses
+    itself, onto GPU 1: the refusal kubelet sees."""
+    h.add_pod("big", {"main": 1}, placement({"main": [(1, 24000, 50)]}))
+    await h.kubelet_call(h.kubelet.run, FakePod("default", "big", [("main", 1)]))
+    h.add_pod("p1", {"main": 1}, placement({"main": [(0, 4000, 20)]}))
+
+    def onto_full(name, free, preferred, n):  # type: ignore[no-untyped-def]
+        return [f"{uuid_of(1)}::9"]
+
+    with pytest.raises(AdmitError) as e:
+        await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]),
+                             onto_full)
+    return e.value
 
 
 async def wait_for(predicate: Callable[[], Any], seconds: float = 10.0) -> None:

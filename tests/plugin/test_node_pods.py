@@ -6,8 +6,16 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.fakekubelet import AdmitError, FakePod
-from tests.plugin.harness import NODE, VGPU, node_harness, placement, pod_manifest, uuid_of
+from tests.fakekubelet import FakePod
+from tests.plugin.harness import (
+    NODE,
+    VGPU,
+    kubelet_picks_a_full_gpu,
+    node_harness,
+    placement,
+    pod_manifest,
+    uuid_of,
+)
 from tests.standin import ApiServer
 from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
 from vgpud.kube.client import KubeClient
@@ -93,17 +101,8 @@ async def test_a_pod_the_cache_has_not_seen_is_steered_and_configured() -> None:
 async def test_a_neighbour_the_cache_has_not_seen_is_counted() -> None:
     async with node_harness(2) as h:
         await _lagging(h, 3.0)
-        h.add_pod("big", {"main": 1}, placement({"main": [(1, 24000, 50)]}))
-        await h.kubelet_call(h.kubelet.run, FakePod("default", "big", [("main", 1)]))
-        h.add_pod("p1", {"main": 1}, placement({"main": [(0, 4000, 20)]}))
-
-        def onto_full(name, free, preferred, n):  # type: ignore[no-untyped-def]
-            return [f"{uuid_of(1)}::9"]
-
-        with pytest.raises(AdmitError) as e:
-            await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]),
-                                 onto_full)
-        assert "MiB free" in e.value.message
+        refused = await kubelet_picks_a_full_gpu(h)
+        assert "MiB free" in refused.message
 
 
 async def test_an_assignment_written_after_the_pod_was_seen_is_read() -> None:

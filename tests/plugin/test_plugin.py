@@ -13,6 +13,7 @@ from tests.fakekubelet.kubelet import mount_of
 from tests.plugin.harness import (
     NODE,
     VGPU,
+    kubelet_picks_a_full_gpu,
     node_harness,
     placement,
     pod_manifest,
@@ -153,19 +154,10 @@ async def test_kubelet_choice_reconciled_when_the_gpu_has_room() -> None:
 
 async def test_kubelet_choice_fails_clearly_when_the_gpu_is_full() -> None:
     async with node_harness(2) as h:
-        h.add_pod("big", {"main": 1}, placement({"main": [(1, 24000, 50)]}))
-        await h.kubelet_call(h.kubelet.run, FakePod("default", "big", [("main", 1)]))
-        h.add_pod("p1", {"main": 1}, placement({"main": [(0, 4000, 20)]}))
-
-        def onto_full(name, free, preferred, n):  # type: ignore[no-untyped-def]
-            return [f"{uuid_of(1)}::9"]
-
-        with pytest.raises(AdmitError) as e:
-            await h.kubelet_call(h.kubelet.run, FakePod("default", "p1", [("main", 1)]),
-                                 onto_full)
-        assert e.value.phase == "PreStartContainer"
-        assert "FAILED_PRECONDITION" in str(e.value.code)
-        assert uuid_of(1) in e.value.message and "MiB free" in e.value.message
+        refused = await kubelet_picks_a_full_gpu(h)
+        assert refused.phase == "PreStartContainer"
+        assert "FAILED_PRECONDITION" in str(refused.code)
+        assert uuid_of(1) in refused.message and "MiB free" in refused.message
         assert decode_assignment(h.assignment("p1")).containers[0].devices[0].uuid == uuid_of(0)
         assert any(ev["reason"] == "VgpuAllocationFailed" for ev in h.api.objects("events"))
 
