@@ -9,21 +9,29 @@ from vgpud.node import edits
 from vgpud.node.allocations import Allocation
 from vgpud.node.devices import DeviceInfo
 from vgpud.node.shim import ShimFiles
+from vgpud.node.vendors import NVIDIA_CONTROL_DEVICES, Nvidia
 
 GPUS = [DeviceInfo(Gpu(f"GPU-{i}", i, "A100", 40960), minor=i + 3) for i in range(2)]
 
 
+class _NoSource:
+    """The edits never ask the source."""
+
+
+NVIDIA = Nvidia(_NoSource())  # type: ignore[arg-type]
+
+
 def test_each_mode_names_the_gpus_its_own_way_and_orders_cuda_by_bus() -> None:
-    env = edits.nvidia_gpus(GPUS, "env")
+    env = NVIDIA.gpu_edits(GPUS, "env")
     assert dict(env.env) == {"NVIDIA_VISIBLE_DEVICES": "GPU-0,GPU-1",
                              "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert env.devices == () and env.cdi_devices == ()
-    cdi = edits.nvidia_gpus(GPUS, "cdi")
+    cdi = NVIDIA.gpu_edits(GPUS, "cdi")
     assert cdi.cdi_devices == ("nvidia.com/gpu=GPU-0", "nvidia.com/gpu=GPU-1")
     assert "NVIDIA_VISIBLE_DEVICES" not in dict(cdi.env)
-    specs = edits.nvidia_gpus(GPUS, "device-specs")
+    specs = NVIDIA.gpu_edits(GPUS, "device-specs")
     assert [d.host_path for d in specs.devices] == [
-        "/dev/nvidia3", "/dev/nvidia4", *edits.NVIDIA_CONTROL_DEVICES]
+        "/dev/nvidia3", "/dev/nvidia4", *NVIDIA_CONTROL_DEVICES]
     assert {d.permissions for d in specs.devices} == {"rw"}
 
 
@@ -43,3 +51,18 @@ def test_shim_and_directories_are_read_only_but_the_state() -> None:
     }
     assert edits.shim(None) == edits.ContainerEdits()
     assert not any(k.startswith("VGPUD_") for k, _ in e.env)  # no limit by env
+
+
+def test_the_backend_is_chosen_in_one_place() -> None:
+    """The fake file's devices are NVIDIA-shaped, with NVIDIA's edits; without one,
+    NVML's (not started here: discovery runs only when the plugin starts)."""
+    from vgpud.node.fakegpus import FakeGpus
+    from vgpud.node.nvml import NvmlGpus
+    from vgpud.node.vendors import backend
+
+    fake = backend("/nonexistent/devices.json")
+    assert (fake.name, fake.cdi_kind) == ("fake", "nvidia.com/gpu")
+    assert isinstance(fake.source, FakeGpus)
+    real = backend(None)
+    assert real.name == "nvidia" and isinstance(real.source, NvmlGpus)
+    assert fake.gpu_edits(GPUS, "cdi") == NVIDIA.gpu_edits(GPUS, "cdi")

@@ -39,6 +39,7 @@ from vgpud.kube.client import KubeClient
 from vgpud.node.cluster import KubeCluster
 from vgpud.node.devices import GpuSource
 from vgpud.node.fakegpus import FakeGpus
+from vgpud.node.vendors import Nvidia
 from vgpud.plugin.run import PluginOptions, Running, run_plugin
 
 NODE = "gpu-node-1"
@@ -140,7 +141,8 @@ class Harness:
                 self._scope = scope
                 source = self.source(self.devices_file)
                 try:
-                    await run_plugin(opts, source, KubeCluster(self.kube), task_status=task_status)
+                    await run_plugin(opts, Nvidia(source, name="fake"), KubeCluster(self.kube),
+                                     task_status=task_status)
                 finally:
                     self._stopped.set()
 

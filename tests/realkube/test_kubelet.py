@@ -472,6 +472,7 @@ def housekeeping(g: GpuNode) -> int:
     no grace period: it reads the real PodResources and the plugin's own store."""
     from vgpud.node.allocations import AllocationStore
     from vgpud.node.devices import NodeDevices
+    from vgpud.node.vendors import backend
     from vgpud.plugin.resources import served
     from vgpud.plugin.service import PluginService
 
@@ -480,7 +481,8 @@ def housekeeping(g: GpuNode) -> int:
         devices=NodeDevices((), split=10, memory_scaling=1.0, core_scaling=1.0),
         store=AllocationStore(g.plugin.state_dir),
         podresources=PodResourcesClient(str(g.kubelet.pod_resources_socket), VGPU),
-        cluster=None)  # type: ignore[arg-type]  # collect() makes no API call
+        cluster=None,  # type: ignore[arg-type]  # collect() makes no API call
+        gpus=backend(None))  # NVML's, never asked: collect() needs no device
     return anyio.run(lambda: service.collect(grace=0))
 
 

@@ -33,6 +33,11 @@ class DeviceInfo:
     caps: tuple[int, ...] = ()
 
 
+class DiscoveryError(ValueError):
+    """The node's devices could not be read (a backend's own errors derive from it); the
+    message says where and why."""
+
+
 @dataclass(frozen=True, slots=True)
 class HealthEvent:
     """A GPU became healthy or unhealthy, and why."""

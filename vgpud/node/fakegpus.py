@@ -24,13 +24,13 @@ from anyio.abc import ObjectSendStream
 
 from vgpud.core.codec import CodecError, decode_gpu
 from vgpud.files import read_bounded
-from vgpud.node.devices import DeviceInfo, HealthEvent
+from vgpud.node.devices import DeviceInfo, DiscoveryError, HealthEvent
 
 log = structlog.get_logger(__name__)
 MAX_FILE = 1 << 20
 
 
-class FakeDevicesError(ValueError):
+class FakeDevicesError(DiscoveryError):
     """The fake-devices file is unreadable or malformed; the message says where."""
 
 

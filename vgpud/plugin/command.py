@@ -44,7 +44,7 @@ def plugin(
 ) -> None:
     """Run the kubelet device plugin on a GPU node."""
     from vgpud.kube.errors import KubeError
-    from vgpud.node.fakegpus import FakeDevicesError
+    from vgpud.node.devices import DiscoveryError
     from vgpud.node.shim import ShimError
     from vgpud.plugin.run import PluginOptions, main
 
@@ -73,6 +73,6 @@ def plugin(
         anyio.run(main, opts, kubeconfig, fake_devices)
     except KeyboardInterrupt:
         pass
-    except (KubeError, FakeDevicesError, ShimError, ValueError, OSError) as e:
+    except (KubeError, DiscoveryError, ShimError, ValueError, OSError) as e:
         typer.echo(f"vgpud plugin: {e}", err=True)
         raise typer.Exit(2) from None

@@ -47,6 +47,7 @@ from vgpud.node.pods import NodePods
 from vgpud.node.registration import Owner, Registered, Registrar, Registry
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
 from vgpud.node.tenant import TenantReads
+from vgpud.node.vendors import Backend, backend
 from vgpud.node.watchdog import SmUsage, Usage, Watchdog, Watched
 from vgpud.ops import Guard
 from vgpud.plugin._pb import v1beta1 as pb
@@ -191,12 +192,13 @@ async def _serve_metrics(app: web.Application, listen: str, *,
 
 async def run_plugin(
     opts: PluginOptions,
-    source: GpuSource,
+    gpus: Backend,
     cluster: ClusterApi,
     *,
     task_status: TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     settings = opts.settings
+    source = gpus.source
     guard = Guard.from_settings(settings.ops)  # a bad token file stops the start here
     found = await source.discover()
     split, mem_scaling, core_scaling = settings.for_node(opts.node_name)
@@ -232,7 +234,7 @@ async def run_plugin(
         return PluginService(
             resource=r, node=opts.node_name, devices=devices, store=store,
             podresources=PodResourcesClient(str(opts.pod_resources_socket), r.name),
-            cluster=cluster, visible=settings.plugin.visibleDevices, shim=shim,
+            cluster=cluster, gpus=gpus, visible=settings.plugin.visibleDevices, shim=shim,
             registrar=registrar, reconcile_lock=reconciling, arbiter=arbiter_dir,
             scheduler_name=settings.schedulerName, defaults=settings.defaults(),
             pods=node_pods)
@@ -377,20 +379,10 @@ def _watched(store: AllocationStore) -> dict[str, Watched]:
     return out
 
 
-def make_source(fake_devices: str | None) -> GpuSource:
-    if fake_devices:
-        from vgpud.node.fakegpus import FakeGpus
-
-        return FakeGpus(fake_devices)
-    from vgpud.node.nvml import NvmlGpus
-
-    return NvmlGpus()
-
-
 async def main(opts: PluginOptions, kubeconfig: str | None, fake_devices: str | None,
                environ: Mapping[str, str] | None = None) -> None:
     """The ``vgpud plugin`` process: connect, then :func:`run_plugin` until cancelled."""
     env = os.environ if environ is None else environ
     async with KubeClient.connect(kubeconfig, qps=opts.settings.kubeQPS,
                                   burst=opts.settings.kubeBurst, environ=env) as kube:
-        await run_plugin(opts, make_source(fake_devices), KubeCluster(kube))
+        await run_plugin(opts, backend(fake_devices), KubeCluster(kube))

@@ -61,6 +61,7 @@ from vgpud.node.pods import NodePods, PodKey
 from vgpud.node.registration import Owner as RegistrationOwner
 from vgpud.node.registration import Registrar
 from vgpud.node.shim import ShimFiles
+from vgpud.node.vendors import Backend, VisibleMode
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
 from vgpud.plugin.prestart import (
@@ -118,7 +119,8 @@ class PluginService(pb.DevicePluginBase):
         store: AllocationStore,
         podresources: PodResourcesClient,
         cluster: ClusterApi,
-        visible: edits.VisibleMode = "env",
+        gpus: Backend,
+        visible: VisibleMode = "env",
         shim: ShimFiles | None = None,
         registrar: Registrar | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -147,6 +149,7 @@ class PluginService(pb.DevicePluginBase):
         # unstarted one reads every pod it is asked about with a GET
         self._node_pods = pods
         self.rewrite_wait = rewrite_wait  # for the cache to show our own rewrite
+        self.gpus = gpus  # the vendor's backend: its devices' container edits
         self.visible = visible
         self.shim = shim
         self.clock = clock
@@ -245,7 +248,7 @@ class PluginService(pb.DevicePluginBase):
             raise GRPCError(Status.INTERNAL,
                             f"cannot create the allocation directory: {e.strerror or e}") from None
         await self.listen(alloc)
-        r = _response(edits.nvidia_gpus(infos, self.visible) + edits.shim(self.shim)
+        r = _response(self.gpus.gpu_edits(infos, self.visible) + edits.shim(self.shim)
                       + edits.allocation_dirs(alloc, self.arbiter))
         log.info("allocated", resource=self.resource.name, ids=len(ids), gpus=uuids,
                  key=alloc.key)
