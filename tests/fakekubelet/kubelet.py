@@ -561,6 +561,14 @@ class FakeKubelet:
             r = self._resources.get(resource or self.resource)
             return None if r is None else r.primary
 
+    def options(self, resource: str | None = None) -> Any:
+        """Ask the connected plugin for its options again (``GetDevicePluginOptions``,
+        answered from memory): the round trip a benchmark measures its calls against."""
+        e = self._endpoint(resource)
+        if e is None or e.stub is None:
+            raise RuntimeError(f"no plugin connected for {resource or self.resource}")
+        return e.stub.GetDevicePluginOptions(dp.Empty(), timeout=DIAL_SECONDS)
+
     def devices(self, resource: str | None = None) -> dict[str, str]:
         """The resource's devices, ID -> health, as the device manager sees them now."""
         with self._lock:
