@@ -1,14 +1,18 @@
-"""What every long-running role does the same way: read its HOST:PORT flags, learn the
-port it got, read a request's body whatever the client sent, and stop cleanly on
-SIGTERM/SIGINT."""
+"""What every long-running role does the same way: read its HOST:PORT flags, serve an
+app there and learn the port it got, answer kubelet's probes, read a request's body
+whatever the client sent, and stop cleanly on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
+import math
 import signal
+import ssl as _ssl
+from collections.abc import Callable
 
 import anyio
 import structlog
 from aiohttp import web
+from anyio.abc import TaskStatus
 
 log = structlog.get_logger(__name__)
 
@@ -21,10 +25,46 @@ def parse_listen(listen: str, flag: str = "--listen") -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def bound_port(site: web.TCPSite, asked: int) -> int:
+def _bound_port(site: web.TCPSite, asked: int) -> int:
     """The port a started site listens on (the one the OS chose for port 0)."""
     sockets = getattr(site._server, "sockets", None) or []
     return int(sockets[0].getsockname()[1]) if sockets else asked
+
+
+async def serve(app: web.Application, host: str, port: int,
+                ssl: _ssl.SSLContext | None = None, *,
+                task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on ``host:port`` until cancelled (started: the port it got, the OS's
+    choice for 0), then close its connections. Signals are the caller's (one task group
+    per process), and no access log is written (the roles log what they decide)."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl, reuse_address=True)
+        await site.start()
+        task_status.started(_bound_port(site, port))
+        await anyio.sleep(math.inf)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+
+
+def add_probes(app: web.Application, ready: Callable[[], bool] | None = None,
+               not_ready: str = "not ready") -> None:
+    """``GET /healthz`` (alive: the event loop answers) and, given ``ready``, ``/readyz``
+    (503 with ``not_ready``, which says what is awaited, until ``ready()`` holds)."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if ready is None or ready():
+            return web.Response(text="ok")
+        return web.Response(text=not_ready, status=503)
+
+    app.router.add_get("/healthz", healthz)
+    if ready is not None:
+        app.router.add_get("/readyz", readyz)
 
 
 async def cancel_on_signals(scope: anyio.CancelScope, event: str) -> None:

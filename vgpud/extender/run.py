@@ -24,7 +24,6 @@ from functools import partial
 
 import anyio
 import structlog
-from aiohttp import web
 
 from vgpud.config import Settings
 from vgpud.core.allocate import Allocator
@@ -51,7 +50,7 @@ from vgpud.kube.lease import LeaderElector
 from vgpud.kube.resources import NODES, PDBS, PODS, RESOURCEQUOTAS
 from vgpud.kube.writes import EventRecorder, PodBinder
 from vgpud.ops import Guard
-from vgpud.process import cancel_on_signals, parse_listen
+from vgpud.process import cancel_on_signals, parse_listen, serve
 
 log = structlog.get_logger()
 
@@ -127,38 +126,30 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
             def ready() -> bool:
                 return nodes.has_synced and pods.has_synced and quotas.has_synced
 
-            runners = [web.AppRunner(make_app(ext, ready, ops=ops_at is None, guard=guard),
-                                     access_log=None, handle_signals=False)]
+            apps = [make_app(ext, ready, ops=ops_at is None, guard=guard)]
             if ops_at is not None:
-                runners.append(web.AppRunner(make_app(ext, ready, verbs=False, guard=guard),
-                                             access_log=None, handle_signals=False))
-            try:
-                for runner, (h, p) in zip(runners, [(host, port), *([ops_at] if ops_at else [])],
-                                          strict=True):
-                    await runner.setup()
-                    await web.TCPSite(runner, h, p, reuse_address=True).start()
-                log.info("scheduler_listening", verbs=listen, ops=metrics_listen or listen)
-                tg.start_soon(cancel_on_signals, tg.cancel_scope, "scheduler_stopping")
-                await tg.start(nodes.run)
-                await tg.start(pods.run)
-                await tg.start(budgets.run)
-                await tg.start(quotas.run)
-                tg.start_soon(events.run)
-                if elector is not None:
-                    tg.start_soon(elector.run)
-                tg.start_soon(_expire, alloc, metrics)
-                await nodes.wait_synced()
-                await pods.wait_synced()
-                if resched is not None:
-                    tg.start_soon(resched.run)
-                # The synced caches are ~1M long-lived objects; without this every full
-                # collection walks them all and stalls the loop for tens of ms (p99).
-                gc.collect()
-                gc.freeze()
-                log.info("scheduler_ready", nodes=alloc.cluster.n_nodes(),
-                         pods_holding_gpus=len(alloc.ledger))
-                await anyio.sleep_forever()
-            finally:
-                with anyio.CancelScope(shield=True):
-                    for runner in runners:
-                        await runner.cleanup()
+                apps.append(make_app(ext, ready, verbs=False, guard=guard))
+            for app, (h, p) in zip(apps, [(host, port), *([ops_at] if ops_at else [])],
+                                   strict=True):
+                await tg.start(serve, app, h, p)
+            log.info("scheduler_listening", verbs=listen, ops=metrics_listen or listen)
+            tg.start_soon(cancel_on_signals, tg.cancel_scope, "scheduler_stopping")
+            await tg.start(nodes.run)
+            await tg.start(pods.run)
+            await tg.start(budgets.run)
+            await tg.start(quotas.run)
+            tg.start_soon(events.run)
+            if elector is not None:
+                tg.start_soon(elector.run)
+            tg.start_soon(_expire, alloc, metrics)
+            await nodes.wait_synced()
+            await pods.wait_synced()
+            if resched is not None:
+                tg.start_soon(resched.run)
+            # The synced caches are ~1M long-lived objects; without this every full
+            # collection walks them all and stalls the loop for tens of ms (p99).
+            gc.collect()
+            gc.freeze()
+            log.info("scheduler_ready", nodes=alloc.cluster.n_nodes(),
+                     pods_holding_gpus=len(alloc.ledger))
+            await anyio.sleep_forever()

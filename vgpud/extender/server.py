@@ -38,7 +38,7 @@ from vgpud.extender.wire import (
     parse_preemption_args,
 )
 from vgpud.ops import Guard
-from vgpud.process import BadBody, read_body
+from vgpud.process import BadBody, add_probes, read_body
 
 log = structlog.get_logger()
 
@@ -102,14 +102,6 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
     async def do_preempt(raw: bytes) -> Any:
         return await ext.preempt(parse_preemption_args(raw))
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(_: web.Request) -> web.Response:
-        if ready():
-            return web.Response(text="ok")
-        return web.Response(text="caches not synced yet", status=503)
-
     async def metrics(request: web.Request) -> web.StreamResponse:
         snap = snapshot(ext.alloc)  # consistent: array copies, well under a ms
         resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -131,8 +123,7 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
         app.router.add_post("/bind", verb("bind", do_bind))
         app.router.add_post("/preempt", verb("preempt", do_preempt))
     if ops:
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
+        add_probes(app, ready, "caches not synced yet")
         app.router.add_get("/metrics", metrics)
         add_status_routes(app, ext, ready)
     return app

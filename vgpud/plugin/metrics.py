@@ -41,6 +41,7 @@ from vgpud.node.devices import NodeDevices
 from vgpud.node.registration import Registry
 from vgpud.node.tenant import NotRead, TenantReads
 from vgpud.node.watchdog import Watchdog
+from vgpud.process import add_probes
 
 log = structlog.get_logger(__name__)
 MIB = 1 << 20
@@ -288,9 +289,5 @@ def metrics_app(registry: CollectorRegistry,
         return await exposition(request)
 
     app.router.add_get("/metrics", scrape)
-
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app.router.add_get("/healthz", healthz)
+    add_probes(app)
     return app

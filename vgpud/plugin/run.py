@@ -19,7 +19,6 @@ files of running containers stay where they are.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +27,6 @@ from pathlib import Path
 
 import anyio
 import structlog
-from aiohttp import web
 from anyio.abc import TaskStatus
 from prometheus_client import CollectorRegistry
 
@@ -56,7 +54,7 @@ from vgpud.plugin.metrics import PluginCollector, metrics_app
 from vgpud.plugin.podresources import PodResourcesClient
 from vgpud.plugin.resources import ServedResource, served
 from vgpud.plugin.service import PluginService
-from vgpud.process import bound_port, parse_listen
+from vgpud.process import parse_listen, serve
 
 log = structlog.get_logger(__name__)
 
@@ -173,21 +171,6 @@ async def _housekeeping(service: PluginService, source: GpuSource, used: dict[st
         used.update(await source.memory_used())
         await service.collect(grace=grace)
         await anyio.sleep(every)
-
-
-async def _serve_metrics(app: web.Application, listen: str, *,
-                         task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-    host, port = parse_listen(listen)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        task_status.started(bound_port(site, port))
-        await anyio.sleep(math.inf)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await runner.cleanup()
 
 
 async def run_plugin(
@@ -328,9 +311,9 @@ async def run_plugin(
                                             registry=registry, watchdog=watchdog,
                                             arbiter=observed, reads=reads)
                 metrics.register(collector)
-                port = await tg.start(_serve_metrics,
+                port = await tg.start(serve,
                                       guard.install(metrics_app(metrics, collector.refresh)),
-                                      listen)
+                                      *parse_listen(listen))
             options = await service.get_device_plugin_options(pb.Empty())
             for r in resources:  # each re-registers on its own after kubelet restarts
                 sockets[r.name] = await tg.start(_serve, services[r.name], opts, options)

@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 import structlog
-from aiohttp import web
 from anyio.abc import TaskStatus
 
 from vgpud.config import Settings
@@ -28,7 +27,7 @@ from vgpud.kube.cache import Added, Deleted, Event, Informer, Modified
 from vgpud.kube.client import KubeClient
 from vgpud.kube.resources import NODES
 from vgpud.ops import Guard
-from vgpud.process import bound_port, cancel_on_signals, parse_listen
+from vgpud.process import cancel_on_signals, parse_listen, serve
 from vgpud.webhook.bootstrap import Bootstrap, service_names
 from vgpud.webhook.server import Metrics, make_app
 from vgpud.webhook.tls import TlsFiles
@@ -126,34 +125,20 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
         def ready() -> bool:
             return True  # the certificate loaded before the servers started
 
-        runners = [web.AppRunner(make_app(policy, catalogue, metrics, ready,
-                                          ops=ops_at is None, guard=guard), access_log=None,
-                                 handle_signals=False)]
+        apps = [make_app(policy, catalogue, metrics, ready, ops=ops_at is None, guard=guard)]
         if ops_at is not None:
-            runners.append(web.AppRunner(make_app(policy, catalogue, metrics, ready,
-                                                  reviews=False, guard=guard),
-                                         access_log=None, handle_signals=False))
-        try:
-            async with anyio.create_task_group() as tg:
-                sites = []
-                for runner, (h, p), ssl in zip(
-                        runners, [(host, port), *([ops_at] if ops_at else [])],
-                        [tls.context, None], strict=False):
-                    await runner.setup()
-                    site = web.TCPSite(runner, h, p, ssl_context=ssl, reuse_address=True)
-                    await site.start()
-                    sites.append(bound_port(site, p))
-                log.info("webhook_listening", reviews=listen, ops=metrics_listen or listen,
-                         scheduler_name=policy.scheduler_name,
-                         presets={p.name: p.number for p in settings.presets()})
-                if handle_signals:
-                    tg.start_soon(cancel_on_signals, tg.cancel_scope, "webhook_stopping")
-                tg.start_soon(nodes.run)
-                tg.start_soon(tls.watch, tls_poll)
-                if boot is not None:
-                    tg.start_soon(boot.run)
-                task_status.started(Serving(sites[0], sites[1] if ops_at else None, tls))
-        finally:
-            with anyio.CancelScope(shield=True):
-                for runner in runners:
-                    await runner.cleanup()
+            apps.append(make_app(policy, catalogue, metrics, ready, reviews=False, guard=guard))
+        async with anyio.create_task_group() as tg:
+            sites = [await tg.start(serve, app, h, p, ssl) for app, (h, p), ssl in zip(
+                apps, [(host, port), *([ops_at] if ops_at else [])], [tls.context, None],
+                strict=False)]
+            log.info("webhook_listening", reviews=listen, ops=metrics_listen or listen,
+                     scheduler_name=policy.scheduler_name,
+                     presets={p.name: p.number for p in settings.presets()})
+            if handle_signals:
+                tg.start_soon(cancel_on_signals, tg.cancel_scope, "webhook_stopping")
+            tg.start_soon(nodes.run)
+            tg.start_soon(tls.watch, tls_poll)
+            if boot is not None:
+                tg.start_soon(boot.run)
+            task_status.started(Serving(sites[0], sites[1] if ops_at else None, tls))

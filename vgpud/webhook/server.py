@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 
 from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, admit, validate
 from vgpud.ops import Guard
-from vgpud.process import BadBody, read_body
+from vgpud.process import BadBody, add_probes, read_body
 from vgpud.webhook.wire import Review, WireError, answer, parse_review
 
 log = structlog.get_logger(__name__)
@@ -136,14 +136,6 @@ def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metric
 
         return handler
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    async def readyz(_: web.Request) -> web.Response:
-        if ready():
-            return web.Response(text="ok")
-        return web.Response(text="not ready: certificates not loaded yet", status=503)
-
     async def metrics_page(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -152,8 +144,7 @@ def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metric
         app.router.add_post("/mutate", endpoint("mutate"))
         app.router.add_post("/validate", endpoint("validate"))
     if ops:
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
+        add_probes(app, ready, "not ready: certificates not loaded yet")
         app.router.add_get("/metrics", metrics_page)
     return app
 
