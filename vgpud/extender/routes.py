@@ -26,7 +26,15 @@ from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.ledger import Entry
 from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
-from vgpud.core.quota import NONE, QUOTA_CODE, Use, exceeds, placement_use, request_use
+from vgpud.core.quota import (
+    NONE,
+    QUOTA_CODE,
+    Quota,
+    Use,
+    exceeds,
+    placement_use,
+    request_use,
+)
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.state import SchedulerState
@@ -145,7 +153,7 @@ class Extender:
                 return filter_result(args, [], {}, dict.fromkeys(args.node_names, why.message))
         got = self.alloc.filter(req, args.node_names)
         if quotas and fixed is None and got.feasible:
-            got = self._quota_per_node(req, got)
+            got = self._quota_per_node(req, got, quotas)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name, reason in got.failed.items():
@@ -163,11 +171,11 @@ class Extender:
         own = self.alloc.ledger.get(req.uid) if req.uid else None
         return used - placement_use(own.placement) if own is not None else used
 
-    def _quota_per_node(self, req: PodRequest, got: Filtered) -> Filtered:
+    def _quota_per_node(self, req: PodRequest, got: Filtered,
+                        quotas: Sequence[Quota]) -> Filtered:
         """A pod whose memory is a share of its GPUs: what it takes on each feasible
         node is what its placement there grants (one placement per node, only for a
         namespace with a vGPU quota)."""
-        quotas = self.state.quotas_in(req.namespace)
         used = self._namespace_use(req)
         feasible, failed = [], dict(got.failed)
         for node in got.feasible:
