@@ -130,7 +130,8 @@ def test_rediscovery_starts_a_new_nvml_session_and_health_events_follow(tmp_path
     done = subprocess.run([sys.executable, "-c", REINIT, str(events)], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+    # the result is the one JSON line (the plugin's log lines share stdout)
+    (out,) = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     u = [f"GPU-fa4ecda0-0000-4000-8000-{d:012x}" for d in range(3)]
     assert out["start"] == u[:2]
     assert out["first"] == [u[1], "Xid 48"]

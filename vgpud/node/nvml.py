@@ -400,6 +400,8 @@ class NvmlGpus:
                     with self.session.shared() as generation:
                         found = watch.round(generation)
                 except pynvml.NVMLError as e:  # no session (NVML failed to start again)
+                    if cancelled[0]:  # the watch ended first, and the session with it
+                        return
                     log.warning("health_events_unavailable", error=str(e))
                     time.sleep(self.wait_ms / 1000)
                     continue
