@@ -19,7 +19,7 @@ from typing import Any
 
 from tests.fakekubelet import FakePod
 from tests.plugin.harness import NODE, Harness, wait_for
-from vgpud.core.container import MIB, Limits, parse
+from vgpud.core.limits import MIB, Limits, parse
 from vgpud.core.model import NodeInventory
 from vgpud.core.requests import parse_pod
 from vgpud.node.allocations import AllocationStore

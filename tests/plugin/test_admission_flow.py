@@ -16,7 +16,7 @@ from tests.plugin.flow import Denied, control_plane
 from tests.plugin.harness import NODE, node_harness
 from vgpud.config import parse_settings
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
-from vgpud.core.container import parse
+from vgpud.core.limits import parse
 from vgpud.core.requests import parse_quantity
 from vgpud.node.allocations import AllocationStore
 

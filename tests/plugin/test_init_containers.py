@@ -21,7 +21,7 @@ from tests.fakekubelet import FakePod
 from tests.fakekubelet.kubelet import Admitted
 from tests.plugin.harness import NODE, Harness, node_harness, uuid_of
 from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
-from vgpud.core.container import parse
+from vgpud.core.limits import parse
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 from vgpud.node.allocations import AllocationStore
 from vgpud.node.cluster import view

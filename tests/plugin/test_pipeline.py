@@ -17,7 +17,7 @@ from tests.fakekubelet import FakePod
 from tests.plugin.flow import control_plane
 from tests.plugin.harness import NODE, Harness, node_harness, pod_manifest
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
-from vgpud.core.container import limits_for, render
+from vgpud.core.limits import limits_for, render
 from vgpud.core.model import ContainerRequest, PodRequest
 from vgpud.node.allocations import AllocationStore
 from vgpud.plugin.replicas import parse_id

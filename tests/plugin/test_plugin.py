@@ -27,7 +27,7 @@ from vgpud.core.codec import (
     decode_node_devices,
     encode_assignment,
 )
-from vgpud.core.container import limits_for, render
+from vgpud.core.limits import limits_for, render
 from vgpud.core.model import ComputePolicy, DeviceGrant
 from vgpud.node.allocations import AllocationStore
 

@@ -18,7 +18,7 @@ import pytest
 from tests.fakekubelet import AdmitError, FakePod
 from tests.plugin.harness import VGPU, Harness, node_harness, placement, uuid_of
 from vgpud.core.codec import decode_assignment
-from vgpud.core.container import MIB, Limits, parse
+from vgpud.core.limits import MIB, Limits, parse
 from vgpud.node.allocations import AllocationStore, allocation_key
 from vgpud.plugin.podresources import PodResourcesClient
 from vgpud.plugin.replicas import parse_id

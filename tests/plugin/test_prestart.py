@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.plugin.harness import NODE, placement, uuid_of
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
-from vgpud.core.container import DeviceLimits
+from vgpud.core.limits import DeviceLimits
 from vgpud.core.model import ComputePolicy, Gpu, GpuUsage, NodeInventory, Placement
 from vgpud.plugin.prestart import (
     NEEDS_OTHERS,

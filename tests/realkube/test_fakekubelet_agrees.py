@@ -45,7 +45,7 @@ from tests.realkube.controlplane import ControlPlane
 from tests.realkube.kubelet import VGPU, Kubelet, NodePlugin, fake_devices
 from tests.realkube.release import Release
 from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
-from vgpud.core.container import parse
+from vgpud.core.limits import parse
 from vgpud.core.model import Placement
 from vgpud.node.allocations import AllocationStore
 from vgpud.plugin.podresources import PodResourcesClient

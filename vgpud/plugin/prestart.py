@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
-from vgpud.core.container import GrantError, Limits, limits_for
 from vgpud.core.fit import grant_exceeds
+from vgpud.core.limits import GrantError, Limits, limits_for
 from vgpud.core.model import (
     ComputePolicy,
     ContainerGrant,

@@ -41,7 +41,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
-from vgpud.core.container import LimitsError, render
+from vgpud.core.limits import LimitsError, render
 from vgpud.core.model import ComputePolicy, Defaults, GpuUsage
 from vgpud.core.requests import (
     COMPUTE_POLICY,

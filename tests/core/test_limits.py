@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz import examples
-from vgpud.core.container import (
+from vgpud.core.limits import (
     MIB,
     DeviceLimits,
     GrantError,
