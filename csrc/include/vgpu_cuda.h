@@ -1,6 +1,6 @@
 /* The subset of the CUDA driver API ABI the shim uses, declared by us so that the
  * shim builds with nothing but gcc. Names, values and layouts are the official ones;
- * tests/shim/test_abi.py compiles csrc/tests/abi_probe.c against this header and
+ * tests/shim/test_build.py compiles tests/shim/progs/abi_probe.c against this header and
  * against the official cuda.h (nvidia-cuda-runtime wheel) and compares the output,
  * and checks every hook's prototype against the official declaration. */
 #ifndef VGPU_CUDA_H

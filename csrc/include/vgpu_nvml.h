@@ -1,5 +1,5 @@
 /* The subset of the NVML ABI the shim uses (official names, values and layouts;
- * checked against nvml.h of the nvidia-nvml-dev wheel by tests/shim/test_abi.py). */
+ * checked against nvml.h of the nvidia-nvml-dev wheel by tests/shim/test_build.py). */
 #ifndef VGPU_NVML_H
 #define VGPU_NVML_H
 

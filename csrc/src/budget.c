@@ -1,6 +1,6 @@
 /* Pure accounting helpers: limit checks, size estimates for pitched and array
  * allocations, and the per-process table of live allocations. No I/O, no driver
- * calls; unit-tested by csrc/tests/test_budget.c. */
+ * calls; unit-tested by tests/shim/progs/test_unit.c. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from vgpud import usage_state
 
-from .conftest import CSRC, ROOT, Built
+from .conftest import CSRC, PROGS, ROOT, Built
 
 
 def test_c_unit_tests_pass(built: Built) -> None:
-    p = subprocess.run(["make", "-s", "-C", str(CSRC), "check"], capture_output=True, text=True)
+    p = subprocess.run(["make", "-s", "-C", str(PROGS), "check"], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert re.search(r"\d+ checks, 0 failures", p.stdout)
 
@@ -31,7 +31,7 @@ def _official_include() -> Path:
 
 
 def test_declarations_match_official_headers(tmp_path: Path) -> None:
-    probe = CSRC / "tests/abi_probe.c"
+    probe = PROGS / "abi_probe.c"
     ours, official = tmp_path / "ours", tmp_path / "official"
     flags = ["-std=gnu11", "-Wall", "-Werror", f"-I{CSRC / 'src'}"]
     subprocess.run(
@@ -220,3 +220,33 @@ def test_the_shim_files_depend_one_way(tmp_path: Path) -> None:
 
     for f in sorted(deps):
         visit(f, [])
+
+
+def test_the_fakes_share_no_header_with_the_shim() -> None:
+    """The fake driver and NVML (tests/fakes: the libraries and their own test programs)
+    declare the ABI themselves: none of their sources reaches a header of the shim
+    (csrc/include, csrc/src), and their build names no include path, so a mistake in the
+    shim's declarations cannot be mirrored by the fakes and go unseen."""
+    fakes = ROOT / "tests/fakes"
+    shim_headers = {p.name for d in ("include", "src") for p in (CSRC / d).iterdir()
+                    if p.suffix in (".h", ".def")}
+    sources = sorted(p for p in fakes.rglob("*") if p.suffix in (".c", ".h")
+                     and "build" not in p.relative_to(fakes).parts)
+    assert len(sources) > 20
+    for src in sources:
+        text = src.read_text()
+        for inc in re.findall(r'^\s*#\s*include\s*"([^"]+)"', text, re.M):
+            target = (src.parent / inc).resolve()
+            assert target.is_file(), f"{src}: #include \"{inc}\" is not beside it"
+            assert target.is_relative_to(fakes), f"{src}: #include \"{inc}\" leaves tests/fakes"
+        for inc in re.findall(r"^\s*#\s*include\s*<([^>]+)>", text, re.M):
+            assert Path(inc).name not in shim_headers, f"{src}: #include <{inc}> is the shim's"
+    build = (fakes / "Makefile").read_text() + (fakes / "build.py").read_text()
+    assert "csrc" not in build and not re.search(r"(^|\s)-I", build)
+
+
+def test_the_c_test_programs_are_one_tree() -> None:
+    """The shim's C test programs live in tests/shim/progs; csrc holds the shim only."""
+    assert not (CSRC / "tests").exists()
+    assert {"abi_probe.c", "test_unit.c", "drv.c", "bench.c"} <= {
+        p.name for p in PROGS.glob("*.c")}

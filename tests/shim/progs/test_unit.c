@@ -1,6 +1,6 @@
 /* Unit tests of the shim's pure parts: limit arithmetic, size estimates, the
  * allocation table and config parsing. Prints one line per failed check and exits
- * non-zero if any failed. Built with ASan/UBSan by `make check`. */
+ * non-zero if any failed. Built with ASan/UBSan by `make -C tests/shim/progs check`. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
