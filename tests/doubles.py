@@ -29,7 +29,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -46,6 +46,7 @@ from vgpud.kube.errors import (
 from vgpud.node.cluster import PodView, view
 
 Json = dict[str, Any]
+R = TypeVar("R")
 
 # -- the errors, as kube-apiserver words them -------------------------------------------------
 
@@ -149,7 +150,7 @@ class Faults:
             queue.pop(0)
         return fault
 
-    async def around(self, op: str, apply: Callable[[], Any]) -> Any:
+    async def around(self, op: str, apply: Callable[[], R]) -> R:
         """Run ``apply`` (the API server's own answer) as scripted for ``op``."""
         self.calls[op] += 1
         gate = self._holds.get(op)

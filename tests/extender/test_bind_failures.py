@@ -62,7 +62,8 @@ class Setup:
         self.binder = binder if binder is not None else MemoryBinder()
         self.objects: Objects = self.binder.objects
         self.faults: Faults = self.binder.faults
-        self.ext = Extender(self.state, writer=self.binder, events=None,
+        self.ext = Extender(self.state, writer=self.binder,  # type: ignore[arg-type]
+                            events=None,
                             metrics=Metrics(self.alloc))
 
     async def filtered(self, name: str, memory: int = GPU_MEMORY) -> dict[str, Any]:

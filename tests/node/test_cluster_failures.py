@@ -188,7 +188,7 @@ async def test_the_inventory_is_published_through_failed_node_writes(failure: st
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: publish_inventory(
-                "n1", devices(), api, memory=True, retry=0.001))  # type: ignore[arg-type]
+                "n1", devices(), api, memory=True, retry=0.001))
             node = api.objects.nodes["n1"]
             while NODE_DEVICES not in node["metadata"]["annotations"] \
                     or not node["status"]["capacity"]:
