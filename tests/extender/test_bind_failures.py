@@ -28,6 +28,7 @@ from tests.doubles import (
 )
 from vgpud.core.allocate import Allocator
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
+from vgpud.core.ledger import State
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.state import SchedulerState, project_pod
@@ -187,20 +188,20 @@ async def test_a_retried_bind_to_a_full_node_fails_before_writing() -> None:
     assert s.holds(a), "the bound pod's confirmed placement was dropped"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a retried bind of a pod already bound here (kube-scheduler timed out on the "
-    "extender's first answer) re-assumes the same placement, the Binding answers 409 "
-    "'already assigned', and the extender forgets the pod's CONFIRMED placement: the "
-    "ledger no longer counts a running pod until its next watch event. Fix in "
-    "vgpud/extender/routes.py: on Conflict, read the pod; bound to args.node with this "
-    "placement is success (or do not forget an entry that was confirmed before)."))
 async def test_a_retried_bind_of_a_bound_pod_keeps_its_placement() -> None:
+    """Was a bug: with room left on the GPU the retry re-assumed, the Binding answered
+    409 and the pod's confirmed placement was forgotten. A confirmed pod's retry is
+    answered as the Binding would be, with nothing written and nothing dropped."""
     s = Setup()
     a = await s.filtered("a", memory=GPU_MEMORY // 4)  # room left on the GPU
     assert await s.bind(a) == ""
     s.state.on_pod(Added(f"{NS}/a", project_pod(s.objects.pod(NS, "a"))))  # the watch
-    await s.bind(a)  # kube-scheduler's retry
+    writes = s.faults.calls["bind"]
+    assert await s.bind(a) == f"pod {NS}/a is already bound to n1"  # kube-scheduler's retry
+    assert s.faults.calls["bind"] == writes
     assert s.holds(a), "the bound pod's confirmed placement was dropped"
+    entry = s.alloc.ledger.get(a["metadata"]["uid"])
+    assert entry is not None and entry.state is State.CONFIRMED
 
 
 # -- the answer lost ---------------------------------------------------------------------
@@ -237,26 +238,40 @@ async def test_a_first_attempt_conflict_is_not_read_as_success() -> None:
     assert faults.calls["POST pods/binding"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a bind whose outcome is unknown (every attempt Unavailable, the first one "
-    "applied by the server) is answered as failed and its placement forgotten; until the "
-    "watch shows the pod bound, another pod can be bound into the same room (the GPU "
-    "overcommitted). Fix in vgpud/extender/routes.py: on Unavailable keep the assumption "
-    "(the ledger's TTL expires it if the Binding never happened)."))
-async def test_a_bind_of_unknown_outcome_keeps_its_room_until_the_watch_tells() -> None:
+async def test_a_bind_whose_answer_was_lost_is_read_back() -> None:
+    """Was a bug: every attempt unanswered but the first one landed, the extender freed
+    the room and another pod was bound into the same GPU before the watch told. The pod
+    is read back: bound here with this placement is a success, and the room stays held."""
     s = Setup()
     a, b = await s.filtered("a"), await s.filtered("b")
     s.faults.fail("bind", timeout(), applied=True)  # written, then no answer
-    assert "504 Timeout" in await s.bind(a)
-    assert s.objects.pod(NS, "a")["spec"]["nodeName"] == "n1"  # a IS bound
+    assert await s.bind(a) == ""
+    assert s.objects.pod(NS, "a")["spec"]["nodeName"] == "n1" and s.holds(a)
     assert await s.bind(b) != "", "b was bound into the GPU a holds"
+    assert s.objects.pod(NS, "b")["spec"].get("nodeName") is None
+
+
+async def test_a_bind_of_unknown_outcome_keeps_its_room_until_the_watch_tells() -> None:
+    """Unanswered, and the read-back unanswered too: whether it landed is unknown, so
+    the room stays held (the watch confirms it, or the ledger's TTL frees it), and the
+    answer says so. kube-scheduler's retry writes the same placement again."""
+    s = Setup()
+    a, b = await s.filtered("a"), await s.filtered("b")
+    s.faults.fail("bind", timeout(), applied=True)
+    s.faults.fail("read_pod", timeout())
+    error = await s.bind(a)
+    assert "504 Timeout" in error and "whether it landed is unknown" in error, error
+    assert s.holds(a)
+    assert await s.bind(b) != "", "b was bound into the GPU a may hold"
+    assert await s.bind(a) == ""  # the retry: 409 from its own Binding, read back
 
 
 async def test_a_bind_of_unknown_outcome_is_counted_again_once_watched() -> None:
-    """What holds today: the watch puts the bound pod back in the ledger."""
+    """Unknown outcome held, then the watch shows the pod bound: confirmed."""
     s = Setup()
     a = await s.filtered("a")
     s.faults.fail("bind", timeout(), applied=True)
+    s.faults.fail("read_pod", timeout())
     assert "504 Timeout" in await s.bind(a)
     s.state.on_pod(Added(f"{NS}/a", project_pod(s.objects.pod(NS, "a"))))
     assert s.holds(a)

@@ -22,8 +22,8 @@ import structlog
 
 from vgpud.core.admission import pod_risk
 from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, Filtered, summarize
-from vgpud.core.codec import ASSIGNMENT, encode_assignment
-from vgpud.core.ledger import Entry
+from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment, encode_assignment
+from vgpud.core.ledger import Entry, State
 from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
 from vgpud.core.quota import (
@@ -50,7 +50,7 @@ from vgpud.extender.wire import (
     preemption_result,
 )
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
-from vgpud.kube.errors import KubeError, NotFound
+from vgpud.kube.errors import KubeError, NotFound, Unavailable
 from vgpud.kube.timestamps import rfc3339
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder
 
@@ -313,7 +313,17 @@ class Extender:
                 return {"Error": f"invalid GPU request: {e}"}
         if not req.wants_gpu:
             return {"Error": f"pod {key} asks for no vGPU; vgpud binds only GPU pods"}
-        got = self.alloc.place(req, args.node)
+        prior = self.alloc.ledger.get(req.uid) if req.uid else None
+        if prior is not None and prior.state is State.CONFIRMED:
+            # kube-scheduler's retry of a bind that landed: what the Binding would answer
+            # (409), and the running pod's placement stays counted
+            return {"Error": f"pod {key} is already bound to {prior.placement.node}"}
+        if prior is not None and prior.placement.node == args.node:
+            got: Placement | Reason = prior.placement  # a bind that failed or never answered
+        else:
+            if prior is not None:  # a bind elsewhere that failed or never answered
+                self.alloc.forget(req.uid)
+            got = self.alloc.place(req, args.node)
         if isinstance(got, Reason):
             return {"Error": f"pod {key} no longer fits {args.node}: {got.message}"}
         placement = replace(got, time=self.stamp())
@@ -330,6 +340,9 @@ class Extender:
             await writer.bind(args.namespace, args.name, args.node, uid=req.uid or None,
                               annotations={ASSIGNMENT: encode_assignment(placement)})
         except KubeError as e:
+            if isinstance(e, Unavailable) or prior is not None:
+                # unanswered, or a 409 to a retry of one unanswered: it may have landed
+                return await self._read_back(args, writer, req, key, placement, e)
             self.alloc.forget(req.uid)
             log.info("bind_failed", pod=key, node=args.node, error=str(e))
             return {"Error": f"could not bind {key} to {args.node}: {e}"}
@@ -338,6 +351,46 @@ class Extender:
         # double the API load at scale.
         log.info("pod_bound", pod=key, node=args.node, gpus=describe(placement))
         return {"Error": ""}
+
+
+    async def _read_back(self, args: BindingArgs, writer: PodBinder, req: PodRequest,
+                         key: str, placement: Placement,
+                         error: KubeError) -> BindingResultJson:
+        """A bind that may have landed (every attempt unanswered, or a retry of such a
+        bind refused as already bound): read the pod back. Bound here with this
+        placement, the bind is a success; otherwise its room is freed; unreadable too, the
+        room stays held (the watch confirms it, the ledger's TTL frees it): forgetting a
+        bind that landed would let another pod into the same room before the watch
+        tells."""
+        try:
+            pod = await writer.read_pod(args.namespace, args.name)
+        except KubeError as e:
+            if not isinstance(error, Unavailable):
+                self.alloc.forget(req.uid)
+                return {"Error": f"could not bind {key} to {args.node}: {error}"}
+            log.warning("bind_outcome_unknown", pod=key, node=args.node, error=str(error),
+                        read=str(e))
+            return {"Error": f"could not bind {key} to {args.node}: {error} (whether it "
+                             f"landed is unknown: its GPUs stay held until the pod is seen)"}
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if (spec.get("nodeName") == args.node and (not req.uid or meta.get("uid") == req.uid)
+                and _granted(meta, placement)):
+            log.info("pod_bound", pod=key, node=args.node, gpus=describe(placement),
+                     answer_lost=str(error))
+            return {"Error": ""}
+        self.alloc.forget(req.uid)
+        log.info("bind_failed", pod=key, node=args.node, error=str(error))
+        return {"Error": f"could not bind {key} to {args.node}: {error}"}
+
+
+def _granted(meta: dict[str, Any], placement: Placement) -> bool:
+    """Does the pod's assignment annotation say ``placement`` (its stamp aside)?"""
+    value = (meta.get("annotations") or {}).get(ASSIGNMENT)
+    try:
+        found = decode_assignment(value) if isinstance(value, str) else None
+    except CodecError:
+        return False
+    return found is not None and replace(found, time="") == replace(placement, time="")
 
 
 def timed(metrics: Metrics, verb: str) -> Callable[[], float]:
