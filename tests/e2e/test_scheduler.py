@@ -208,9 +208,11 @@ async def test_restart_mid_run_rebuilds_from_annotations(env: Env) -> None:
     ledger = await ledger_from_metrics(env.session, env.sched.url)
     from_api = {k: v[0] for k, v in held_by_annotations(pods_now).items()}
     assert from_api and {k: v for k, v in ledger.items() if v} == from_api
-    # binding continues where it stopped
+    # binding continues where it stopped (20 at once, all scored towards the fullest
+    # node: a pod can lose that race several times running, as in kube-scheduler, which
+    # retries it; a run under load saw one lose three)
     rest = [p for p in pods_now if not p["spec"].get("nodeName")]
-    results = await schedule_all(d, rest, names, concurrency=20, retries=2)
+    results = await schedule_all(d, rest, names, concurrency=20, retries=6)
     assert all(r.node for r in results.values()), [r for r in results.values() if not r.node]
     pods_end = await d.pods()
     assert sum(1 for p in pods_end if p["spec"].get("nodeName")) == 120
