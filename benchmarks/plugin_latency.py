@@ -3,13 +3,15 @@
     python benchmarks/plugin_latency.py [--pods 200] [--idle 20]
 
 Runs ``vgpud plugin`` as its own process (``--fake-devices``, 8 GPUs × split 10)
-against the API stand-in and the fake kubelet (both in this process). Each pod has
-its assignment written first; the fake kubelet then admits it (GetPreferredAllocation
-+ Allocate) and starts it (PreStartContainer). Prints one line with the total's p50
-and p99 (admission + PreStartContainer, the figure issue 25 sets at most 20 ms p99 for),
-then JSON: latency percentiles in ms, and the plugin process's RSS (MiB) and CPU (% of
-one core) while idle. The pods stay in the API (only kubelet forgets them), so the
-node's pods grow to ``--pods``: what a LIST per call paid for.
+against the API stand-in (its own process, as an API server is, seeded with the node
+and every pod, assignments written; ``--api-inline``: in this process, each pod created
+just before its admission) and the fake kubelet (this process). The fake kubelet admits
+each pod (GetPreferredAllocation + Allocate) and starts it (PreStartContainer). Prints
+one line with the total's p50 and p99 (admission + PreStartContainer, the figure
+issue 25 sets at most 20 ms p99 for), then JSON: latency percentiles in ms, and the
+plugin process's RSS (MiB) and CPU (% of one core) while idle. The pods stay in the
+API (only kubelet forgets them), so the node's pods number ``--pods``: what a LIST per
+call paid for.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -49,12 +53,57 @@ def pct(xs: list[float], p: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))]
 
 
-async def main(pods: int, idle: float) -> dict[str, object]:
+def the_pod(i: int) -> dict[str, object]:
+    """Pod ``i``: one vGPU on GPU ``i % 8``, asking what its assignment grants (the plugin
+    believes no more)."""
+    asks = {"main": {"nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 1000,
+                     "nvidia.com/vgpu-cores": 5}}
+    return pod_manifest(f"p{i}", asks, encode_assignment(placement({"main": [(i % 8, 1000, 5)]})))
+
+
+@asynccontextmanager
+async def api_process(root: Path, pods: int) -> AsyncIterator[Path]:
+    """The API stand-in in its own process, as an API server is, seeded with the node and
+    every pod (so the node's pods number ``pods`` from the first admission); yields the
+    kubeconfig."""
+    state = root / "state.json"
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
+    state.write_text(json.dumps([node, *(the_pod(i) for i in range(pods))]))
+    port_file = root / "api.port"
+    proc = subprocess.Popen(  # noqa: ASYNC220 - one start
+        [sys.executable, "-m", "tests.standin", "--port", "0", "--port-file", str(port_file),
+         "--state", str(state), "--token", "bench"], cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        with anyio.fail_after(30):
+            while not port_file.exists() or not port_file.read_text():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the API stand-in exited ({proc.returncode})")
+                await anyio.sleep(0.05)
+        kubeconfig = root / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "s",
+            "clusters": [{"name": "s", "cluster": {
+                "server": f"http://127.0.0.1:{port_file.read_text().strip()}"}}],
+            "users": [{"name": "s", "user": {"token": "bench"}}],
+            "contexts": [{"name": "s", "context": {"cluster": "s", "user": "s"}}]}))
+        yield kubeconfig
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def main(pods: int, idle: float, separate: bool) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="vgb"))
     devices = write_devices(root / "devices.json", 8, memory=81920)
-    async with ApiServer() as api:
-        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+    async with AsyncExitStack() as stack:
+        if separate:
+            kubeconfig = await stack.enter_async_context(api_process(root, pods))
+            api = None
+        else:
+            api = await stack.enter_async_context(ApiServer())
+            api.create("nodes", {"apiVersion": "v1", "kind": "Node",
+                                 "metadata": {"name": NODE}})
+            kubeconfig = api.write_kubeconfig(root / "kubeconfig")
         kubelet = FakeKubelet(root)
         kubelet.start_servers()
         config = root / "plugin.yaml"  # the shim under root, not the host's /usr/local/vgpud
@@ -70,12 +119,8 @@ async def main(pods: int, idle: float) -> dict[str, object]:
             allocate: list[float] = []
             prestart: list[float] = []
             for i in range(pods):
-                g = i % 8
-                # the pod asks for what its assignment grants (the plugin believes no more)
-                asks = {"main": {"nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 1000,
-                                 "nvidia.com/vgpu-cores": 5}}
-                api.create("pods", pod_manifest(f"p{i}", asks, encode_assignment(
-                    placement({"main": [(g, 1000, 5)]}))), "default")
+                if api is not None:
+                    api.create("pods", the_pod(i), "default")
                 pod = FakePod("default", f"p{i}", [("main", 1)])
                 t0 = time.perf_counter()
                 a = await anyio.to_thread.run_sync(kubelet.admit, pod)
@@ -128,10 +173,13 @@ if __name__ == "__main__":
     ap.add_argument("--pods", type=int, default=200)
     ap.add_argument("--idle", type=float, default=20.0)
     ap.add_argument("--quick", action="store_true", help="small run for CI (30 pods, 3 s idle)")
+    ap.add_argument("--api-inline", action="store_true",
+                    help="serve the API stand-in from this process (beside the fake kubelet, "
+                         "sharing its interpreter) instead of its own")
     args = ap.parse_args()
     if args.quick:
         args.pods, args.idle = 30, 3.0
-    result = anyio.run(main, args.pods, args.idle)
+    result = anyio.run(main, args.pods, args.idle, not args.api_inline)
     total, base = result["total_ms"], result["baseline_options_roundtrip_ms"]
     assert isinstance(total, dict) and isinstance(base, dict)
     print(f"total (GetPreferredAllocation + Allocate + PreStartContainer), {args.pods} pods: "
