@@ -26,7 +26,7 @@ from tests.node.test_usage_file import valid_file
 from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
 from vgpud.core.model import DeviceGrant
-from vgpud.node.allocations import AllocationStore, Owner
+from vgpud.node.allocations import AllocationOwner, AllocationStore
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.devices import NodeDevices
 from vgpud.node.fakegpus import parse_fake_devices
@@ -48,9 +48,9 @@ def samples(text: str, name: str) -> dict[tuple[str, str], float]:
 
 async def test_the_last_round_and_the_watchdog_per_container(tmp_path: Path) -> None:
     store = AllocationStore(tmp_path / "state")
-    hi = store.configure(["GPU-0::0"], Owner("ns", "hi", "main", "u1"), "version=1\n",
+    hi = store.configure(["GPU-0::0"], AllocationOwner("ns", "hi", "main", "u1"), "version=1\n",
                          (DeviceGrant(GPU, 1000, 50),), priority=2)
-    lo = store.configure(["GPU-0::1", "GPU-1::0"], Owner("ns", "lo", "main", "u2"),
+    lo = store.configure(["GPU-0::1", "GPU-1::0"], AllocationOwner("ns", "lo", "main", "u2"),
                          "version=1\n", (DeviceGrant(GPU, 2000, 0), DeviceGrant(OTHER, 10, 30)))
     members = [Member(a.key, a.priority, tuple(d.uuid for d in a.devices), a.state)
                for a in (hi, lo)]
@@ -120,7 +120,7 @@ async def test_a_gpu_found_after_start_gets_its_priority_record(tmp_path: Path) 
     """The publisher was made with the GPUs found at start; a container on a GPU added
     since (hot-plug) still gets that GPU's record, so its shim follows priorities."""
     store = AllocationStore(tmp_path / "state")
-    a = store.configure(["GPU-1::0"], Owner("ns", "late", "main", "u3"), "version=1\n",
+    a = store.configure(["GPU-1::0"], AllocationOwner("ns", "late", "main", "u3"), "version=1\n",
                         (DeviceGrant(OTHER, 1000, 50),), priority=1)
     members = [Member(a.key, a.priority, (OTHER,), a.state)]
     publisher = Publisher(tmp_path / "arbiter", [GPU])  # OTHER came later
@@ -218,7 +218,7 @@ def usage_setup(tmp_path: Path) -> tuple[AllocationStore, NodeDevices, dict[str,
     """Three containers: one whose usage file is good (a live process charged 300 MiB),
     one with a 1 GiB file in its place, one that will hold a FIFO."""
     store = AllocationStore(tmp_path / "state")
-    allocs = {name: store.configure([f"{GPU}::{i}"], Owner("ns", name, "main", f"u{i}"),
+    allocs = {name: store.configure([f"{GPU}::{i}"], AllocationOwner("ns", name, "main", f"u{i}"),
                                     "version=1\n", (DeviceGrant(GPU, 1000, 0),))
               for i, name in enumerate(("good", "huge", "fifo"))}
     for a in allocs.values():

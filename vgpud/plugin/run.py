@@ -35,14 +35,13 @@ from vgpud.core.arbitration import Arbiter
 from vgpud.kube.client import KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK
 from vgpud.node import procfs
-from vgpud.node.allocations import AllocationStore
-from vgpud.node.allocations import Owner as AllocationOwner
+from vgpud.node.allocations import AllocationOwner, AllocationStore
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.cluster import ClusterApi, KubeCluster, PodView
 from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
 from vgpud.node.inventory import CORES, MEMORY, publish_inventory
 from vgpud.node.pods import NodePods
-from vgpud.node.registration import Owner, Registered, Registrar, Registry
+from vgpud.node.registration import Registered, Registrar, Registry, SocketOwner
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
 from vgpud.node.tenant import TenantReads
 from vgpud.node.vendors import Backend, backend
@@ -199,7 +198,7 @@ async def run_plugin(
     publisher = await anyio.to_thread.run_sync(
         Publisher, arbiter_dir, [d.gpu.uuid for d in found])
 
-    async def env_ignored(owner: Owner, r: Registered, held: int) -> None:
+    async def env_ignored(owner: SocketOwner, r: Registered, held: int) -> None:
         names = list(r.claim.ignored)
         if r.claim.unknown:
             names.append(f"{r.claim.unknown} other VGPUD_* name{'s' * (r.claim.unknown > 1)}")
@@ -234,7 +233,7 @@ async def run_plugin(
                         tolerance=plug.overLimitToleranceMiB << 20,
                         interval=plug.watchdogIntervalSeconds)
 
-    async def over_limit(u: Usage | SmUsage, owner: Owner) -> None:
+    async def over_limit(u: Usage | SmUsage, owner: SocketOwner) -> None:
         if isinstance(u, SmUsage):
             await cluster.pod_event(
                 _pod_of(owner), "VgpuOverSmLimit",
@@ -336,7 +335,7 @@ async def _serve(service: PluginService, opts: PluginOptions, options: pb.Device
                        poll=opts.kubelet_poll, task_status=task_status)
 
 
-def _pod_of(owner: Owner | AllocationOwner) -> PodView:
+def _pod_of(owner: SocketOwner | AllocationOwner) -> PodView:
     """The pod a container belongs to, as far as an event about it needs."""
     return PodView(namespace=owner.namespace, name=owner.pod, uid=owner.uid,
                    resource_version="", node_name="", phase="")
@@ -355,7 +354,7 @@ def _watched(store: AllocationStore) -> dict[str, Watched]:
     for a in store.configured():
         if a.owner is None:
             continue
-        owner = Owner(a.key, a.owner.namespace, a.owner.pod, a.owner.container, a.owner.uid)
+        owner = SocketOwner(a.key, a.owner.namespace, a.owner.pod, a.owner.container, a.owner.uid)
         sm = ({d.uuid: d.cores for d in a.devices if 0 < d.cores < 100}
               if a.policy == "fixed" else {})
         out[a.key] = Watched(owner, {d.uuid: d.memory << 20 for d in a.devices}, sm)

@@ -54,12 +54,11 @@ from vgpud.kube.backoff import Backoff
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.node import edits
-from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
+from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationOwner, AllocationStore
 from vgpud.node.cluster import ClusterApi, PodView
 from vgpud.node.devices import NodeDevices
 from vgpud.node.pods import NodePods, PodKey
-from vgpud.node.registration import Owner as RegistrationOwner
-from vgpud.node.registration import Registrar
+from vgpud.node.registration import Registrar, SocketOwner
 from vgpud.node.shim import ShimFiles
 from vgpud.node.vendors import Backend, VisibleMode
 from vgpud.plugin._pb import v1beta1 as pb
@@ -356,7 +355,7 @@ class PluginService(pb.DevicePluginBase):
         if isinstance(step, Refuse):
             raise AllocationFailed(step.message, pod)
         assert isinstance(step, Configure)
-        owner = Owner(h.namespace, h.pod, h.container, pod.uid)
+        owner = AllocationOwner(h.namespace, h.pod, h.container, pod.uid)
         try:
             text = render(step.limits)
             order = {u: i for i, u in enumerate(step.limits.visible_uuids)}
@@ -374,7 +373,7 @@ class PluginService(pb.DevicePluginBase):
         log.info("configured", resource=self.resource.name, pod=f"{h.namespace}/{h.pod}",
                  container=h.container, key=alloc.key, gpus=list(step.limits.visible_uuids))
         if self.registrar is not None:
-            self.registrar.set_owner(alloc.key, RegistrationOwner(
+            self.registrar.set_owner(alloc.key, SocketOwner(
                 alloc.key, owner.namespace, owner.pod, owner.container, owner.uid))
         return alloc
 
@@ -437,7 +436,7 @@ class PluginService(pb.DevicePluginBase):
         """Serve the allocation's registration socket (after Allocate, and on restart)."""
         if self.registrar is None:
             return
-        owner = None if alloc.owner is None else RegistrationOwner(
+        owner = None if alloc.owner is None else SocketOwner(
             alloc.key, alloc.owner.namespace, alloc.owner.pod, alloc.owner.container,
             alloc.owner.uid)
         try:
