@@ -199,7 +199,7 @@ async def test_made_up_variable_names_make_no_series(tmp_path: Path) -> None:
 
     from vgpud.node.allocations import AllocationStore
     from vgpud.node.devices import NodeDevices
-    from vgpud.plugin.metrics import PluginCollector
+    from vgpud.node.metrics import NodeCollector
 
     proc, (alloc,) = fake_proc(tmp_path, "k1")
     registry = Registry()
@@ -221,7 +221,7 @@ async def test_made_up_variable_names_make_no_series(tmp_path: Path) -> None:
     assert parse_claim("vgpud-register 1 pid=1 ignored=VGPUD_X,VGPUD_CONFIG,VGPUD_X,VGPUD_Y"
                        ) == Claim(1, 0, -1, ("VGPUD_CONFIG",), 2)
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(PluginCollector("n1", NodeDevices((), split=1, memory_scaling=1.0,
+    reg.register(NodeCollector("n1", NodeDevices((), split=1, memory_scaling=1.0,
                                                    core_scaling=1.0),
                                  AllocationStore(tmp_path / "state"), dict,
                                  lambda state, uuids: None, registry=registry))

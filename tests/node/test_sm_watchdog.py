@@ -15,9 +15,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
 from vgpud.kube.clock import SYSTEM_CLOCK
+from vgpud.node import usage_state
 from vgpud.node.arbiter import Member, Publisher, run_arbiter
 from vgpud.node.registration import Registry, SocketOwner
 from vgpud.node.watchdog import SmKill, SmReport, SmUsage, Watchdog, Watched, sm_margin

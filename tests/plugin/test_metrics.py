@@ -23,17 +23,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.node.test_usage_file import valid_file
-from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
 from vgpud.core.model import DeviceGrant
+from vgpud.node import usage_state
 from vgpud.node.allocations import AllocationOwner, AllocationStore
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.devices import NodeDevices
 from vgpud.node.fakegpus import parse_fake_devices
+from vgpud.node.metrics import NodeCollector, metrics_app
 from vgpud.node.registration import Registry
 from vgpud.node.tenant import TenantReads
 from vgpud.node.watchdog import Usage, Watchdog
-from vgpud.plugin.metrics import PluginCollector, metrics_app
 
 pytestmark = pytest.mark.anyio
 MIB = 1 << 20
@@ -85,7 +85,7 @@ async def test_the_last_round_and_the_watchdog_per_container(tmp_path: Path) -> 
         enumerate((GPU, OTHER))]}), "test")
     devices = NodeDevices(found, split=10, memory_scaling=1.0, core_scaling=1.0)
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(PluginCollector("n1", devices, store, dict, lambda state, uuids: None,
+    reg.register(NodeCollector("n1", devices, store, dict, lambda state, uuids: None,
                                  watchdog=watchdog, arbiter=observed))
     text = generate_latest(reg).decode()
 
@@ -143,8 +143,8 @@ async def test_a_gpu_found_after_start_gets_its_priority_record(tmp_path: Path) 
 
 
 class _WaitingOs:
-    """``os`` as :mod:`vgpud.usage_state` sees it, but ``open`` ignores ``O_NONBLOCK``: a FIFO in
-    place of a usage file then waits for a writer, as every read does on a file system
+    """``os`` as :mod:`vgpud.node.usage_state` sees it, but ``open`` ignores ``O_NONBLOCK``: a
+    FIFO in place of a usage file then waits for a writer, as every read does on a file system
     that does not answer (O_NONBLOCK, issue 22's defence, does not help there)."""
 
     def __getattr__(self, name: str) -> Any:
@@ -241,7 +241,7 @@ async def test_a_stalled_usage_file_stalls_neither_the_scrape_nor_the_loop(
     next scrape starts no new thread; once the file answers, all is read again."""
     store, devices, allocs = usage_setup(tmp_path)
     reads = TenantReads(threads=1, timeout=0.5)
-    collector = PluginCollector("n1", devices, store, dict, reads=reads)
+    collector = NodeCollector("n1", devices, store, dict, reads=reads)
     reg = CollectorRegistry(auto_describe=False)
     reg.register(collector)
     ticker = Ticker()

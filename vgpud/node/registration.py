@@ -57,7 +57,7 @@ from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.node import procfs
-from vgpud.usage_state import MAX_DEVICES
+from vgpud.node.usage_state import MAX_DEVICES
 
 log = structlog.get_logger(__name__)
 

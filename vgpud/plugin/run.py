@@ -40,6 +40,8 @@ from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.cluster import ClusterApi, KubeCluster, PodView
 from vgpud.node.devices import Changes, GpuSource, HealthEvent, NodeDevices
 from vgpud.node.inventory import CORES, MEMORY, publish_inventory
+from vgpud.node.metrics import NodeCollector, metrics_app
+from vgpud.node.podresources import PodResourcesClient
 from vgpud.node.pods import NodePods
 from vgpud.node.registration import Registered, Registrar, Registry, SocketOwner
 from vgpud.node.shim import ShimError, ShimFiles, find_library, install
@@ -49,8 +51,6 @@ from vgpud.node.watchdog import SmUsage, Usage, Watchdog, Watched
 from vgpud.ops import Guard
 from vgpud.plugin._pb import v1beta1 as pb
 from vgpud.plugin.kubelet import serve_plugin
-from vgpud.plugin.metrics import PluginCollector, metrics_app
-from vgpud.plugin.podresources import PodResourcesClient
 from vgpud.plugin.resources import ServedResource, served
 from vgpud.plugin.service import PluginService
 from vgpud.process import parse_listen, serve
@@ -306,7 +306,7 @@ async def run_plugin(
             port = None
             if listen:
                 metrics = CollectorRegistry(auto_describe=False)
-                collector = PluginCollector(opts.node_name, devices, store, lambda: used,
+                collector = NodeCollector(opts.node_name, devices, store, lambda: used,
                                             registry=registry, watchdog=watchdog,
                                             arbiter=observed, reads=reads)
                 metrics.register(collector)

@@ -22,12 +22,12 @@ the resources apart), the API and the registrar.
   written from the API's current pod, never from a cache that may still show a
   namesake it replaced; the neighbours, when kubelet chose other GPUs, come from the
   watched pods), and carries out what
-  :func:`vgpud.plugin.prestart.plan` decides: write the limits file atomically (after
+  :func:`vgpud.node.startup.plan` decides: write the limits file atomically (after
   rewriting the assignment when kubelet chose other GPUs with room), or fail that one
   container with a message kubelet shows on the pod.
 
 The servicer only gathers facts and carries out decisions; the decisions are pure
-functions in :mod:`vgpud.plugin.prestart` and :mod:`vgpud.plugin.replicas`.
+functions in :mod:`vgpud.node.startup` and :mod:`vgpud.plugin.replicas`.
 """
 
 from __future__ import annotations
@@ -57,13 +57,12 @@ from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationOwner, AllocationStore
 from vgpud.node.cluster import ClusterApi, PodView
 from vgpud.node.devices import NodeDevices
+from vgpud.node.ids import ReplicaIdError, gpus_of
+from vgpud.node.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
 from vgpud.node.pods import NodePods, PodKey
 from vgpud.node.registration import Registrar, SocketOwner
 from vgpud.node.shim import ShimFiles
-from vgpud.node.vendors import Backend, VisibleMode
-from vgpud.plugin._pb import v1beta1 as pb
-from vgpud.plugin.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
-from vgpud.plugin.prestart import (
+from vgpud.node.startup import (
     NEEDS_OTHERS,
     ActivePod,
     Configure,
@@ -75,7 +74,9 @@ from vgpud.plugin.prestart import (
     starting_init_container,
     wanted,
 )
-from vgpud.plugin.replicas import ReplicaIdError, advertised, gpus_of, preferred
+from vgpud.node.vendors import Backend, VisibleMode
+from vgpud.plugin._pb import v1beta1 as pb
+from vgpud.plugin.replicas import advertised, preferred
 from vgpud.plugin.resources import ServedResource
 
 log = structlog.get_logger(__name__)
@@ -313,7 +314,7 @@ class PluginService(pb.DevicePluginBase):
 
     async def _init_owner(self, ids: list[str], held: list[Held]) -> Held | str:
         """The regular init container kubelet is starting with ``ids``: PodResources lists
-        no such container (:func:`~vgpud.plugin.prestart.starting_init_container`)."""
+        no such container (:func:`~vgpud.node.startup.starting_init_container`)."""
         by_pod: dict[tuple[str, str], set[str]] = {}
         for h in held:
             by_pod.setdefault((h.namespace, h.pod), set()).update(h.ids)
