@@ -61,6 +61,7 @@ from vgpud.node.ids import ReplicaIdError, gpus_of
 from vgpud.node.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
 from vgpud.node.pods import NodePods, PodKey
 from vgpud.node.registration import Registrar, SocketOwner
+from vgpud.node.runtime import collect, open_registration
 from vgpud.node.shim import ShimFiles
 from vgpud.node.startup import (
     NEEDS_OTHERS,
@@ -70,7 +71,6 @@ from vgpud.node.startup import (
     held_by_others,
     init_pending,
     plan,
-    stale,
     starting_init_container,
     wanted,
 )
@@ -435,15 +435,7 @@ class PluginService(pb.DevicePluginBase):
 
     async def listen(self, alloc: Allocation) -> None:
         """Serve the allocation's registration socket (after Allocate, and on restart)."""
-        if self.registrar is None:
-            return
-        owner = None if alloc.owner is None else SocketOwner(
-            alloc.key, alloc.owner.namespace, alloc.owner.pod, alloc.owner.container,
-            alloc.owner.uid)
-        try:
-            await self.registrar.open(alloc.key, alloc.etc, owner)
-        except OSError as e:
-            log.error("registration_socket_failed", key=alloc.key, error=str(e))
+        await open_registration(self.registrar, alloc)
 
     async def _reconcile(self, where: str, pod: PodView, container: str,
                          chosen: list[str], policy: ComputePolicy | None = None,
@@ -500,25 +492,7 @@ class PluginService(pb.DevicePluginBase):
     # -- housekeeping ------------------------------------------------------------------------
 
     async def collect(self, *, grace: float = 300.0) -> int:
-        """Drop allocation directories kubelet no longer lists (after ``grace`` seconds).
-
-        The store is the node's, so one call covers every resource's allocations, those
-        of resources no longer served included (kubelet lists their IDs while their
-        containers live). kubelet lists no regular init container, so an allocation
-        stays while the pod that owns it is listed."""
-        try:
-            live, listed = await self.podresources.snapshot()  # one List: one instant
-        except PodResourcesError as e:
-            log.warning("collect_skipped", error=str(e))
-            return 0
-        allocations = [a for a in await anyio.to_thread.run_sync(self.store.all)
-                       if a.owner is None or (a.owner.namespace, a.owner.pod) not in listed]
-        gone = stale(((a.key, (a.resource, frozenset(a.ids)), a.written) for a in allocations),
-                     live, self.clock.wall().timestamp(), grace)
-        for key in gone:
-            if self.registrar is not None:
-                self.registrar.close(key)
-            await anyio.to_thread.run_sync(self.store.remove, key)
-        if gone:
-            log.info("allocations_collected", removed=len(gone))
-        return len(gone)
+        """Drop allocation directories kubelet no longer lists (after ``grace`` seconds):
+        :func:`vgpud.node.runtime.collect`, over this service's PodResources client."""
+        return await collect(self.store, self.podresources, self.registrar, clock=self.clock,
+                             grace=grace)
