@@ -53,6 +53,9 @@ from vgpud.node.watchdog import SmUsage, Usage, Watchdog, Watched
 from vgpud.ops import Guard
 from vgpud.process import parse_listen, serve
 
+__all__ = ["Kick", "Node", "NodeOptions", "OnChange", "Registrar", "collect",
+           "open_registration", "profiles", "run_node"]  # Registrar: Node.registrar's type
+
 log = structlog.get_logger(__name__)
 
 OnChange = Callable[[Changes], Awaitable[None]]
