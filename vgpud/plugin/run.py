@@ -101,9 +101,10 @@ async def run_plugin(
 ) -> None:
     services: dict[str, PluginService] = {}
     sockets: dict[str, Path] = {}
+    node: Node | None = None
     try:
         async with anyio.create_task_group() as tg:
-            node: Node = await tg.start(run_node, opts.node(), gpus, cluster)
+            node = await tg.start(run_node, opts.node(), gpus, cluster)
             resources = _resources(node)
             log.info("resources_served", node=node.name, resources=[r.name for r in resources])
             services.update((r.name, _service(node, opts, r)) for r in resources)
@@ -123,6 +124,12 @@ async def run_plugin(
             node.serving()
             task_status.started(Running(node.devices, node.metrics_port, services, sockets,
                                         node))
+    except ExceptionGroup as e:
+        # the node did not start (no GPUs, no shim, a bad token file): its own error, as
+        # before the node had a task group of its own (``vgpud plugin`` exits 2 on it)
+        if node is None and len(e.exceptions) == 1:
+            raise e.exceptions[0] from None
+        raise
     finally:
         for s in services.values():
             s.podresources.close()
