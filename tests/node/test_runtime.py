@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import anyio
@@ -42,8 +41,9 @@ def test_the_node_runtime_imports_no_adapter() -> None:
     assert done.stdout.strip() == "[]"
 
 
-async def test_run_node_is_ready_when_started_and_rediscovers_once_served() -> None:
-    root = Path(tempfile.mkdtemp(prefix="vgn"))
+async def test_run_node_is_ready_when_started_and_rediscovers_once_served(tmp_path: Path,
+                                                                          ) -> None:
+    root = tmp_path
     devices = root / "devices.json"
     _devices(devices, 2)
     settings = parse_settings({"plugin": {"shimHostDir": str(root / "shim"),
