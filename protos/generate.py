@@ -1,6 +1,8 @@
-"""Regenerate the kubelet gRPC bindings in ``vgpud/plugin/_pb`` (betterproto2, grpclib).
+"""Regenerate the kubelet gRPC bindings (betterproto2, grpclib): the device-plugin API in
+``vgpud/plugin/_pb`` (the device-plugin adapter's alone) and PodResources in
+``vgpud/node/_pb`` (the node runtime's, for any adapter).
 
-    python protos/generate.py           # rewrite vgpud/plugin/_pb
+    python protos/generate.py           # rewrite both
     python protos/generate.py --check   # exit 1 if the committed code differs
 
 Generation runs protoc (from grpcio-tools) with the betterproto2 compiler plugin into a
@@ -27,25 +29,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 FILES = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")
-TARGET = ROOT / "vgpud" / "plugin" / "_pb"
+# where each proto's betterproto2 code goes (one protoc run, one message pool, per target)
+TARGETS = {ROOT / "vgpud" / "plugin" / "_pb": ("deviceplugin/v1beta1/api.proto",),
+           ROOT / "vgpud" / "node" / "_pb": ("podresources/v1/api.proto",)}
 INIT_DOC = '"""Generated kubelet gRPC bindings (betterproto2 + grpclib). Do not edit: run\n' \
            '``python protos/generate.py``."""\n'
 
 
-def _protoc(args: list[str]) -> None:
+def _protoc(args: list[str], files: tuple[str, ...] = FILES) -> None:
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     cmd = [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", *args,
-           *(str(PROTOS / f) for f in FILES)]
+           *(str(PROTOS / f) for f in files)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"protoc failed ({done.returncode}):\n{done.stderr}")
 
 
-def generate_betterproto(out: Path) -> None:
+def generate_betterproto(out: Path, files: tuple[str, ...] = FILES) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _protoc([f"--python_betterproto2_out={out}",
-             "--python_betterproto2_opt=client_generation=async,server_generation=async"])
+             "--python_betterproto2_opt=client_generation=async,server_generation=async"],
+            files)
     (out / "__init__.py").write_text(INIT_DOC)
 
 
@@ -79,21 +84,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="fail when the committed code differs from a fresh generation")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        fresh = Path(tmp) / "_pb"
-        generate_betterproto(fresh)
-        if args.check:
-            problems = _drift(fresh, TARGET)
-            if problems:
-                print(f"{TARGET.relative_to(ROOT)} is out of date; run python protos/generate.py",
-                      file=sys.stderr)
-                print("\n".join(problems), file=sys.stderr)
-                return 1
-            print(f"{TARGET.relative_to(ROOT)} is up to date")
-            return 0
-        if TARGET.exists():
-            shutil.rmtree(TARGET)
-        shutil.copytree(fresh, TARGET)
-        print(f"wrote {TARGET.relative_to(ROOT)}")
+        for i, (target, files) in enumerate(TARGETS.items()):
+            fresh = Path(tmp) / str(i) / "_pb"
+            generate_betterproto(fresh, files)
+            where = target.relative_to(ROOT)
+            if args.check:
+                problems = _drift(fresh, target)
+                if problems:
+                    print(f"{where} is out of date; run python protos/generate.py",
+                          file=sys.stderr)
+                    print("\n".join(problems), file=sys.stderr)
+                    return 1
+                print(f"{where} is up to date")
+                continue
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(fresh, target)
+            print(f"wrote {where}")
     return 0
 
 

@@ -44,9 +44,9 @@ from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
 from vgpud.extender.state import SchedulerState
+from vgpud.node.metrics import metrics_app
 from vgpud.node.shim import IMAGE_LIB_DIR
 from vgpud.plugin import command as plugin_command
-from vgpud.plugin.metrics import metrics_app
 from vgpud.plugin.service import RESOURCE
 
 M = Manifests.committed()

@@ -18,17 +18,17 @@ from vgpud.node.registration import (
     KNOWN_ENV,
     OTHER_ENV,
     Claim,
-    Owner,
     Registered,
     Registrar,
     Registry,
+    SocketOwner,
     judge,
     parse_claim,
 )
 from vgpud.node.watchdog import Kill, Report, Usage, Watchdog, Watched, usage, victims
 
 MIB = 1 << 20
-OWNER = Owner("k1", "ns", "p", "main", "1234-abcd")
+OWNER = SocketOwner("k1", "ns", "p", "main", "1234-abcd")
 POD_CG = "0::/kubepods/besteffort/pod1234-abcd/ctr-1\n"
 ALLOC = Path("/var/lib/vgpud/allocations/k1/etc")
 # /proc/<pid>/mountinfo of a process of the allocation's container: /etc/vgpud is a bind
@@ -178,7 +178,7 @@ async def test_registration_round_trip_uses_the_kernels_pid(tmp_path: Path) -> N
             return answers, times
 
         answers, times = await anyio.to_thread.run_sync(client, 50)
-        registrar.set_owner("k1", Owner("k1", "ns", "q", "main", "other-uid"))
+        registrar.set_owner("k1", SocketOwner("k1", "ns", "q", "main", "other-uid"))
         (refused,), _ = await anyio.to_thread.run_sync(client, 1)
         tg.cancel_scope.cancel()
     assert set(answers) == {f"ok {me}\n"}  # the kernel's PID, not the claimed 1
@@ -199,7 +199,7 @@ async def test_made_up_variable_names_make_no_series(tmp_path: Path) -> None:
 
     from vgpud.node.allocations import AllocationStore
     from vgpud.node.devices import NodeDevices
-    from vgpud.plugin.metrics import PluginCollector
+    from vgpud.node.metrics import NodeCollector
 
     proc, (alloc,) = fake_proc(tmp_path, "k1")
     registry = Registry()
@@ -221,7 +221,7 @@ async def test_made_up_variable_names_make_no_series(tmp_path: Path) -> None:
     assert parse_claim("vgpud-register 1 pid=1 ignored=VGPUD_X,VGPUD_CONFIG,VGPUD_X,VGPUD_Y"
                        ) == Claim(1, 0, -1, ("VGPUD_CONFIG",), 2)
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(PluginCollector("n1", NodeDevices((), split=1, memory_scaling=1.0,
+    reg.register(NodeCollector("n1", NodeDevices((), split=1, memory_scaling=1.0,
                                                    core_scaling=1.0),
                                  AllocationStore(tmp_path / "state"), dict,
                                  lambda state, uuids: None, registry=registry))
@@ -296,7 +296,7 @@ async def test_ignored_variable_events_are_paced_per_allocation(tmp_path: Path) 
     clock = ManualClock()
     events: list[tuple[str, int]] = []
 
-    async def notify(owner: Owner, r: Registered, held: int = 0) -> None:
+    async def notify(owner: SocketOwner, r: Registered, held: int = 0) -> None:
         events.append((r.key, held))
 
     registrar = Registrar(registry, proc=proc, on_ignored_env=notify, clock=clock,
@@ -309,7 +309,7 @@ async def test_ignored_variable_events_are_paced_per_allocation(tmp_path: Path) 
     async with anyio.create_task_group() as tg:
         await tg.start(registrar.run)
         await registrar.open("k1", a1, OWNER)
-        await registrar.open("k2", a2, Owner("k2", "ns", "p", "side", "1234-abcd"))
+        await registrar.open("k2", a2, SocketOwner("k2", "ns", "p", "side", "1234-abcd"))
         await anyio.to_thread.run_sync(registrations, a1 / "register.sock", 20)
         assert events == [("k1", 0), ("k1", 0)]
         await anyio.to_thread.run_sync(registrations, a2 / "register.sock", 1)

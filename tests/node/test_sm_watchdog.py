@@ -15,19 +15,19 @@ from pathlib import Path
 import anyio
 import pytest
 
-from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
 from vgpud.kube.clock import SYSTEM_CLOCK
+from vgpud.node import usage_state
 from vgpud.node.arbiter import Member, Publisher, run_arbiter
-from vgpud.node.registration import Owner, Registry
+from vgpud.node.registration import Registry, SocketOwner
 from vgpud.node.watchdog import SmKill, SmReport, SmUsage, Watchdog, Watched, sm_margin
 
 from .test_usage_file import valid_file
 
 GIB = 1 << 30
 GPU = "GPU-0"
-A = Owner("ka", "ns", "a", "main", "uid-a")
-B = Owner("kb", "ns", "b", "main", "uid-b")
+A = SocketOwner("ka", "ns", "a", "main", "uid-a")
+B = SocketOwner("kb", "ns", "b", "main", "uid-b")
 
 
 def test_the_margin_tolerates_an_honest_shim() -> None:
@@ -85,9 +85,9 @@ async def test_the_arbiters_rounds_feed_the_watchdog_which_kills_the_abuser(
             async def processes(self) -> Mapping[str, list[tuple[int, int]]]:
                 return {}
 
-        reported: list[tuple[SmUsage, Owner]] = []
+        reported: list[tuple[SmUsage, SocketOwner]] = []
 
-        async def report(u: object, owner: Owner) -> None:
+        async def report(u: object, owner: SocketOwner) -> None:
             assert isinstance(u, SmUsage)
             reported.append((u, owner))
 

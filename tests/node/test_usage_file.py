@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpud import usage_state
+from vgpud.node import usage_state
 
 
 def valid_file(path: Path, used: int = 123 << 20, host_pid: int = 0, slot_used: int = 0) -> None:
@@ -51,7 +51,7 @@ def test_truncation_in_a_loop_never_kills_the_reader(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os, sys, threading
         from pathlib import Path
-        from vgpud import usage_state
+        from vgpud.node import usage_state
         path = Path({str(tmp_path)!r}) / usage_state.STATE_FILE
         good = path.read_bytes()
         stop = threading.Event()
@@ -81,7 +81,7 @@ def test_truncation_in_a_loop_never_kills_the_reader(tmp_path: Path) -> None:
 
 def test_a_fifo_in_its_place_is_refused_at_once(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / usage_state.STATE_FILE)
-    script = (f"from vgpud import usage_state\n"
+    script = (f"from vgpud.node import usage_state\n"
               f"try:\n    usage_state.read_usage({str(tmp_path)!r})\n"
               f"except usage_state.StateFileError as e:\n    print(e)\n")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,

@@ -4,7 +4,7 @@ The system: the API stand-in, ``vgpud scheduler`` and ``vgpud plugin`` as proces
 plugin over fake GPUs from a file, one of three unhealthy, registered with the fake
 kubelet). Two GPU pods are placed through the extender the way kube-scheduler drives
 it and started through the fake kubelet (Allocate, PreStartContainer), and their shims'
-usage files are written (the layout of ``vgpud.usage_state``, the C ABI's mirror); a third asks
+usage files are written (the layout of ``vgpud.node.usage_state``, the C ABI's mirror); a third asks
 for more GPUs than the node has healthy and stays Pending. Prometheus scrapes both
 daemons every second and evaluates the alert rules file itself.
 
@@ -55,8 +55,8 @@ from tests.observability.prometheus import (
     rule_queries,
     without_threshold,
 )
-from vgpud import usage_state
 from vgpud.core.codec import NODE_DEVICES
+from vgpud.node import usage_state
 from vgpud.node.allocations import AllocationStore
 
 pytestmark = pytest.mark.anyio
@@ -83,8 +83,8 @@ def substitute(expr: str) -> str:
 
 
 def write_usage(state: Path, used: int, limit: int) -> None:
-    """A usage file as the shim keeps it (``vgpud.usage_state``'s layout, which tests/shim checks
-    against the C ABI): one device, one live process charging ``used`` bytes."""
+    """A usage file as the shim keeps it (``vgpud.node.usage_state``'s layout, which
+    tests/shim checks against the C ABI): one device, one live process charging ``used`` bytes."""
     buf = bytearray(usage_state.FILE_SIZE)
 
     def put(table: dict[str, tuple[int, str]], base: int, name: str, *values: int) -> None:

@@ -23,7 +23,7 @@ from vgpud.core.limits import MIB, Limits, parse
 from vgpud.core.model import NodeInventory
 from vgpud.core.requests import parse_pod
 from vgpud.node.allocations import AllocationStore
-from vgpud.plugin.replicas import parse_id
+from vgpud.node.ids import parse_id
 
 A100 = "NVIDIA A100-SXM4-80GB"
 # the fake NVML's sizes for an 81920 MiB GPU: an instance of m memory slices has

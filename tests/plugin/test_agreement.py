@@ -12,7 +12,7 @@ from vgpud.core.allocate import Allocator
 from vgpud.core.model import Gpu, GpuUsage, Node, NodeInventory, Placement
 from vgpud.core.requests import parse_pod
 from vgpud.node.inventory import extended_resources
-from vgpud.plugin.replicas import reconcile
+from vgpud.node.startup import reconcile
 
 
 def _inventory(core_scaling: float) -> NodeInventory:

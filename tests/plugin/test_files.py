@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vgpud.core.model import DeviceGrant
-from vgpud.node.allocations import AllocationStore, Owner
+from vgpud.node.allocations import AllocationOwner, AllocationStore
 from vgpud.node.fakegpus import FakeDevicesError, parse_fake_devices
 from vgpud.node.shim import ShimError, install
 
@@ -22,19 +22,20 @@ def test_store_prepare_configure_and_reload(tmp_path: Path) -> None:
     a = s.prepare(ids)
     assert a.owner is None and not a.config.exists() and a.state.is_dir()
     assert s.prepare(list(reversed(ids))).dir == a.dir  # idempotent, order-insensitive
-    owner = Owner("ns", "p", "c", "uid-1")
+    owner = AllocationOwner("ns", "p", "c", "uid-1")
     granted = (DeviceGrant("GPU-a", 1000, 0), DeviceGrant("GPU-b", 2000, 100))
     s.configure(ids, owner, "version=1\n", granted)
     (a.state / "usage").write_text("x")
     s.configure(ids, owner, "version=1\n", granted)  # same owner again: state kept
     assert (a.state / "usage").exists()
-    s.configure(ids, Owner("ns", "q", "c", "uid-2"), "version=1\n", granted)  # a new owner
+    s.configure(ids, AllocationOwner("ns", "q", "c", "uid-2"), "version=1\n",
+                granted)  # a new owner
     assert not (a.state / "usage").exists()  # ... gets a fresh state directory
-    assert [x.owner for x in s.configured()] == [Owner("ns", "q", "c", "uid-2")]
+    assert [x.owner for x in s.configured()] == [AllocationOwner("ns", "q", "c", "uid-2")]
     restarted = AllocationStore(tmp_path)
     assert restarted.configured() == []
     (got,) = restarted.all()
-    assert got.owner == Owner("ns", "q", "c", "uid-2") and got.ids == tuple(sorted(ids))
+    assert got.owner == AllocationOwner("ns", "q", "c", "uid-2") and got.ids == tuple(sorted(ids))
     assert got.devices == granted  # what was granted, as values: no-limit and 100 % kept
     assert restarted.configured() == [got]
     assert got.config.read_text() == "version=1\n"

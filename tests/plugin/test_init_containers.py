@@ -6,8 +6,8 @@ containers and restartable (sidecar) init containers, and its device manager
 to the pod's later containers. PreStartContainer for such an init container used to find
 no holder of its IDs and fail forever, and GetPreferredAllocation never steered one
 (tests/realkube/test_kubelet.py shows both on the real kubelet):
-:func:`vgpud.plugin.prestart.starting_init_container` finds it from the active pods'
-assignments and statuses, and :func:`vgpud.plugin.prestart.wanted` counts the init
+:func:`vgpud.node.startup.starting_init_container` finds it from the active pods'
+assignments and statuses, and :func:`vgpud.node.startup.wanted` counts the init
 containers of a pod being admitted as waiting.
 """
 
@@ -25,7 +25,7 @@ from vgpud.core.limits import parse
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 from vgpud.node.allocations import AllocationStore
 from vgpud.node.cluster import view
-from vgpud.plugin.prestart import ActivePod, starting_init_container, wanted
+from vgpud.node.startup import ActivePod, starting_init_container, wanted
 
 # (name, init, sidecar, [gpu index per vGPU])
 Spec = tuple[str, bool, bool, list[int]]

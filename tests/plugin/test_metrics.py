@@ -23,17 +23,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.node.test_usage_file import valid_file
-from vgpud import usage_state
 from vgpud.core.arbitration import Arbiter
 from vgpud.core.model import DeviceGrant
-from vgpud.node.allocations import AllocationStore, Owner
+from vgpud.node import usage_state
+from vgpud.node.allocations import AllocationOwner, AllocationStore
 from vgpud.node.arbiter import Member, Observed, Publisher, run_arbiter
 from vgpud.node.devices import NodeDevices
 from vgpud.node.fakegpus import parse_fake_devices
+from vgpud.node.metrics import NodeCollector, metrics_app
 from vgpud.node.registration import Registry
 from vgpud.node.tenant import TenantReads
 from vgpud.node.watchdog import Usage, Watchdog
-from vgpud.plugin.metrics import PluginCollector, metrics_app
 
 pytestmark = pytest.mark.anyio
 MIB = 1 << 20
@@ -48,9 +48,9 @@ def samples(text: str, name: str) -> dict[tuple[str, str], float]:
 
 async def test_the_last_round_and_the_watchdog_per_container(tmp_path: Path) -> None:
     store = AllocationStore(tmp_path / "state")
-    hi = store.configure(["GPU-0::0"], Owner("ns", "hi", "main", "u1"), "version=1\n",
+    hi = store.configure(["GPU-0::0"], AllocationOwner("ns", "hi", "main", "u1"), "version=1\n",
                          (DeviceGrant(GPU, 1000, 50),), priority=2)
-    lo = store.configure(["GPU-0::1", "GPU-1::0"], Owner("ns", "lo", "main", "u2"),
+    lo = store.configure(["GPU-0::1", "GPU-1::0"], AllocationOwner("ns", "lo", "main", "u2"),
                          "version=1\n", (DeviceGrant(GPU, 2000, 0), DeviceGrant(OTHER, 10, 30)))
     members = [Member(a.key, a.priority, tuple(d.uuid for d in a.devices), a.state)
                for a in (hi, lo)]
@@ -85,7 +85,7 @@ async def test_the_last_round_and_the_watchdog_per_container(tmp_path: Path) -> 
         enumerate((GPU, OTHER))]}), "test")
     devices = NodeDevices(found, split=10, memory_scaling=1.0, core_scaling=1.0)
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(PluginCollector("n1", devices, store, dict, lambda state, uuids: None,
+    reg.register(NodeCollector("n1", devices, store, dict, lambda state, uuids: None,
                                  watchdog=watchdog, arbiter=observed))
     text = generate_latest(reg).decode()
 
@@ -120,7 +120,7 @@ async def test_a_gpu_found_after_start_gets_its_priority_record(tmp_path: Path) 
     """The publisher was made with the GPUs found at start; a container on a GPU added
     since (hot-plug) still gets that GPU's record, so its shim follows priorities."""
     store = AllocationStore(tmp_path / "state")
-    a = store.configure(["GPU-1::0"], Owner("ns", "late", "main", "u3"), "version=1\n",
+    a = store.configure(["GPU-1::0"], AllocationOwner("ns", "late", "main", "u3"), "version=1\n",
                         (DeviceGrant(OTHER, 1000, 50),), priority=1)
     members = [Member(a.key, a.priority, (OTHER,), a.state)]
     publisher = Publisher(tmp_path / "arbiter", [GPU])  # OTHER came later
@@ -143,8 +143,8 @@ async def test_a_gpu_found_after_start_gets_its_priority_record(tmp_path: Path) 
 
 
 class _WaitingOs:
-    """``os`` as :mod:`vgpud.usage_state` sees it, but ``open`` ignores ``O_NONBLOCK``: a FIFO in
-    place of a usage file then waits for a writer, as every read does on a file system
+    """``os`` as :mod:`vgpud.node.usage_state` sees it, but ``open`` ignores ``O_NONBLOCK``: a
+    FIFO in place of a usage file then waits for a writer, as every read does on a file system
     that does not answer (O_NONBLOCK, issue 22's defence, does not help there)."""
 
     def __getattr__(self, name: str) -> Any:
@@ -218,7 +218,7 @@ def usage_setup(tmp_path: Path) -> tuple[AllocationStore, NodeDevices, dict[str,
     """Three containers: one whose usage file is good (a live process charged 300 MiB),
     one with a 1 GiB file in its place, one that will hold a FIFO."""
     store = AllocationStore(tmp_path / "state")
-    allocs = {name: store.configure([f"{GPU}::{i}"], Owner("ns", name, "main", f"u{i}"),
+    allocs = {name: store.configure([f"{GPU}::{i}"], AllocationOwner("ns", name, "main", f"u{i}"),
                                     "version=1\n", (DeviceGrant(GPU, 1000, 0),))
               for i, name in enumerate(("good", "huge", "fifo"))}
     for a in allocs.values():
@@ -241,7 +241,7 @@ async def test_a_stalled_usage_file_stalls_neither_the_scrape_nor_the_loop(
     next scrape starts no new thread; once the file answers, all is read again."""
     store, devices, allocs = usage_setup(tmp_path)
     reads = TenantReads(threads=1, timeout=0.5)
-    collector = PluginCollector("n1", devices, store, dict, reads=reads)
+    collector = NodeCollector("n1", devices, store, dict, reads=reads)
     reg = CollectorRegistry(auto_describe=False)
     reg.register(collector)
     ticker = Ticker()

@@ -20,7 +20,7 @@ from vgpud.core.codec import ASSIGNMENT, decode_assignment
 from vgpud.core.limits import limits_for, render
 from vgpud.core.model import ContainerRequest, PodRequest
 from vgpud.node.allocations import AllocationStore
-from vgpud.plugin.replicas import parse_id
+from vgpud.node.ids import parse_id
 
 pytestmark = pytest.mark.anyio
 PODS_N = 50

@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 from tests.fakekubelet import FakeKubelet
-from vgpud.plugin._pb import v1 as pr
-from vgpud.plugin.podresources import PodResourcesClient, PodResourcesError
+from vgpud.node._pb import v1 as pr
+from vgpud.node.podresources import PodResourcesClient, PodResourcesError
 
 
 @pytest.mark.anyio

@@ -20,8 +20,8 @@ from tests.plugin.harness import VGPU, Harness, node_harness, placement, uuid_of
 from vgpud.core.codec import decode_assignment
 from vgpud.core.limits import MIB, Limits, parse
 from vgpud.node.allocations import AllocationStore, allocation_key
-from vgpud.plugin.podresources import PodResourcesClient
-from vgpud.plugin.replicas import parse_id
+from vgpud.node.ids import parse_id
+from vgpud.node.podresources import PodResourcesClient
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The plugin's pure decisions (vgpud.plugin.prestart), without kubelet or an API."""
+"""The plugin's pure decisions (vgpud.node.startup), without kubelet or an API."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from tests.plugin.harness import NODE, placement, uuid_of
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.limits import DeviceLimits
 from vgpud.core.model import ComputePolicy, Gpu, GpuUsage, NodeInventory, Placement
-from vgpud.plugin.prestart import (
+from vgpud.node.startup import (
     NEEDS_OTHERS,
     Configure,
     Refuse,

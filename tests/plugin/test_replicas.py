@@ -10,14 +10,9 @@ import pytest
 from tests.plugin.harness import placement, uuid_of
 from vgpud.core.model import Gpu, GpuUsage, NodeInventory, Placement, Reason
 from vgpud.node.allocations import allocation_key
-from vgpud.plugin.replicas import (
-    ReplicaIdError,
-    advertised,
-    parse_id,
-    preferred,
-    reconcile,
-    replica_id,
-)
+from vgpud.node.ids import ReplicaIdError, parse_id, replica_id
+from vgpud.node.startup import reconcile
+from vgpud.plugin.replicas import advertised, preferred
 
 INV = NodeInventory(devices=tuple(Gpu(uuid_of(i), i, "m", 10000, split=4, numa=i % 2)
                                   for i in range(3)))

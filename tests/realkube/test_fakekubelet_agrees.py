@@ -48,7 +48,7 @@ from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
 from vgpud.core.limits import parse
 from vgpud.core.model import Placement
 from vgpud.node.allocations import AllocationStore
-from vgpud.plugin.podresources import PodResourcesClient
+from vgpud.node.podresources import PodResourcesClient
 
 MEMORY = "nvidia.com/vgpu-memory"
 GPUS, GPU_MIB = 2, 24576

@@ -41,8 +41,8 @@ from tests.realkube.kubelet import (
 from tests.realkube.release import Release
 from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, decode_node_devices, encode_assignment
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
-from vgpud.plugin.podresources import Held, PodResourcesClient
-from vgpud.plugin.replicas import gpus_of
+from vgpud.node.ids import gpus_of
+from vgpud.node.podresources import Held, PodResourcesClient
 
 MIB = 1 << 20
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vgpud import usage_state
+from vgpud.node import usage_state
 
 from .conftest import CSRC, PROGS, ROOT, Built
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from vgpud.usage_state import read_usage
+from vgpud.node.usage_state import read_usage
 
 from .conftest import Registration, Shim, ask
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from vgpud.usage_state import read_usage
+from vgpud.node.usage_state import read_usage
 
 from .conftest import Registration, Shim
 

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 
-from vgpud.usage_state import read_usage
+from vgpud.node.usage_state import read_usage
 
 from .conftest import Shim
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpud.usage_state import STATE_FILE
+from vgpud.node.usage_state import STATE_FILE
 
 from .conftest import Shim
 from .test_sm import Container

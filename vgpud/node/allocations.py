@@ -65,7 +65,7 @@ def allocation_key(ids: Iterable[str], resource: str = DEFAULT_RESOURCE) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Owner:
+class AllocationOwner:
     """The container that holds an allocation (from kubelet's PodResources)."""
 
     namespace: str
@@ -79,7 +79,7 @@ class Allocation:
     key: str
     ids: tuple[str, ...]
     dir: Path
-    owner: Owner | None
+    owner: AllocationOwner | None
     configured: float  # time the limits file was last written, 0 if never
     devices: tuple[DeviceGrant, ...] = ()  # granted, in the limits file's (CUDA) order
     written: float = 0.0  # time the record was last written
@@ -148,7 +148,7 @@ class AllocationStore:
                            resource=resource)
         return self._write_record(alloc)
 
-    def configure(self, ids: Iterable[str], owner: Owner, config_text: str,
+    def configure(self, ids: Iterable[str], owner: AllocationOwner, config_text: str,
                   devices: tuple[DeviceGrant, ...], resource: str = DEFAULT_RESOURCE,
                   priority: int = 0, policy: str = "fixed") -> Allocation:
         """Write the limits file, the owner and what was granted. A new owner gets a
@@ -197,7 +197,7 @@ class AllocationStore:
                 return None
             ids = tuple(str(x) for x in doc["ids"])
             o = doc.get("owner")
-            owner = None if not o else Owner(str(o["namespace"]), str(o["pod"]),
+            owner = None if not o else AllocationOwner(str(o["namespace"]), str(o["pod"]),
                                               str(o["container"]), str(o.get("uid", "")))
             devices = tuple(DeviceGrant(uuid=str(x["uuid"]), memory=int(x["memory"]),
                                         cores=int(x["cores"])) for x in doc.get("devices", []))

@@ -34,7 +34,7 @@ import structlog
 from vgpud.core.arbitration import Arbiter, Contender, Record
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.node.tenant import NotRead, TenantReads
-from vgpud.usage_state import StateFileError, read_usage
+from vgpud.node.usage_state import StateFileError, read_usage
 
 log = structlog.get_logger(__name__)
 

@@ -57,7 +57,7 @@ from anyio.abc import SocketAttribute, SocketStream, TaskGroup, TaskStatus
 from vgpud.kube.budget import RequestBudget
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.node import procfs
-from vgpud.usage_state import MAX_DEVICES
+from vgpud.node.usage_state import MAX_DEVICES
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +107,7 @@ def parse_claim(line: str) -> Claim | str:
 
 
 @dataclass(frozen=True, slots=True)
-class Owner:
+class SocketOwner:
     """Whose allocation a socket belongs to (from the plugin's records)."""
 
     key: str
@@ -126,7 +126,7 @@ class Registered:
     claim: Claim
 
 
-def judge(owner: Owner | None, facts: procfs.ProcessFacts | None, claim: Claim,
+def judge(owner: SocketOwner | None, facts: procfs.ProcessFacts | None, claim: Claim,
           mounts: tuple[str, ...] | None, directory: Path) -> Registered | str:
     """Accept a peer, or say why not. Pure: the facts come from the kernel and /proc
     (``mounts``: :func:`procfs.mount_roots` of the peer; ``directory``: the allocation's
@@ -210,7 +210,7 @@ async def _read_line(stream: SocketStream) -> str:
     return buf.split(b"\n", 1)[0].decode("ascii", errors="replace")
 
 
-Notify = Callable[[Owner, Registered, int], Awaitable[None]]
+Notify = Callable[[SocketOwner, Registered, int], Awaitable[None]]
 """Report a registration's ignored variables: the owner, the registration, and how many
 earlier reports about the allocation the pacing held back since the last one."""
 
@@ -236,7 +236,7 @@ class Registrar:
         self.read_timeout = read_timeout
         self.clock = clock
         self._report_burst, self._report_every = report_burst, report_every
-        self._owners: dict[str, Owner | None] = {}
+        self._owners: dict[str, SocketOwner | None] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._dirs: dict[str, Path] = {}  # allocation key -> the directory of its socket
         self._serving: dict[str, int] = {}  # allocation key -> connections being served
@@ -251,10 +251,10 @@ class Registrar:
             task_status.started()
             await anyio.sleep(math.inf)
 
-    def set_owner(self, key: str, owner: Owner | None) -> None:
+    def set_owner(self, key: str, owner: SocketOwner | None) -> None:
         self._owners[key] = owner
 
-    async def open(self, key: str, directory: Path, owner: Owner | None) -> None:
+    async def open(self, key: str, directory: Path, owner: SocketOwner | None) -> None:
         """Serve ``directory/register.sock`` for allocation ``key`` (again after a restart)."""
         self._owners[key] = owner
         self._dirs[key] = directory
@@ -325,7 +325,8 @@ class Registrar:
             if held is not None:
                 await self.on_ignored_env(*report, held)
 
-    async def _handle(self, key: str, stream: SocketStream) -> tuple[Owner, Registered] | None:
+    async def _handle(self, key: str, stream: SocketStream,
+                      ) -> tuple[SocketOwner, Registered] | None:
         """Serve one connection; what to report about its ignored variables, if anything."""
         async with stream:
             try:
@@ -369,5 +370,5 @@ class Registrar:
             except (OSError, anyio.BrokenResourceError):
                 pass
 
-    def owners(self) -> Mapping[str, Owner | None]:
+    def owners(self) -> Mapping[str, SocketOwner | None]:
         return dict(self._owners)

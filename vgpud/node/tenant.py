@@ -1,7 +1,7 @@
 """Reading what a container can write: in worker threads, bounded in number and in time.
 
 A container owns its state directory, so the node reads what it finds there as hostile
-input. Each reader bounds its own read (:func:`vgpud.usage_state.read_usage`: no link followed,
+input. Each reader bounds its own read (:func:`vgpud.node.usage_state.read_usage`: no link followed,
 no blocking open, a regular file only, a fixed size copied); :class:`TenantReads` is
 where such reads run: never on the event loop that serves kubelet, the registration
 sockets and ``/metrics`` (one file that stalls a read there stalls all of them), but in

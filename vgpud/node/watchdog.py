@@ -43,7 +43,7 @@ import structlog
 
 from vgpud.kube.clock import Clock
 from vgpud.node import procfs
-from vgpud.node.registration import Owner, Registry
+from vgpud.node.registration import Registry, SocketOwner
 
 log = structlog.get_logger(__name__)
 MIB = 1 << 20
@@ -53,7 +53,7 @@ MIB = 1 << 20
 class Watched:
     """A container the watchdog looks after: its limits in bytes per GPU uuid."""
 
-    owner: Owner
+    owner: SocketOwner
     limits: Mapping[str, int]
     sm: Mapping[str, int] = field(default_factory=dict)  # fixed SM limits, percent per uuid
 
@@ -265,7 +265,7 @@ class Watchdog:
         return actions
 
     async def step(self, source: GpuProcesses, now: float,
-                   report: Callable[[Usage | SmUsage, Owner], Awaitable[None]]
+                   report: Callable[[Usage | SmUsage, SocketOwner], Awaitable[None]]
                   ) -> list[Action]:
         procs = [GpuProcess(uuid, pid, b) for uuid, rows in (await source.processes()).items()
                  for pid, b in rows]
@@ -306,7 +306,7 @@ class Watchdog:
         return actions
 
     async def run(self, source: GpuProcesses, clock: Clock,
-                  report: Callable[[Usage | SmUsage, Owner], Awaitable[None]]) -> None:
+                  report: Callable[[Usage | SmUsage, SocketOwner], Awaitable[None]]) -> None:
         while True:
             try:
                 await self.step(source, clock.now(), report)

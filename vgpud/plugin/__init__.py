@@ -5,15 +5,17 @@ other enabled preset's number resource to kubelet, one registration per name, st
 and checks kubelet's choice against the scheduler's assignment, writes each
 container's limits file, and serves metrics.
 
-This package is the kubelet *device-plugin adapter* only; what the node knows of its
-GPUs, whoever asks (discovery and health, allocations on disk, the shim install, the
-inventory annotation, registration, the watchdog, the arbiter), is :mod:`vgpud.node`.
+This package is the kubelet *device-plugin adapter* only: it starts the node runtime
+(:mod:`vgpud.node.runtime`: discovery and health, allocations on disk and their
+housekeeping, the shim install, the inventory annotation, registration, the watchdog,
+the arbiter, the metrics) and speaks kubelet's device-plugin protocol over it, translating
+the node's answers. The node's decisions about a container's start
+(:mod:`vgpud.node.startup`, :mod:`vgpud.node.configure`) and device IDs
+(:mod:`vgpud.node.ids`) are the node's too.
 
-Modules, pure first: ``resources`` (which resource names the node serves, and what one
-ID of each means), ``replicas`` (device IDs, preferred choice, reconciliation),
-``prestart`` (what PreStartContainer does; these three without I/O),
-``podresources`` (kubelet's PodResources client), ``service`` (the gRPC DevicePlugin
-servicer, one per resource), ``kubelet`` (registration and kubelet restarts),
-``metrics`` and ``run`` (one task group). ``_pb`` is generated code
-(``protos/generate.py``).
+Modules, pure first: ``resources`` (which resource names the node serves),
+``replicas`` (what ListAndWatch advertises, the preferred choice), ``service`` (the gRPC
+DevicePlugin servicer, one per resource), ``kubelet`` (registration and kubelet
+restarts), ``run`` (the node runtime and the servers over it) and ``command``. ``_pb`` is
+generated code (``protos/generate.py``).
 """

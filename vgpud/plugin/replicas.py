@@ -1,41 +1,24 @@
-"""Replica device IDs and the plugin's decisions about them. Pure: no I/O, no async.
+"""Which replica device IDs kubelet is offered and steered to. Pure: no I/O, no async.
 
-kubelet sees each GPU as interchangeable devices ``<uuid>::<i>``, ``split`` of them for
-a vGPU resource, one per percent for TKE's ``tencent.com/vcuda-core``
-(:mod:`vgpud.plugin.resources`). A container's set of replica IDs of one resource is
-exclusive to it while it lives, so the resource and the set name the container
-(:func:`allocation_key`). This module decides
+kubelet sees each GPU as interchangeable devices ``<uuid>::<i>``
+(:mod:`vgpud.node.ids`), ``split`` of them for a vGPU resource, one per percent for
+TKE's ``tencent.com/vcuda-core`` (:mod:`vgpud.plugin.resources`). This module decides
 
 - what ListAndWatch advertises (:func:`advertised`),
-- which IDs to prefer when kubelet asks (:func:`preferred`), for either unit,
-- whether kubelet's actual choice can stand (:func:`reconcile`): equal to the
-  assignment, or moved onto GPUs that still have room (a new placement to write), or
-  a :class:`~vgpud.core.model.Reason` to fail the container with.
+- which IDs to prefer when kubelet asks (:func:`preferred`), for either unit.
+
+Whether kubelet's actual choice can stand is the node's decision
+(:func:`vgpud.node.startup.reconcile`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from vgpud.core.fit import DEVICE, room
-from vgpud.core.model import (
-    ZERO,
-    ContainerGrant,
-    GpuUsage,
-    NodeInventory,
-    Placement,
-    Reason,
-)
-from vgpud.plugin.resources import VGPU_IDS
-
-SEP = "::"
-MAX_ID_LEN = 63  # kubelet's limit on a device ID
-
-
-class ReplicaIdError(ValueError):
-    """A device ID that is not ``<uuid>::<i>``."""
+from vgpud.core.model import NodeInventory
+from vgpud.node.ids import VGPU_IDS, ReplicaIdError, parse_id, replica_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,25 +30,6 @@ class Replica:
     index: int
     healthy: bool
     numa: int  # -1: unknown
-
-
-def replica_id(uuid: str, i: int) -> str:
-    rid = f"{uuid}{SEP}{i}"
-    if len(rid) > MAX_ID_LEN:
-        raise ReplicaIdError(f"device ID {rid!r} is longer than kubelet's {MAX_ID_LEN} characters")
-    return rid
-
-
-def parse_id(rid: str) -> tuple[str, int]:
-    uuid, sep, i = rid.rpartition(SEP)
-    if not sep or not uuid or not i.isdigit():
-        raise ReplicaIdError(f"{rid!r} is not a vgpud device ID (<gpu-uuid>{SEP}<n>)")
-    return uuid, int(i)
-
-
-def gpus_of(ids: Iterable[str]) -> list[str]:
-    """The GPU uuids of some replica IDs, in first-seen order, repeats kept."""
-    return [parse_id(r)[0] for r in ids]
 
 
 def advertised(inventory: NodeInventory, per_gpu: int | None = None,
@@ -142,55 +106,3 @@ def preferred(
     for uuid in sorted(free, key=lambda u: (-len(free[u]), u)):
         take(uuid, size)
     return chosen[:max(size, len(must_include))]
-
-
-def reconcile(
-    placement: Placement,
-    container: str,
-    chosen: Sequence[str],
-    inventory: NodeInventory,
-    others: Mapping[str, GpuUsage],
-) -> Placement | Reason:
-    """Check kubelet's choice of GPUs (``chosen``, one uuid per replica) for a container.
-
-    Returns ``placement`` itself when the choice equals the assignment, a new placement
-    with the container's vGPUs moved onto the chosen GPUs when those have room next to
-    ``others`` (what every *other* pod on the node holds), or a :class:`Reason`.
-    """
-    grant = placement.container(container)
-    if grant is None or not grant.devices:
-        return Reason("no-grant", f"the assignment has no GPU for container {container!r}", False)
-    if len(set(chosen)) != len(chosen):
-        return Reason("same-gpu", f"kubelet gave container {container!r} two vGPUs of one GPU "
-                      f"({', '.join(sorted(chosen))}); its vGPUs must be on distinct GPUs", False)
-    if len(chosen) != len(grant.devices):
-        return Reason("count", f"kubelet gave container {container!r} {len(chosen)} vGPUs but "
-                      f"the assignment has {len(grant.devices)}", False)
-    by_uuid = {g.uuid: g for g in inventory.devices}
-    unknown = [u for u in chosen if u not in by_uuid]
-    if unknown:
-        return Reason("unknown-gpu", f"kubelet chose GPUs this node does not report: "
-                      f"{', '.join(unknown)}", False)
-    granted = {d.uuid for d in grant.devices}
-    if granted == set(chosen):
-        return placement
-    index = {g.uuid: g.index for g in inventory.devices}
-    moving = sorted((d for d in grant.devices if d.uuid not in set(chosen)),
-                    key=lambda d: (index.get(d.uuid, 1 << 20), d.uuid))
-    targets = sorted((u for u in chosen if u not in granted), key=lambda u: index[u])
-    moved = {d.uuid: replace(d, uuid=t) for d, t in zip(moving, targets, strict=True)}
-    devices = tuple(moved.get(d.uuid, d) for d in grant.devices)
-    new_grant = ContainerGrant(name=grant.name, init=grant.init, devices=devices,
-                               sidecar=grant.sidecar)
-    new = replace(placement, containers=tuple(new_grant if c.name == container else c
-                                              for c in placement.containers))
-    mine = new.charge()
-    for t in targets:
-        gpu = by_uuid[t]
-        why = room(t, inventory.capacity(gpu), others.get(t, ZERO), mine.get(t, ZERO),
-                   healthy=gpu.healthy, whole=not gpu.mig, predicates=DEVICE)
-        if why is not None:
-            return Reason("no-room", f"kubelet chose GPU {t} for container {container!r} instead "
-                          f"of the assigned {', '.join(sorted(granted - set(chosen)))}, and it "
-                          f"has no room: {why.message}", True)
-    return new

@@ -14,7 +14,7 @@ advertises before it checks what fits (``removeMissingExtendedResources`` in
 kubernetes ``pkg/kubelet/lifecycle/predicate.go``), while its device manager allocates
 only the resources a plugin registered. So such a name costs nothing on the node.
 
-The unit of an ID (:attr:`ServedResource.per_gpu`):
+The unit of an ID (:attr:`ServedResource.per_gpu`, :mod:`vgpud.node.ids`):
 
 - ``1`` — one ID is one vGPU. A container's IDs lie on distinct GPUs, and its share of
   each is what the assignment grants there (memory, cores). Each GPU is advertised
@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from vgpud.core.model import DeviceGrant, Preset
 from vgpud.core.requests import PRESETS
 from vgpud.node.allocations import DEFAULT_RESOURCE
+from vgpud.node.ids import PERCENT_IDS, VGPU_IDS, ids_for
 
 DEFAULT_SOCKET = "vgpud-vgpu-number.sock"  # the name before several resources: kept on upgrade
-VGPU_IDS = 1  # per_gpu: one ID is one vGPU
-PERCENT_IDS = 100  # per_gpu: one ID is 1 % of a GPU (TKE's vcuda-core)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +60,6 @@ class ServedResource:
     def ids_for(self, grant: DeviceGrant) -> int:
         """How many IDs of this resource a container holds on ``grant``'s GPU."""
         return ids_for(self.per_gpu, grant)
-
-
-def ids_for(per_gpu: int, grant: DeviceGrant) -> int:
-    """IDs a container holds on one GPU for ``grant``: one vGPU is one ID; in percent
-    units the grant's cores (at least one ID, so no granted GPU goes unnamed)."""
-    if per_gpu <= VGPU_IDS:
-        return 1
-    return max(1, grant.cores * per_gpu // 100)
 
 
 def socket_for(resource: str) -> str:

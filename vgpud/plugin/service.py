@@ -18,16 +18,15 @@ the resources apart), the API and the registrar.
   kubelet's response by :func:`_response`.
 - **PreStartContainer** (``pre_start_required``) learns the owner from PodResources
   (a regular init container, which PodResources does not list, from the active pods'
-  assignments and statuses), reads its ``vgpud.io/assignment`` (one GET: the limits are
-  written from the API's current pod, never from a cache that may still show a
-  namesake it replaced; the neighbours, when kubelet chose other GPUs, come from the
-  watched pods), and carries out what
-  :func:`vgpud.plugin.prestart.plan` decides: write the limits file atomically (after
-  rewriting the assignment when kubelet chose other GPUs with room), or fail that one
-  container with a message kubelet shows on the pod.
+  assignments and statuses) and hands it to the node's
+  :class:`~vgpud.node.configure.Configurer`, which reads its ``vgpud.io/assignment``
+  and carries out what :func:`vgpud.node.startup.plan` decides: write the limits file
+  atomically (after rewriting the assignment when kubelet chose other GPUs with room),
+  or fail that one container with a message kubelet shows on the pod.
 
-The servicer only gathers facts and carries out decisions; the decisions are pure
-functions in :mod:`vgpud.plugin.prestart` and :mod:`vgpud.plugin.replicas`.
+The servicer only speaks kubelet's protocol: it gathers kubelet's facts and translates
+the node's answers; the decisions are pure functions in :mod:`vgpud.node.startup` and
+:mod:`vgpud.plugin.replicas`.
 """
 
 from __future__ import annotations
@@ -40,43 +39,28 @@ import structlog
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from vgpud.core.codec import ASSIGNMENT, encode_assignment
-from vgpud.core.limits import LimitsError, render
-from vgpud.core.model import ComputePolicy, Defaults, GpuUsage
-from vgpud.core.requests import (
-    COMPUTE_POLICY,
-    RequestError,
-    enabled_presets,
-    parse_pod,
-    preset_of,
-)
+from vgpud.core.model import Defaults
 from vgpud.kube.backoff import Backoff
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
-from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.node import edits
-from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore, Owner
+from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore
 from vgpud.node.cluster import ClusterApi, PodView
+from vgpud.node.configure import AllocationFailed, Configurer, complete
 from vgpud.node.devices import NodeDevices
-from vgpud.node.pods import NodePods, PodKey
-from vgpud.node.registration import Owner as RegistrationOwner
-from vgpud.node.registration import Registrar
+from vgpud.node.ids import ReplicaIdError, gpus_of
+from vgpud.node.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
+from vgpud.node.pods import NodePods
+from vgpud.node.runtime import Registrar, collect, open_registration
 from vgpud.node.shim import ShimFiles
-from vgpud.node.vendors import Backend, VisibleMode
-from vgpud.plugin._pb import v1beta1 as pb
-from vgpud.plugin.podresources import Held, PodResourcesClient, PodResourcesError, find_owner
-from vgpud.plugin.prestart import (
-    NEEDS_OTHERS,
+from vgpud.node.startup import (
     ActivePod,
-    Configure,
-    Refuse,
-    held_by_others,
     init_pending,
-    plan,
-    stale,
     starting_init_container,
     wanted,
 )
-from vgpud.plugin.replicas import ReplicaIdError, advertised, gpus_of, preferred
+from vgpud.node.vendors import Backend, VisibleMode
+from vgpud.plugin._pb import v1beta1 as pb
+from vgpud.plugin.replicas import advertised, preferred
 from vgpud.plugin.resources import ServedResource
 
 log = structlog.get_logger(__name__)
@@ -84,14 +68,6 @@ log = structlog.get_logger(__name__)
 RESOURCE = DEFAULT_RESOURCE  # the default preset's; every served one: vgpud.plugin.resources
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 FAILED_REASON = "VgpuAllocationFailed"
-
-
-class AllocationFailed(Exception):
-    """A container cannot get its vGPUs; ``str()`` is what kubelet shows on the pod."""
-
-    def __init__(self, message: str, pod: PodView | None = None) -> None:
-        super().__init__(message)
-        self.pod = pod
 
 
 # -- composing the Allocate response ---------------------------------------------------------
@@ -133,11 +109,6 @@ class PluginService(pb.DevicePluginBase):
         rewrite_wait: float = 2.0,
     ) -> None:
         self.resource = resource
-        # whose assignments are grants: pods naming this scheduler (None: any) and asking
-        # for a vGPU of the presets ``defaults`` enables, within what they ask (None: any)
-        self.scheduler_name = scheduler_name
-        self.defaults = defaults
-        self.presets = tuple(enabled_presets(defaults)) if defaults is not None else ()
         self.registrar = registrar
         self.arbiter = arbiter  # host directory of the priority records (None: off)
         self.node = node
@@ -148,15 +119,17 @@ class PluginService(pb.DevicePluginBase):
         # the node's pods, watched (run_plugin starts it before registering); an
         # unstarted one reads every pod it is asked about with a GET
         self._node_pods = pods
-        self.rewrite_wait = rewrite_wait  # for the cache to show our own rewrite
         self.gpus = gpus  # the vendor's backend: its devices' container edits
         self.visible = visible
         self.shim = shim
         self.clock = clock
         self.owner_retries = owner_retries
-        # shared by the services of one node: two reconciliations onto one GPU must not
-        # both see the same room
-        self._reconcile_lock = reconcile_lock or anyio.Lock()
+        # the pod's side of PreStartContainer: the node's (reconcile_lock shared by the
+        # services of one node)
+        self.configurer = Configurer(
+            node=node, devices=devices, store=store, cluster=cluster, pods=lambda: self.pods,
+            registrar=registrar, arbiter=arbiter, scheduler_name=scheduler_name,
+            defaults=defaults, reconcile_lock=reconcile_lock, rewrite_wait=rewrite_wait)
 
     @property
     def pods(self) -> NodePods:
@@ -286,8 +259,7 @@ class PluginService(pb.DevicePluginBase):
 
     def _complete(self, pod: PodView) -> bool:
         """Whether the cached view of a pod kubelet lists can be decided on."""
-        return not pod.deleting and (ASSIGNMENT in pod.annotations or not any(
-            self.resource.name in names for names in pod.asks.values()))
+        return complete(pod, self.resource.name)
 
     # -- PreStartContainer -------------------------------------------------------------------
 
@@ -314,7 +286,7 @@ class PluginService(pb.DevicePluginBase):
 
     async def _init_owner(self, ids: list[str], held: list[Held]) -> Held | str:
         """The regular init container kubelet is starting with ``ids``: PodResources lists
-        no such container (:func:`~vgpud.plugin.prestart.starting_init_container`)."""
+        no such container (:func:`~vgpud.node.startup.starting_init_container`)."""
         by_pod: dict[tuple[str, str], set[str]] = {}
         for h in held:
             by_pod.setdefault((h.namespace, h.pod), set()).update(h.ids)
@@ -341,184 +313,18 @@ class PluginService(pb.DevicePluginBase):
         except ReplicaIdError as e:
             raise AllocationFailed(str(e)) from None
         h, held = await self._owner(ids)
-        where = f"pod {h.namespace}/{h.pod} container {h.container!r}"
-        pod = await self._pod(h.namespace, h.pod, where)
-        if not self._granted(pod):
-            raise AllocationFailed(
-                f"{where}: the pod names scheduler {pod.scheduler!r}, not vgpud's "
-                f"{self.scheduler_name!r}: an assignment vgpud's scheduler did not make "
-                f"configures no limits (issue 23: a pod may not grant itself a GPU)", pod)
-        node_policy = await self._node_policy(pod)
-        step = self._plan(where, pod, h.container, chosen, policy=node_policy)
-        if step is NEEDS_OTHERS:
-            step = await self._reconcile(where, pod, h.container, chosen, node_policy,
-                                         listed={(x.namespace, x.pod) for x in held})
-        if isinstance(step, Refuse):
-            raise AllocationFailed(step.message, pod)
-        assert isinstance(step, Configure)
-        owner = Owner(h.namespace, h.pod, h.container, pod.uid)
-        try:
-            text = render(step.limits)
-            order = {u: i for i, u in enumerate(step.limits.visible_uuids)}
-            devices = tuple(sorted(step.grant.devices, key=lambda d: order[d.uuid]))
-            policy = (step.limits.devices[0].core_policy.value if step.limits.devices
-                      else "fixed")
-            alloc = await anyio.to_thread.run_sync(self.store.configure, ids, owner, text,
-                                                   devices, self.resource.name,
-                                                   step.limits.priority, policy)
-        except LimitsError as e:
-            raise AllocationFailed(f"{where}: {e}", pod) from None
-        except OSError as e:
-            raise AllocationFailed(f"{where}: cannot write the limits file: "
-                                   f"{e.strerror or e}", pod) from None
-        log.info("configured", resource=self.resource.name, pod=f"{h.namespace}/{h.pod}",
-                 container=h.container, key=alloc.key, gpus=list(step.limits.visible_uuids))
-        if self.registrar is not None:
-            self.registrar.set_owner(alloc.key, RegistrationOwner(
-                alloc.key, owner.namespace, owner.pod, owner.container, owner.uid))
-        return alloc
-
-    def _granted(self, pod: PodView) -> bool:
-        """Can the pod's assignment be a grant of vgpud's scheduler? It names that
-        scheduler and asks for a vGPU (a pod that asks none, or bound by its own
-        ``nodeName`` under another scheduler, holds nothing: issue 23, findings 1-2)."""
-        if self.scheduler_name is not None and pod.scheduler != self.scheduler_name:
-            return False
-        return not self.presets or any(preset_of(names, self.presets) is not None
-                                       for names in pod.asks.values())
-
-    async def _pod(self, namespace: str, name: str, where: str) -> PodView:
-        try:
-            pod = await self.cluster.get_pod(namespace, name)
-        except KubeError as e:
-            raise AllocationFailed(f"{where}: {e}") from None
-        if pod is None:
-            raise AllocationFailed(f"{where}: the pod no longer exists in the API")
-        return pod
-
-    async def _node_policy(self, pod: PodView) -> ComputePolicy | None:
-        """The node's ``nvidia.com/vgpu-compute-policy`` for a pod that names none (the
-        pod's own wins, as in VGPU-Manager); a value that is not a policy is ignored with
-        a warning, an unreadable node too."""
-        if COMPUTE_POLICY in pod.annotations:
-            return None
-        try:
-            raw = await self.cluster.node_annotation(self.node, COMPUTE_POLICY)
-        except KubeError as e:
-            log.warning("node_policy_unread", node=self.node, error=str(e))
-            return None
-        if raw is None:
-            return None
-        try:
-            return ComputePolicy(raw.strip().lower())
-        except ValueError:
-            log.warning("node_policy_invalid", node=self.node, value=raw,
-                        known=[p.value for p in ComputePolicy])
-            return None
-
-    def _plan(self, where: str, pod: PodView, container: str, chosen: list[str],
-              others: dict[str, GpuUsage] | None = None, *,
-              policy: ComputePolicy | None = None) -> Configure | Refuse | object:
-        request = None
-        if self.defaults is not None:
-            try:
-                request = parse_pod(pod.source, self.defaults)
-            except RequestError as e:
-                return Refuse(f"{where}: the pod's request cannot be read: {e}")
-        return plan(where, pod.annotations, node=self.node, container=container, request=request,
-                    chosen=chosen, inventory=self.devices.inventory(),
-                    state_dir=edits.STATE_DIR,
-                    register=edits.REGISTER if self.registrar is not None else "",
-                    arbiter_dir=edits.ARBITER_DIR if self.arbiter is not None else "",
-                    others=others,
-                    per_gpu=self.resource.per_gpu, node_policy=policy)
+        return await self.configurer.configure(
+            h.namespace, h.pod, h.container, ids, chosen, resource=self.resource.name,
+            per_gpu=self.resource.per_gpu, listed={(x.namespace, x.pod) for x in held})
 
     async def listen(self, alloc: Allocation) -> None:
         """Serve the allocation's registration socket (after Allocate, and on restart)."""
-        if self.registrar is None:
-            return
-        owner = None if alloc.owner is None else RegistrationOwner(
-            alloc.key, alloc.owner.namespace, alloc.owner.pod, alloc.owner.container,
-            alloc.owner.uid)
-        try:
-            await self.registrar.open(alloc.key, alloc.etc, owner)
-        except OSError as e:
-            log.error("registration_socket_failed", key=alloc.key, error=str(e))
-
-    async def _reconcile(self, where: str, pod: PodView, container: str,
-                         chosen: list[str], policy: ComputePolicy | None = None,
-                         listed: set[PodKey] | frozenset[PodKey] = frozenset(),
-                         ) -> Configure | Refuse:
-        """kubelet chose other GPUs: rewrite the assignment if they have room.
-
-        The neighbours are the watched pods, and those of ``listed`` (the pods kubelet
-        lists) the cache does not show in full (:meth:`_complete`), read from the API. A rewrite is
-        waited for in the cache (under the lock) before the next reconciliation counts
-        the neighbours again."""
-        async with self._reconcile_lock:
-            for _ in range(5):
-                on_node = await self.pods.views(listed, self._complete)
-                others = held_by_others(((p.namespace, p.name, p.phase, p.annotations)
-                                         for p in on_node.values() if self._granted(p)),
-                                        (pod.namespace, pod.name))
-                step = self._plan(where, pod, container, chosen, others, policy=policy)
-                if not isinstance(step, Configure) or not step.rewrite:
-                    assert isinstance(step, Configure | Refuse)
-                    return step
-                value = encode_assignment(step.placement)
-                try:
-                    written = await self.cluster.rewrite_assignment(pod, value)
-                except Conflict:  # the assignment changed meanwhile: decide again
-                    pod = await self._pod(pod.namespace, pod.name, where)
-                    continue
-                except NotFound:
-                    return Refuse(f"{where}: the pod no longer exists in the API")
-                except KubeError as e:
-                    return Refuse(f"{where}: cannot rewrite the assignment: {e}")
-                await self._await_cache(written, value)
-                gpus = list(dict.fromkeys(chosen))  # percent IDs name a GPU many times
-                log.info("reconciled", pod=f"{pod.namespace}/{pod.name}", container=container,
-                         gpus=gpus)
-                await self.cluster.pod_event(
-                    pod, "VgpuReassigned", f"container {container!r} runs on "
-                    f"{', '.join(gpus)} (kubelet's choice); the assignment was updated",
-                    warning=False)
-                return step
-            return Refuse(f"{where}: the assignment kept changing while it was being "
-                          f"reconciled")
-
-    async def _await_cache(self, pod: PodView, value: str) -> None:
-        """Wait (``rewrite_wait`` at most) for the watched pods to show the assignment
-        just written on ``pod``, or a pod that replaced it."""
-        def shown(cached: PodView | None) -> bool:
-            return cached is not None and (cached.uid != pod.uid
-                                           or cached.annotations.get(ASSIGNMENT) == value)
-        if not await self.pods.wait_until(pod.namespace, pod.name, shown, self.rewrite_wait):
-            log.warning("rewrite_not_yet_watched", pod=f"{pod.namespace}/{pod.name}",
-                        waited=self.rewrite_wait)
+        await open_registration(self.registrar, alloc)
 
     # -- housekeeping ------------------------------------------------------------------------
 
     async def collect(self, *, grace: float = 300.0) -> int:
-        """Drop allocation directories kubelet no longer lists (after ``grace`` seconds).
-
-        The store is the node's, so one call covers every resource's allocations, those
-        of resources no longer served included (kubelet lists their IDs while their
-        containers live). kubelet lists no regular init container, so an allocation
-        stays while the pod that owns it is listed."""
-        try:
-            live, listed = await self.podresources.snapshot()  # one List: one instant
-        except PodResourcesError as e:
-            log.warning("collect_skipped", error=str(e))
-            return 0
-        allocations = [a for a in await anyio.to_thread.run_sync(self.store.all)
-                       if a.owner is None or (a.owner.namespace, a.owner.pod) not in listed]
-        gone = stale(((a.key, (a.resource, frozenset(a.ids)), a.written) for a in allocations),
-                     live, self.clock.wall().timestamp(), grace)
-        for key in gone:
-            if self.registrar is not None:
-                self.registrar.close(key)
-            await anyio.to_thread.run_sync(self.store.remove, key)
-        if gone:
-            log.info("allocations_collected", removed=len(gone))
-        return len(gone)
+        """Drop allocation directories kubelet no longer lists (after ``grace`` seconds):
+        :func:`vgpud.node.runtime.collect`, over this service's PodResources client."""
+        return await collect(self.store, self.podresources, self.registrar, clock=self.clock,
+                             grace=grace)

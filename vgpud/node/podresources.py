@@ -1,6 +1,8 @@
 """kubelet's PodResources API (``v1.PodResourcesLister``): who holds which device IDs.
 
-This is the plugin's only source of a container's identity: kubelet records the
+The node's client (any adapter's: the device plugin's source of a container's identity,
+the node runtime's of the allocations still in use; the generated code is
+``vgpud.node._pb``): kubelet records the
 replica IDs it allocated to each container, per resource name, and :func:`find_owner`
 looks up the container whose IDs of one resource are exactly a given set (the plugin
 serves several resources whose IDs may be the same strings: a lookup is always for
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from grpclib.client import Channel
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
-from vgpud.plugin._pb import v1 as pr
+from vgpud.node._pb import v1 as pr
 
 
 class PodResourcesError(RuntimeError):

@@ -1,14 +1,20 @@
-"""The plugin's decisions, as values. Pure: no I/O, no async.
+"""The node's decisions about a container's start and its allocation, as values. Pure:
+no I/O, no async.
 
-The servicer (:mod:`vgpud.plugin.service`) gathers facts — who holds a set of replica
-IDs (kubelet's PodResources), that pod's annotations and the other pods on the node
-(the API), the node's inventory — and carries out what these functions decide:
+An adapter (the device plugin's servicer, :mod:`vgpud.plugin.service`) gathers facts —
+who holds a set of device IDs (kubelet's PodResources), that pod's annotations and the
+other pods on the node (the API), the node's inventory — and carries out what these
+functions decide:
 
-- :func:`plan`: what PreStartContainer writes for one container
-  (:class:`Configure`, possibly after rewriting the assignment because kubelet chose
-  other GPUs), or why it must fail (:class:`Refuse`), or that it needs to know what
-  the other pods on the node hold first (:data:`NEEDS_OTHERS`);
-- :func:`wanted`: which GPUs GetPreferredAllocation should steer kubelet to;
+- :func:`plan`: what a container's start writes for it (:class:`Configure`, possibly
+  after rewriting the assignment because kubelet chose other GPUs), or why it must fail
+  (:class:`Refuse`), or that it needs to know what the other pods on the node hold
+  first (:data:`NEEDS_OTHERS`);
+- :func:`reconcile`: whether kubelet's actual choice of GPUs can stand: equal to the
+  assignment, or moved onto GPUs that still have room (a new placement to write), or a
+  :class:`~vgpud.core.model.Reason` to fail the container with;
+- :func:`wanted`: which GPUs the container being admitted was assigned (the device
+  plugin steers kubelet to them);
 - :func:`stale`: which allocation directories housekeeping may remove;
 - :func:`starting_init_container`: which regular init container kubelet is starting
   with IDs that no container PodResources lists holds (it lists no such container).
@@ -19,13 +25,14 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
-from vgpud.core.fit import grant_exceeds
+from vgpud.core.fit import DEVICE, grant_exceeds, room
 from vgpud.core.limits import GrantError, Limits, limits_for
 from vgpud.core.model import (
+    ZERO,
     ComputePolicy,
     ContainerGrant,
     GpuUsage,
@@ -34,8 +41,7 @@ from vgpud.core.model import (
     PodRequest,
     Reason,
 )
-from vgpud.plugin.replicas import gpus_of, reconcile
-from vgpud.plugin.resources import VGPU_IDS, ids_for
+from vgpud.node.ids import VGPU_IDS, gpus_of, ids_for
 
 H = TypeVar("H", bound=Hashable)
 
@@ -102,7 +108,7 @@ def plan(
     """What PreStartContainer does for ``container`` of the pod with ``annotations``,
     given the GPUs kubelet chose (``chosen``: one uuid per replica ID).
 
-    ``per_gpu`` is the unit of the IDs (:mod:`vgpud.plugin.resources`): with one ID per
+    ``per_gpu`` is the unit of the IDs (:mod:`vgpud.node.ids`): with one ID per
     vGPU, every ID is a GPU of its own (two of one GPU are refused); with percent IDs
     (TKE), the GPUs are the distinct ones among ``chosen`` and the IDs of each must be
     what the assignment grants there (30 IDs of a GPU for 30 % of it).
@@ -191,7 +197,8 @@ def wanted(waiting: Mapping[tuple[str, str], set[str]],
            per_gpu: int = VGPU_IDS, *, init_waiting: Iterable[tuple[str, str]] = ()
            ) -> list[str]:
     """The GPUs assigned to a container kubelet is probably admitting now, one per ID
-    it should get (a GPU repeated for percent IDs: :func:`~vgpud.plugin.replicas.preferred`).
+    it should get (a GPU repeated for percent IDs, as
+    :func:`vgpud.plugin.replicas.preferred` takes them).
 
     ``waiting`` maps each pod to its containers that PodResources lists without devices
     of the resource yet. In a pod of ``init_waiting`` (being admitted) the regular init
@@ -292,3 +299,55 @@ def starting_init_container(pods: Iterable[ActivePod], ids: Collection[str], *,
         return f"no active pod has an init container waiting for {len(want)} of them"
     return "they could be the init container of any of " + ", ".join(
         f"pod {ns}/{pod} container {c!r}" for (ns, pod, c), _ in found)
+
+
+def reconcile(
+    placement: Placement,
+    container: str,
+    chosen: Sequence[str],
+    inventory: NodeInventory,
+    others: Mapping[str, GpuUsage],
+) -> Placement | Reason:
+    """Check kubelet's choice of GPUs (``chosen``, one uuid per replica) for a container.
+
+    Returns ``placement`` itself when the choice equals the assignment, a new placement
+    with the container's vGPUs moved onto the chosen GPUs when those have room next to
+    ``others`` (what every *other* pod on the node holds), or a :class:`Reason`.
+    """
+    grant = placement.container(container)
+    if grant is None or not grant.devices:
+        return Reason("no-grant", f"the assignment has no GPU for container {container!r}", False)
+    if len(set(chosen)) != len(chosen):
+        return Reason("same-gpu", f"kubelet gave container {container!r} two vGPUs of one GPU "
+                      f"({', '.join(sorted(chosen))}); its vGPUs must be on distinct GPUs", False)
+    if len(chosen) != len(grant.devices):
+        return Reason("count", f"kubelet gave container {container!r} {len(chosen)} vGPUs but "
+                      f"the assignment has {len(grant.devices)}", False)
+    by_uuid = {g.uuid: g for g in inventory.devices}
+    unknown = [u for u in chosen if u not in by_uuid]
+    if unknown:
+        return Reason("unknown-gpu", f"kubelet chose GPUs this node does not report: "
+                      f"{', '.join(unknown)}", False)
+    granted = {d.uuid for d in grant.devices}
+    if granted == set(chosen):
+        return placement
+    index = {g.uuid: g.index for g in inventory.devices}
+    moving = sorted((d for d in grant.devices if d.uuid not in set(chosen)),
+                    key=lambda d: (index.get(d.uuid, 1 << 20), d.uuid))
+    targets = sorted((u for u in chosen if u not in granted), key=lambda u: index[u])
+    moved = {d.uuid: replace(d, uuid=t) for d, t in zip(moving, targets, strict=True)}
+    devices = tuple(moved.get(d.uuid, d) for d in grant.devices)
+    new_grant = ContainerGrant(name=grant.name, init=grant.init, devices=devices,
+                               sidecar=grant.sidecar)
+    new = replace(placement, containers=tuple(new_grant if c.name == container else c
+                                              for c in placement.containers))
+    mine = new.charge()
+    for t in targets:
+        gpu = by_uuid[t]
+        why = room(t, inventory.capacity(gpu), others.get(t, ZERO), mine.get(t, ZERO),
+                   healthy=gpu.healthy, whole=not gpu.mig, predicates=DEVICE)
+        if why is not None:
+            return Reason("no-room", f"kubelet chose GPU {t} for container {container!r} instead "
+                          f"of the assigned {', '.join(sorted(granted - set(chosen)))}, and it "
+                          f"has no room: {why.message}", True)
+    return new

@@ -1,9 +1,10 @@
-"""``/metrics`` of the plugin (prometheus-client), computed at scrape time.
+"""``/metrics`` of the node runtime (prometheus-client), computed at scrape time; whichever
+adapter runs the node (the kubelet device plugin today) serves it.
 
 Per GPU: capacity, memory and cores allocated, memory used (from the GPU source),
 containers sharing it, health, the top priority active on it. Per container: its
-limits; the memory its shim counts (``vgpud.usage_state``; slots of processes that are gone
-are left out, whatever the file says); the memory NVML says it uses and whether it is
+limits; the memory its shim counts (``vgpud.node.usage_state``; slots of processes that
+are gone are left out, whatever the file says); the memory NVML says it uses and whether it is
 over its limit past the grace period (the watchdog); its SM use as NVML measured it
 in the last arbitration round and whether a higher priority holds it at the floor.
 Node-wide: process registrations, ``VGPUD_*`` variables that containers set and the
@@ -33,8 +34,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vgpud import usage_state
-from vgpud.node import procfs
+from vgpud.node import procfs, usage_state
 from vgpud.node.allocations import AllocationStore
 from vgpud.node.arbiter import Observed
 from vgpud.node.devices import NodeDevices
@@ -97,7 +97,7 @@ def read_usages(targets: Sequence[Target], reader: UsageReader,
             out[key] = usage
 
 
-class PluginCollector(Collector):
+class NodeCollector(Collector):
     def __init__(self, node: str, devices: NodeDevices, store: AllocationStore,
                  used: Callable[[], Mapping[str, int]],
                  usage_reader: UsageReader | None = None, *,
@@ -279,7 +279,7 @@ class PluginCollector(Collector):
 def metrics_app(registry: CollectorRegistry,
                 before: Callable[[], Awaitable[None]] | None = None) -> web.Application:
     """``/metrics`` and ``/healthz``; ``before`` (if given) runs before each scrape is
-    formatted (:meth:`PluginCollector.refresh`)."""
+    formatted (:meth:`NodeCollector.refresh`)."""
     app = web.Application()
     exposition = make_aiohttp_handler(registry)
 

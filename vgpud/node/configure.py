@@ -1,0 +1,252 @@
+"""Configuring a container from its pod's assignment: the node's shell around
+:func:`vgpud.node.startup.plan`, for any adapter that knows which container holds which
+device IDs (the device plugin learns it from kubelet's PodResources).
+
+:meth:`Configurer.configure` reads the pod (one GET: the limits are written from the
+API's current pod, never from a cache that may still show a namesake it replaced),
+believes its assignment only when vgpud's scheduler can have made it
+(:meth:`Configurer.granted`), takes the node's compute policy for a pod that names none,
+and carries out what :func:`~vgpud.node.startup.plan` decides: write the limits file
+atomically (after rewriting the assignment when kubelet chose other GPUs with room:
+:meth:`Configurer.reconcile`, the neighbours from the watched pods), or fail that one
+container with a message (:class:`AllocationFailed`) kubelet shows on the pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import anyio
+import structlog
+
+from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from vgpud.core.limits import LimitsError, render
+from vgpud.core.model import ComputePolicy, Defaults, GpuUsage
+from vgpud.core.requests import (
+    COMPUTE_POLICY,
+    RequestError,
+    enabled_presets,
+    parse_pod,
+    preset_of,
+)
+from vgpud.kube.errors import Conflict, KubeError, NotFound
+from vgpud.node import edits
+from vgpud.node.allocations import (
+    DEFAULT_RESOURCE,
+    Allocation,
+    AllocationOwner,
+    AllocationStore,
+)
+from vgpud.node.cluster import ClusterApi, PodView
+from vgpud.node.devices import NodeDevices
+from vgpud.node.ids import VGPU_IDS
+from vgpud.node.pods import NodePods, PodKey
+from vgpud.node.registration import Registrar, SocketOwner
+from vgpud.node.startup import NEEDS_OTHERS, Configure, Refuse, held_by_others, plan
+
+log = structlog.get_logger(__name__)
+
+
+class AllocationFailed(Exception):
+    """A container cannot get its vGPUs; ``str()`` is what kubelet shows on the pod."""
+
+    def __init__(self, message: str, pod: PodView | None = None) -> None:
+        super().__init__(message)
+        self.pod = pod
+
+
+def complete(pod: PodView, resource: str) -> bool:
+    """Whether the cached view of a pod kubelet lists can be decided on (for the IDs of
+    ``resource``)."""
+    return not pod.deleting and (ASSIGNMENT in pod.annotations or not any(
+        resource in names for names in pod.asks.values()))
+
+
+class Configurer:
+    def __init__(
+        self,
+        *,
+        node: str,
+        devices: NodeDevices,
+        store: AllocationStore,
+        cluster: ClusterApi,
+        pods: Callable[[], NodePods],
+        registrar: Registrar | None = None,
+        arbiter: Path | None = None,
+        scheduler_name: str | None = None,
+        defaults: Defaults | None = None,
+        reconcile_lock: anyio.Lock | None = None,
+        rewrite_wait: float = 2.0,
+    ) -> None:
+        self.node = node
+        self.devices = devices
+        self.store = store
+        self.cluster = cluster
+        self.pods = pods  # the node's watched pods (an unstarted one GETs every pod)
+        self.registrar = registrar
+        self.arbiter = arbiter  # host directory of the priority records (None: off)
+        # whose assignments are grants: pods naming this scheduler (None: any) and asking
+        # for a vGPU of the presets ``defaults`` enables, within what they ask (None: any)
+        self.scheduler_name = scheduler_name
+        self.defaults = defaults
+        self.presets = tuple(enabled_presets(defaults)) if defaults is not None else ()
+        # shared by every configurer of one node: two reconciliations onto one GPU must
+        # not both see the same room
+        self.reconcile_lock = reconcile_lock or anyio.Lock()
+        self.rewrite_wait = rewrite_wait  # for the cache to show our own rewrite
+
+    async def configure(self, namespace: str, name: str, container: str, ids: list[str],
+                        chosen: list[str], *, resource: str = DEFAULT_RESOURCE,
+                        per_gpu: int = VGPU_IDS, listed: set[PodKey] | frozenset[PodKey]
+                        = frozenset()) -> Allocation:
+        """Write the limits file of ``container`` of pod ``namespace/name``, which holds
+        ``ids`` of ``resource`` (``chosen``: their GPUs, one per ID); ``listed``: the
+        pods kubelet lists, read from the API when the cache does not show them in full."""
+        where = f"pod {namespace}/{name} container {container!r}"
+        pod = await self.pod(namespace, name, where)
+        if not self.granted(pod):
+            raise AllocationFailed(
+                f"{where}: the pod names scheduler {pod.scheduler!r}, not vgpud's "
+                f"{self.scheduler_name!r}: an assignment vgpud's scheduler did not make "
+                f"configures no limits (issue 23: a pod may not grant itself a GPU)", pod)
+        node_policy = await self.node_policy(pod)
+        step = self.plan(where, pod, container, chosen, policy=node_policy, per_gpu=per_gpu)
+        if step is NEEDS_OTHERS:
+            step = await self.reconcile(where, pod, container, chosen, node_policy,
+                                        listed=listed, resource=resource, per_gpu=per_gpu)
+        if isinstance(step, Refuse):
+            raise AllocationFailed(step.message, pod)
+        assert isinstance(step, Configure)
+        owner = AllocationOwner(namespace, name, container, pod.uid)
+        try:
+            text = render(step.limits)
+            order = {u: i for i, u in enumerate(step.limits.visible_uuids)}
+            devices = tuple(sorted(step.grant.devices, key=lambda d: order[d.uuid]))
+            policy = (step.limits.devices[0].core_policy.value if step.limits.devices
+                      else "fixed")
+            alloc = await anyio.to_thread.run_sync(self.store.configure, ids, owner, text,
+                                                   devices, resource, step.limits.priority,
+                                                   policy)
+        except LimitsError as e:
+            raise AllocationFailed(f"{where}: {e}", pod) from None
+        except OSError as e:
+            raise AllocationFailed(f"{where}: cannot write the limits file: "
+                                   f"{e.strerror or e}", pod) from None
+        log.info("configured", resource=resource, pod=f"{namespace}/{name}",
+                 container=container, key=alloc.key, gpus=list(step.limits.visible_uuids))
+        if self.registrar is not None:
+            self.registrar.set_owner(alloc.key, SocketOwner(
+                alloc.key, owner.namespace, owner.pod, owner.container, owner.uid))
+        return alloc
+
+    def granted(self, pod: PodView) -> bool:
+        """Can the pod's assignment be a grant of vgpud's scheduler? It names that
+        scheduler and asks for a vGPU (a pod that asks none, or bound by its own
+        ``nodeName`` under another scheduler, holds nothing: issue 23, findings 1-2)."""
+        if self.scheduler_name is not None and pod.scheduler != self.scheduler_name:
+            return False
+        return not self.presets or any(preset_of(names, self.presets) is not None
+                                       for names in pod.asks.values())
+
+    async def pod(self, namespace: str, name: str, where: str) -> PodView:
+        try:
+            pod = await self.cluster.get_pod(namespace, name)
+        except KubeError as e:
+            raise AllocationFailed(f"{where}: {e}") from None
+        if pod is None:
+            raise AllocationFailed(f"{where}: the pod no longer exists in the API")
+        return pod
+
+    async def node_policy(self, pod: PodView) -> ComputePolicy | None:
+        """The node's ``nvidia.com/vgpu-compute-policy`` for a pod that names none (the
+        pod's own wins, as in VGPU-Manager); a value that is not a policy is ignored with
+        a warning, an unreadable node too."""
+        if COMPUTE_POLICY in pod.annotations:
+            return None
+        try:
+            raw = await self.cluster.node_annotation(self.node, COMPUTE_POLICY)
+        except KubeError as e:
+            log.warning("node_policy_unread", node=self.node, error=str(e))
+            return None
+        if raw is None:
+            return None
+        try:
+            return ComputePolicy(raw.strip().lower())
+        except ValueError:
+            log.warning("node_policy_invalid", node=self.node, value=raw,
+                        known=[p.value for p in ComputePolicy])
+            return None
+
+    def plan(self, where: str, pod: PodView, container: str, chosen: list[str],
+             others: dict[str, GpuUsage] | None = None, *,
+             policy: ComputePolicy | None = None, per_gpu: int = VGPU_IDS,
+             ) -> Configure | Refuse | object:
+        request = None
+        if self.defaults is not None:
+            try:
+                request = parse_pod(pod.source, self.defaults)
+            except RequestError as e:
+                return Refuse(f"{where}: the pod's request cannot be read: {e}")
+        return plan(where, pod.annotations, node=self.node, container=container, request=request,
+                    chosen=chosen, inventory=self.devices.inventory(),
+                    state_dir=edits.STATE_DIR,
+                    register=edits.REGISTER if self.registrar is not None else "",
+                    arbiter_dir=edits.ARBITER_DIR if self.arbiter is not None else "",
+                    others=others,
+                    per_gpu=per_gpu, node_policy=policy)
+
+    async def reconcile(self, where: str, pod: PodView, container: str,
+                        chosen: list[str], policy: ComputePolicy | None = None,
+                        listed: set[PodKey] | frozenset[PodKey] = frozenset(), *,
+                        resource: str = DEFAULT_RESOURCE, per_gpu: int = VGPU_IDS,
+                        ) -> Configure | Refuse:
+        """kubelet chose other GPUs: rewrite the assignment if they have room.
+
+        The neighbours are the watched pods, and those of ``listed`` (the pods kubelet
+        lists) the cache does not show in full (:func:`complete`), read from the API. A rewrite is
+        waited for in the cache (under the lock) before the next reconciliation counts
+        the neighbours again."""
+        async with self.reconcile_lock:
+            for _ in range(5):
+                on_node = await self.pods().views(listed, partial(complete, resource=resource))
+                others = held_by_others(((p.namespace, p.name, p.phase, p.annotations)
+                                         for p in on_node.values() if self.granted(p)),
+                                        (pod.namespace, pod.name))
+                step = self.plan(where, pod, container, chosen, others, policy=policy,
+                                 per_gpu=per_gpu)
+                if not isinstance(step, Configure) or not step.rewrite:
+                    assert isinstance(step, Configure | Refuse)
+                    return step
+                value = encode_assignment(step.placement)
+                try:
+                    written = await self.cluster.rewrite_assignment(pod, value)
+                except Conflict:  # the assignment changed meanwhile: decide again
+                    pod = await self.pod(pod.namespace, pod.name, where)
+                    continue
+                except NotFound:
+                    return Refuse(f"{where}: the pod no longer exists in the API")
+                except KubeError as e:
+                    return Refuse(f"{where}: cannot rewrite the assignment: {e}")
+                await self._await_cache(written, value)
+                gpus = list(dict.fromkeys(chosen))  # percent IDs name a GPU many times
+                log.info("reconciled", pod=f"{pod.namespace}/{pod.name}", container=container,
+                         gpus=gpus)
+                await self.cluster.pod_event(
+                    pod, "VgpuReassigned", f"container {container!r} runs on "
+                    f"{', '.join(gpus)} (kubelet's choice); the assignment was updated",
+                    warning=False)
+                return step
+            return Refuse(f"{where}: the assignment kept changing while it was being "
+                          f"reconciled")
+
+    async def _await_cache(self, pod: PodView, value: str) -> None:
+        """Wait (``rewrite_wait`` at most) for the watched pods to show the assignment
+        just written on ``pod``, or a pod that replaced it."""
+        def shown(cached: PodView | None) -> bool:
+            return cached is not None and (cached.uid != pod.uid
+                                           or cached.annotations.get(ASSIGNMENT) == value)
+        if not await self.pods().wait_until(pod.namespace, pod.name, shown, self.rewrite_wait):
+            log.warning("rewrite_not_yet_watched", pod=f"{pod.namespace}/{pod.name}",
+                        waited=self.rewrite_wait)
