@@ -1,6 +1,6 @@
 /* The usage-state file: shared by every process of one container (mapped
  * MAP_SHARED from <state_dir>/usage.v1) and read by the plugin's metrics through
- * the Python view vgpud/usage_state.py. Version 1; a new layout gets a new version number
+ * the Python view vgpud/node/usage_state.py. Version 1; a new layout gets a new version number
  * AND a new file name, so an old shim and a new one never share a file.
  *
  * Invariants (all byte counts are bytes of device memory):

@@ -2,11 +2,11 @@
 API client (tests/doubles.py ``MemoryCluster``): no API server, no kubelet.
 
 kubelet chose other GPUs than the pod's assignment names; the plugin rewrites the
-assignment (``PluginService._reconcile``). What it promises: a ``Conflict`` (the pod
-changed meanwhile) is decided again over the pod read anew, at most five times, then
-refused; a pod gone is refused as gone; any other API failure is refused with the API's
-words; a rewrite that went through is announced with a ``VgpuReassigned`` event. A
-refusal writes nothing.
+assignment (``Configurer.reconcile``, the node's side of PreStartContainer). What it
+promises: a ``Conflict`` (the pod changed meanwhile) is decided again over the pod read
+anew, at most five times, then refused; a pod gone is refused as gone; any other API
+failure is refused with the API's words; a rewrite that went through is announced with a
+``VgpuReassigned`` event. A refusal writes nothing.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
 from vgpud.core.model import Gpu
 from vgpud.kube.errors import NotFound
 from vgpud.node.cluster import PodView, view
+from vgpud.node.configure import AllocationFailed
 from vgpud.node.devices import DeviceInfo, NodeDevices
 from vgpud.node.pods import NodePods
-from vgpud.plugin.prestart import Configure, Refuse
+from vgpud.node.startup import Configure, Refuse
 from vgpud.plugin.resources import served
-from vgpud.plugin.service import AllocationFailed, PluginService
+from vgpud.plugin.service import PluginService
 
 pytestmark = pytest.mark.anyio
 
@@ -77,7 +78,9 @@ def assigned_gpus(api: MemoryCluster) -> list[str]:
 
 
 async def reconcile(service: PluginService, pod: PodView) -> Configure | Refuse:
-    return await service._reconcile(WHERE, pod, "main", [uuid_of(1)])
+    return await service.configurer.reconcile(WHERE, pod, "main", [uuid_of(1)],
+                                              resource=service.resource.name,
+                                              per_gpu=service.resource.per_gpu)
 
 
 async def test_a_rewrite_moves_the_assignment_and_says_so() -> None:
