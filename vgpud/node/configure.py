@@ -105,13 +105,23 @@ class Configurer:
         ``ids`` of ``resource`` (``chosen``: their GPUs, one per ID); ``listed``: the
         pods kubelet lists, read from the API when the cache does not show them in full."""
         where = f"pod {namespace}/{name} container {container!r}"
-        pod = await self.pod(namespace, name, where)
+        # the pod and the node's policy, read at once (two API round trips, one wait)
+        raw_policy: list[str | None] = []
+        refused: AllocationFailed | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._read_policy, raw_policy)
+            try:  # raised from here, not out of the task group (as a group)
+                pod = await self.pod(namespace, name, where)
+            except AllocationFailed as e:
+                refused = e
+        if refused is not None:
+            raise refused
         if not self.granted(pod):
             raise AllocationFailed(
                 f"{where}: the pod names scheduler {pod.scheduler!r}, not vgpud's "
                 f"{self.scheduler_name!r}: an assignment vgpud's scheduler did not make "
                 f"configures no limits (issue 23: a pod may not grant itself a GPU)", pod)
-        node_policy = await self.node_policy(pod)
+        node_policy = self.policy_of(pod, raw_policy[0])
         step = self.plan(where, pod, container, chosen, policy=node_policy, per_gpu=per_gpu)
         if step is NEEDS_OTHERS:
             step = await self.reconcile(where, pod, container, chosen, node_policy,
@@ -159,18 +169,19 @@ class Configurer:
             raise AllocationFailed(f"{where}: the pod no longer exists in the API")
         return pod
 
-    async def node_policy(self, pod: PodView) -> ComputePolicy | None:
-        """The node's ``nvidia.com/vgpu-compute-policy`` for a pod that names none (the
-        pod's own wins, as in VGPU-Manager); a value that is not a policy is ignored with
-        a warning, an unreadable node too."""
-        if COMPUTE_POLICY in pod.annotations:
-            return None
+    async def _read_policy(self, into: list[str | None]) -> None:
+        """Append the node's policy annotation (None: none, or the node unreadable)."""
         try:
-            raw = await self.cluster.node_annotation(self.node, COMPUTE_POLICY)
+            into.append(await self.cluster.node_annotation(self.node, COMPUTE_POLICY))
         except KubeError as e:
             log.warning("node_policy_unread", node=self.node, error=str(e))
-            return None
-        if raw is None:
+            into.append(None)
+
+    def policy_of(self, pod: PodView, raw: str | None) -> ComputePolicy | None:
+        """The node's ``nvidia.com/vgpu-compute-policy`` (``raw``) for a pod that names
+        none (the pod's own wins, as in VGPU-Manager); a value that is not a policy is
+        ignored with a warning, an unreadable node too."""
+        if COMPUTE_POLICY in pod.annotations or raw is None:
             return None
         try:
             return ComputePolicy(raw.strip().lower())
