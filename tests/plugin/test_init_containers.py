@@ -20,12 +20,12 @@ import pytest
 from tests.fakekubelet import FakePod
 from tests.fakekubelet.kubelet import Admitted
 from tests.plugin.harness import NODE, Harness, node_harness, uuid_of
-from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
+from vgpud.core.codec import ASSIGNMENT, assignment_of, decode_assignment, encode_assignment
 from vgpud.core.limits import parse
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 from vgpud.node.allocations import AllocationStore
 from vgpud.node.cluster import view
-from vgpud.node.startup import ActivePod, starting_init_container, wanted
+from vgpud.node.startup import ActivePod, Assignment, starting_init_container, wanted
 
 # (name, init, sidecar, [gpu index per vGPU])
 Spec = tuple[str, bool, bool, list[int]]
@@ -36,7 +36,7 @@ def active(name: str, containers: list[Spec], *, done: frozenset[str] = frozense
     p = Placement(node=NODE, containers=tuple(
         ContainerGrant(c, init, tuple(DeviceGrant(uuid_of(g), 1000, 0) for g in gpus), sidecar)
         for c, init, sidecar, gpus in containers), time="2026-01-01T00:00:00Z")
-    return ActivePod(namespace, name, {ASSIGNMENT: encode_assignment(p)}, done,
+    return ActivePod(namespace, name, p, done,
                      frozenset(held or ()))
 
 
@@ -84,14 +84,15 @@ def test_several_pods_the_gpus_decide_else_nobody_is_guessed() -> None:
     assert "pod ns/b container 'prep'" in why and "pod ns/c container 'prep'" in why
     # no assignment, or one that cannot be read: never a candidate
     bare = ActivePod("ns", "bare", {}, frozenset(), frozenset())
-    junk = ActivePod("ns", "junk", {ASSIGNMENT: "{"}, frozenset(), frozenset())
+    junk = ActivePod("ns", "junk", assignment_of({ASSIGNMENT: "{"}), frozenset(),
+                     frozenset())
     assert starting_init_container([bare, junk, a], ids((0, 2))) == ("ns", "a", "prep")
 
 
 def test_percent_ids_count_the_cores() -> None:
     p = Placement(node=NODE, containers=(
         ContainerGrant("prep", True, (DeviceGrant(uuid_of(0), 1000, 30),)),), time="t")
-    pod = ActivePod("ns", "p", {ASSIGNMENT: encode_assignment(p)}, frozenset(), frozenset())
+    pod = ActivePod("ns", "p", p, frozenset(), frozenset())
     assert starting_init_container([pod], ids(*[(0, i) for i in range(30)]),
                                    per_gpu=100) == ("ns", "p", "prep")
     assert isinstance(starting_init_container([pod], ids((0, 1)), per_gpu=100), str)
@@ -100,8 +101,8 @@ def test_percent_ids_count_the_cores() -> None:
 def test_the_init_containers_of_a_pod_being_admitted_are_steered_first() -> None:
     """GetPreferredAllocation: kubelet allocates a pod's regular init containers before
     its app containers, and PodResources lists none of them."""
-    def notes(containers: list[Spec]) -> dict[str, str]:
-        return dict(active("x", containers).annotations)
+    def notes(containers: list[Spec]) -> Assignment:
+        return active("x", containers).assignment
 
     job = notes([("side", True, True, [2]), ("prep", True, False, [1]),
                  ("main", False, False, [0, 2])])
@@ -134,9 +135,9 @@ def test_an_init_container_before_a_sidecar_holding_ids_waits_no_more() -> None:
     container holds IDs, that init container has its IDs too (kubelet gave them to the
     sidecar as well). The app container asking for as many used to be steered to the
     init container's GPU (and then reassigned there, or refused when it had no room)."""
-    table = {("ns", "p"): dict(active("x", [("prep", True, False, [1]),
+    table = {("ns", "p"): active("x", [("prep", True, False, [1]),
                                              ("side", True, True, [2]),
-                                             ("main", False, False, [0])]).annotations)}
+                                       ("main", False, False, [0])]).assignment}
     admitting = [("ns", "p")]
     # kubelet is allocating prep: nobody holds anything
     assert wanted({("ns", "p"): {"side", "main"}}, table, 1, init_waiting=admitting) == [

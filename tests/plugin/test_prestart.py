@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from tests.plugin.harness import NODE, placement, uuid_of
-from vgpud.core.codec import ASSIGNMENT, encode_assignment
+from vgpud.core.codec import ASSIGNMENT, assignment_of, encode_assignment
 from vgpud.core.limits import DeviceLimits
 from vgpud.core.model import ComputePolicy, Gpu, GpuUsage, NodeInventory, Placement
 from vgpud.node.startup import (
     NEEDS_OTHERS,
+    Assignment,
     Configure,
     Refuse,
     held_by_others,
@@ -20,10 +21,11 @@ INV = NodeInventory(devices=tuple(Gpu(uuid_of(i), i, "m", 10000, split=4) for i 
 WHERE = "pod default/p container 'main'"
 
 
-def annotations(p: Placement | str | None) -> dict[str, str]:
+def annotations(p: Placement | str | None) -> Assignment:
+    """The pod's assignment as its projection decodes it from the annotation."""
     if p is None:
-        return {}
-    return {ASSIGNMENT: encode_assignment(p) if isinstance(p, Placement) else p}
+        return None
+    return assignment_of({ASSIGNMENT: encode_assignment(p) if isinstance(p, Placement) else p})
 
 
 def decide(p: Placement | str | None, chosen: list[str], *, container: str = "main",
@@ -96,17 +98,17 @@ def test_percent_ids_name_each_gpu_once_and_must_match_the_grant() -> None:
 def test_what_other_pods_hold_leaves_out_me_ended_pods_and_garbage() -> None:
     a = encode_assignment(placement({"x": [(0, 1000, 10)], "y": [(0, 2000, 20)]}))
     b = encode_assignment(placement({"x": [(0, 500, 5)]}))
-    pods = [("ns", "a", "Running", {ASSIGNMENT: a}), ("ns", "me", "Pending", {ASSIGNMENT: b}),
-            ("ns", "done", "Succeeded", {ASSIGNMENT: b}), ("ns", "bad", "Running",
-                                                           {ASSIGNMENT: "{"}),
-            ("ns", "plain", "Running", {}), ("other", "b", "Pending", {ASSIGNMENT: b})]
+    pods = [(ns, name, phase, assignment_of(notes)) for ns, name, phase, notes in [
+        ("ns", "a", "Running", {ASSIGNMENT: a}), ("ns", "me", "Pending", {ASSIGNMENT: b}),
+        ("ns", "done", "Succeeded", {ASSIGNMENT: b}), ("ns", "bad", "Running", {ASSIGNMENT: "{"}),
+        ("ns", "plain", "Running", {}), ("other", "b", "Pending", {ASSIGNMENT: b})]]
     assert held_by_others(pods, ("ns", "me")) == {uuid_of(0): GpuUsage(3, 3500, 35, 0)}
 
 
 def test_wanted_follows_the_waiting_container_with_that_many_vgpus() -> None:
     notes = {("ns", "a"): annotations(placement({"one": [(1, 1, 1)], "two": [(0, 1, 1),
                                                                           (2, 1, 1)]})),
-             ("ns", "b"): {ASSIGNMENT: "{"}}
+             ("ns", "b"): annotations("{")}
     waiting = {("ns", "b"): {"x"}, ("ns", "a"): {"two", "one"}}
     assert wanted(waiting, notes, 2) == [uuid_of(0), uuid_of(2)]
     assert wanted(waiting, notes, 1) == [uuid_of(1)]

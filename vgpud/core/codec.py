@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import compress, repeat
 from typing import Any
 
@@ -231,6 +233,25 @@ def encode_assignment(p: Placement) -> str:
         ],
     }
     return json.dumps(doc, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """An assignment annotation that does not decode; ``why`` says where and why."""
+
+    why: str
+
+
+def assignment_of(annotations: Mapping[str, str]) -> Placement | Unreadable | None:
+    """A pod's ``vgpud.io/assignment``, decoded (None: the pod has none): what a pod's
+    projection keeps, so the annotation is decoded once per version of the pod."""
+    raw = annotations.get(ASSIGNMENT)
+    if raw is None:
+        return None
+    try:
+        return decode_assignment(raw)
+    except CodecError as e:
+        return Unreadable(str(e))
 
 
 def decode_assignment(raw: str | bytes | object) -> Placement:

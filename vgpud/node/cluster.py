@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from vgpud.core.codec import ASSIGNMENT
+from vgpud.core.codec import ASSIGNMENT, Unreadable, assignment_of
+from vgpud.core.model import Placement
 from vgpud.kube.cache import Informer
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.errors import NotFound
@@ -50,6 +51,11 @@ class PodView:
     scheduler: str = ""  # spec.schedulerName
     # the pod as a request is parsed from (metadata's names and annotations, the spec)
     source: Mapping[str, Any] = field(default_factory=dict)
+    # its vgpud.io/assignment, decoded once when the view is made (None: it has none)
+    assignment: Placement | Unreadable | None = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "assignment", assignment_of(self.annotations))
 
     def may_ask(self, container: str, resource: str) -> bool:
         """Whether ``container`` may be waiting for devices of ``resource``: it names

@@ -200,7 +200,7 @@ class Configurer:
                 request = parse_pod(pod.source, self.defaults)
             except RequestError as e:
                 return Refuse(f"{where}: the pod's request cannot be read: {e}")
-        return plan(where, pod.annotations, node=self.node, container=container, request=request,
+        return plan(where, pod.assignment, node=self.node, container=container, request=request,
                     chosen=chosen, inventory=self.devices.inventory(),
                     state_dir=edits.STATE_DIR,
                     register=edits.REGISTER if self.registrar is not None else "",
@@ -222,7 +222,7 @@ class Configurer:
         async with self.reconcile_lock:
             for _ in range(5):
                 on_node = await self.pods().views(listed, partial(complete, resource=resource))
-                others = held_by_others(((p.namespace, p.name, p.phase, p.annotations)
+                others = held_by_others(((p.namespace, p.name, p.phase, p.assignment)
                                          for p in on_node.values() if self.granted(p)),
                                         (pod.namespace, pod.name))
                 step = self.plan(where, pod, container, chosen, others, policy=policy,

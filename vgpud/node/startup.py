@@ -28,7 +28,7 @@ from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment
+from vgpud.core.codec import ASSIGNMENT, Unreadable
 from vgpud.core.fit import DEVICE, grant_exceeds, room
 from vgpud.core.limits import GrantError, Limits, limits_for
 from vgpud.core.model import (
@@ -73,17 +73,18 @@ NEEDS_OTHERS = _Needs.OTHERS
 hold on each GPU."""
 
 
-def read_assignment(annotations: Mapping[str, str], node: str, where: str,
-                    ) -> Placement | Refuse:
+Assignment = Placement | Unreadable | None
+"""A pod's assignment as its projection decoded it (:func:`vgpud.core.codec.assignment_of`)."""
+
+
+def read_assignment(assignment: Assignment, node: str, where: str) -> Placement | Refuse:
     """The pod's assignment, if it is one for this node."""
-    raw = annotations.get(ASSIGNMENT)
-    if raw is None:
+    if assignment is None:
         return Refuse(f"{where}: the pod has no {ASSIGNMENT} annotation (was it placed by "
                       f"the vgpu scheduler?)")
-    try:
-        placement = decode_assignment(raw)
-    except CodecError as e:
-        return Refuse(f"{where}: malformed assignment: {e}")
+    if isinstance(assignment, Unreadable):
+        return Refuse(f"{where}: malformed assignment: {assignment.why}")
+    placement = assignment
     if placement.node != node:
         return Refuse(f"{where}: the assignment is for node {placement.node!r}, not {node!r}")
     return placement
@@ -91,7 +92,7 @@ def read_assignment(annotations: Mapping[str, str], node: str, where: str,
 
 def plan(
     where: str,
-    annotations: Mapping[str, str],
+    assignment: Assignment,
     *,
     node: str,
     container: str,
@@ -105,7 +106,7 @@ def plan(
     request: PodRequest | None = None,
     node_policy: ComputePolicy | None = None,
 ) -> Configure | Refuse | _Needs:
-    """What PreStartContainer does for ``container`` of the pod with ``annotations``,
+    """What PreStartContainer does for ``container`` of the pod with ``assignment``,
     given the GPUs kubelet chose (``chosen``: one uuid per replica ID).
 
     ``per_gpu`` is the unit of the IDs (:mod:`vgpud.node.ids`): with one ID per
@@ -123,7 +124,7 @@ def plan(
     kubelet's choice differs from the assignment; without it that case answers
     :data:`NEEDS_OTHERS`.
     """
-    placement = read_assignment(annotations, node, where)
+    placement = read_assignment(assignment, node, where)
     if isinstance(placement, Refuse):
         return placement
     if request is not None:  # believed only within what the pod asks (issue 23)
@@ -157,43 +158,32 @@ def plan(
     return Configure(placement=got, grant=grant, limits=limits, rewrite=got is not placement)
 
 
-def init_pending(annotations: Mapping[str, str], init_done: Collection[str]) -> bool:
+def init_pending(assignment: Assignment, init_done: Collection[str]) -> bool:
     """Whether the pod's assignment grants a regular init container GPUs that the pod's
-    status does not show completed (an unreadable assignment: no)."""
-    raw = annotations.get(ASSIGNMENT)
-    if raw is None:
-        return False
-    try:
-        placement = decode_assignment(raw)
-    except CodecError:
+    status does not show completed (none, or an unreadable one: no)."""
+    if not isinstance(assignment, Placement):
         return False
     return any(c.init and not c.sidecar and c.devices and c.name not in init_done
-               for c in placement.containers)
+               for c in assignment.containers)
 
 
-def held_by_others(pods: Iterable[tuple[str, str, str, Mapping[str, str]]],
+def held_by_others(pods: Iterable[tuple[str, str, str, Assignment]],
                    me: tuple[str, str]) -> dict[str, GpuUsage]:
     """Per GPU, what the assignments of the pods ``(namespace, name, phase,
-    annotations)`` hold, leaving out the pod ``me`` and pods that have ended.
+    assignment)`` hold, leaving out the pod ``me`` and pods that have ended.
     Unreadable assignments are skipped (their pods fail on their own)."""
     out: dict[str, GpuUsage] = {}
-    for namespace, name, phase, notes in pods:
-        if (namespace, name) == me or phase in ("Succeeded", "Failed"):
+    for namespace, name, phase, assignment in pods:
+        if ((namespace, name) == me or phase in ("Succeeded", "Failed")
+                or not isinstance(assignment, Placement)):
             continue
-        raw = notes.get(ASSIGNMENT)
-        if raw is None:
-            continue
-        try:
-            charge = decode_assignment(raw).charge()
-        except CodecError:
-            continue
-        for uuid, u in charge.items():
+        for uuid, u in assignment.charge().items():
             out[uuid] = out.get(uuid, GpuUsage()) + u
     return out
 
 
 def wanted(waiting: Mapping[tuple[str, str], set[str]],
-           annotations: Mapping[tuple[str, str], Mapping[str, str]], size: int,
+           assignments: Mapping[tuple[str, str], Assignment], size: int,
            per_gpu: int = VGPU_IDS, *, init_waiting: Iterable[tuple[str, str]] = ()
            ) -> list[str]:
     """The GPUs assigned to a container kubelet is probably admitting now, one per ID
@@ -211,12 +201,8 @@ def wanted(waiting: Mapping[tuple[str, str], set[str]],
     inits = set(init_waiting)
     for key in [*waiting, *(k for k in inits if k not in waiting)]:
         containers = waiting.get(key, set())
-        raw = annotations.get(key, {}).get(ASSIGNMENT)
-        if raw is None:
-            continue
-        try:
-            placement = decode_assignment(raw)
-        except CodecError:
+        placement = assignments.get(key)
+        if not isinstance(placement, Placement):
             continue
         holding = [i for i, c in enumerate(placement.containers)
                    if c.devices and (c.sidecar or not c.init) and c.name not in containers]
@@ -243,12 +229,12 @@ def stale(allocations: Iterable[tuple[str, H, float]], live: set[H],
 @dataclass(frozen=True, slots=True)
 class ActivePod:
     """A pod kubelet's PodResources lists, as :func:`starting_init_container` needs it:
-    its assignment (annotations), the init containers its status shows completed, and
+    its assignment (decoded), the init containers its status shows completed, and
     the IDs (of the resource at hand) its listed containers hold."""
 
     namespace: str
     name: str
-    annotations: Mapping[str, str]
+    assignment: Assignment
     init_done: frozenset[str]
     held: frozenset[str]
 
@@ -278,14 +264,9 @@ def starting_init_container(pods: Iterable[ActivePod], ids: Collection[str], *,
         pods = owners
     found: list[tuple[tuple[str, str, str], bool]] = []
     for p in pods:
-        raw = p.annotations.get(ASSIGNMENT)
-        if raw is None:
+        if not isinstance(p.assignment, Placement):
             continue
-        try:
-            placement = decode_assignment(raw)
-        except CodecError:
-            continue
-        for c in placement.containers:
+        for c in p.assignment.containers:
             if (c.init and not c.sidecar and c.name not in p.init_done
                     and sum(ids_for(per_gpu, d) for d in c.devices) == len(want)):
                 found.append(((p.namespace, p.name, c.name),

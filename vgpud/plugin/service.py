@@ -254,7 +254,7 @@ class PluginService(pb.DevicePluginBase):
         # admitted (one with waiting containers, or one kubelet has not reported yet)
         admitting = [k for k in dict.fromkeys((h.namespace, h.pod) for h in held)
                      if k in waiting or (k in by_key and not by_key[k].reported)]
-        return wanted(waiting, {k: p.annotations for k, p in by_key.items()}, size,
+        return wanted(waiting, {k: p.assignment for k, p in by_key.items()}, size,
                       self.resource.per_gpu, init_waiting=admitting)
 
     def _complete(self, pod: PodView) -> bool:
@@ -294,8 +294,8 @@ class PluginService(pb.DevicePluginBase):
         # with a regular init container not yet done (or lacks) is read from the API
         # (a status only ever adds completed init containers)
         pods = await self.pods.views(by_pod, lambda p: self._complete(p) and not init_pending(
-            p.annotations, p.init_done))
-        active = [ActivePod(p.namespace, p.name, p.annotations, p.init_done,
+            p.assignment, p.init_done))
+        active = [ActivePod(p.namespace, p.name, p.assignment, p.init_done,
                             frozenset(by_pod[key]))
                   for key, p in pods.items() if key in by_pod]
         got = starting_init_container(active, ids, per_gpu=self.resource.per_gpu)
