@@ -1,12 +1,12 @@
-"""``vgpud scheduler``: one task group for the extender role.
+"""``vgpud scheduler``: one task group for the kube-scheduler adapter.
 
-Children: the scheduler service's informers (:mod:`vgpud.scheduling.informers`:
-node, pod, PodDisruptionBudget and ResourceQuota, feeding its state), the ledger's
-expiry loop, the event recorder, the leader elector (optional), the reschedule
-controller (gate ``Reschedule``, started once the node and pod informers have synced;
-:mod:`vgpud.scheduling.rescheduler`), and the HTTP server. ``/readyz`` turns true once
-the informers have synced, which is when the ledger has been rebuilt from every
-pod's ``vgpud.io/assignment``.
+Children: the scheduler service (:class:`vgpud.scheduling.service.SchedulerService`:
+the node, pod, PodDisruptionBudget and ResourceQuota informers feeding its state, the
+ledger's expiry loop, and the reschedule controller, gate ``Reschedule``, started once
+the node and pod informers have synced), the event recorder, the leader elector
+(optional), and the HTTP servers. ``/readyz`` turns true once the informers have
+synced, which is when the ledger has been rebuilt from every pod's
+``vgpud.io/assignment``.
 
 With several replicas (``leader_elect``) only the Lease's holder runs leader-only
 work: the reschedule controller, the one writer that acts on pods it did not bind.
@@ -35,22 +35,9 @@ from vgpud.kube.lease import LeaderElector
 from vgpud.kube.writes import EventRecorder, PodBinder
 from vgpud.ops import Guard
 from vgpud.process import cancel_on_signals, parse_listen, serve
-from vgpud.scheduling.informers import SchedulerInformers
-from vgpud.scheduling.reschedule import Planner, gpu_problem
-from vgpud.scheduling.rescheduler import Rescheduler
+from vgpud.scheduling.service import SchedulerService
 
 log = structlog.get_logger()
-
-EXPIRE_EVERY = 5.0
-
-
-async def _expire(alloc: Allocator, metrics: Metrics) -> None:
-    while True:
-        await anyio.sleep(EXPIRE_EVERY)
-        for e in alloc.expire():
-            metrics.expired.inc()
-            log.warning("assumption_expired", pod=e.key, node=e.placement.node,
-                        why="never confirmed by the API")
 
 
 async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: str,
@@ -68,11 +55,6 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
     metrics = Metrics(alloc)
     async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
                                   burst=settings.kubeBurst) as kube:
-        informers = SchedulerInformers(kube, alloc, settings.schedulerName)
-        state = informers.state
-        metrics.count_pending(state.pending_since)
-        for informer in informers.all:
-            metrics.count_syncs(informer)
         events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)
         elector = None
         if leader_elect:
@@ -80,27 +62,23 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                 kube, name=lease_name, namespace=lease_namespace,
                 identity=identity or f"{socket.gethostname()}-{os.getpid()}",
                 clock=lease_clock)
+        service = SchedulerService(
+            kube, alloc, settings, events=events,
+            is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
+            expired=lambda entry: metrics.expired.inc(),
+            rescheduled=lambda action: metrics.reschedules.labels(action).inc())
+        metrics.count_pending(service.state.pending_since)
+        for informer in service.informers.all:
+            metrics.count_syncs(informer)
         sched = settings.scheduler
-        resched = None
-        if sched.featureGates.Reschedule:
-            resched = Rescheduler(
-                kube, events=events, pod_lookup=informers.pods.get,
-                planner=Planner(max_attempts=sched.rescheduleMaxAttempts,
-                                bare_pods=sched.rescheduleBarePods),
-                gpu_problem=lambda node, uuid: gpu_problem(alloc.cluster, node, uuid),
-                qps=sched.rescheduleQPS,
-                count=lambda action: metrics.reschedules.labels(action).inc(),
-                is_leader=(lambda: elector.is_leader) if elector else (lambda: True))
-            informers.nodes.subscribe(resched.on_node)
-            informers.pods.subscribe(resched.on_pod)
         async with anyio.create_task_group() as tg:
-            ext = Extender(state, writer=PodBinder(kube), events=events, metrics=metrics,
-                           spawn=tg.start_soon,
-                           budgets=informers.budget_list,
+            ext = Extender(service.state, writer=PodBinder(kube), events=events,
+                           metrics=metrics, spawn=tg.start_soon,
+                           budgets=service.informers.budget_list,
                            serial_binds=sched.featureGates.SerialBindNode,
                            allow_privileged=settings.allowPrivilegedGPUPods,
                            topology=sched.featureGates.GPUTopology)
-            ready = informers.ready
+            ready = service.ready
             apps = [make_app(ext, ready, ops=ops_at is None, guard=guard)]
             if ops_at is not None:
                 apps.append(make_app(ext, ready, verbs=False, guard=guard))
@@ -109,14 +87,10 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                 await tg.start(serve, app, h, p)
             log.info("scheduler_listening", verbs=listen, ops=metrics_listen or listen)
             tg.start_soon(cancel_on_signals, tg.cancel_scope, "scheduler_stopping")
-            await informers.start(tg)
             tg.start_soon(events.run)
             if elector is not None:
                 tg.start_soon(elector.run)
-            tg.start_soon(_expire, alloc, metrics)
-            await informers.wait_synced()
-            if resched is not None:
-                tg.start_soon(resched.run)
+            await tg.start(service.run)  # returns once the ledger is rebuilt
             # The synced caches are ~1M long-lived objects; without this every full
             # collection walks them all and stalls the loop for tens of ms (p99).
             gc.collect()

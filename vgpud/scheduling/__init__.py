@@ -13,5 +13,7 @@ would be another) and imports neither them nor :mod:`vgpud.node` (``lint-imports
 * ``informers``: the four informers, wired to the state;
 * ``reschedule``: what to do with a pod kubelet refused (``Planner``, pure);
   ``rescheduler``: the controller that carries it out against the API;
-* ``views``: the rows and totals the status page and its JSON API show.
+* ``views``: the rows and totals the status page and its JSON API show;
+* ``service``: ``SchedulerService``, all of it as one process runs it (the informers,
+  the ledger's expiry, the rescheduler), for an adapter to start beside its wire.
 """
