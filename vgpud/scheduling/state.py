@@ -46,6 +46,7 @@ class Warn(Protocol):
 def _log_warning(event: str, /, **fields: Any) -> None:
     log.warning(event, **fields)  # looked up at each call: the log's configuration then
 
+
 @dataclass(frozen=True, slots=True)
 class Refused:
     """A GPU pod the last filter found no node for, and why (for the status page)."""
@@ -58,7 +59,8 @@ class Refused:
 
 
 class SchedulerState:
-    """The allocator, fed by node and pod events; the extender's routes read it."""
+    """The allocator, fed by node, pod and quota events; an adapter's verbs (the
+    extender's routes) read it and remember what filter saw for bind."""
 
     def __init__(self, alloc: Allocator, *, request_cache: int = 20_000,
                  pod_lookup: Callable[[str], PodInfo | None] = lambda key: None,
