@@ -96,7 +96,7 @@ class PluginSettings(_Model):
 
 class SchedulerGates(_Model):
     # Reschedule: a controller in `vgpud scheduler` gets the pods kubelet refused at
-    # admission (vgpud/extender/reschedule.py) placed again.
+    # admission (vgpud/scheduling/reschedule.py) placed again.
     Reschedule: bool = True
     # SerialBindNode: binds to the same node one at a time (VGPU-Manager's gate of that
     # name); off, binds to one node run concurrently.
@@ -109,7 +109,7 @@ class SchedulerGates(_Model):
 class SchedulerSettings(_Model):
     featureGates: SchedulerGates = SchedulerGates()
     # Bare pods (no controller) are recreated under a new name only when this is on: see
-    # vgpud/extender/reschedule.py and docs/install.md for why it is off by default.
+    # vgpud/scheduling/reschedule.py and docs/install.md for why it is off by default.
     rescheduleBarePods: bool = False
     # A pod's lineage is rescheduled at most this many times, then left with an event.
     rescheduleMaxAttempts: int = Field(default=3, ge=1, le=100)

@@ -3,9 +3,10 @@
 Two sources, one set of rows (:mod:`vgpud.core.report`):
 
 * the API server (default; ``--kubeconfig``, in-cluster, or ``$KUBECONFIG``): every
-  node's ``vgpud.io/node-devices`` and every live pod's ``vgpud.io/assignment`` are
-  read and laid into a ledger of their own, as the scheduler does when it starts; a
-  Pending pod's reasons are worked out with the scheduler's own filter;
+  node and every pod is listed and laid into a ledger of their own with the
+  scheduler's own projections and rebuild (:mod:`vgpud.scheduling`), so it holds what
+  the scheduler would hold after a restart; a Pending pod's reasons are worked out
+  with the scheduler's own filter;
 * a running scheduler (``--scheduler URL``, its ops address): its JSON API
   (``/api/v1/gpus``, ``/api/v1/pods``, ``/api/v1/quotas``), which is its own ledger,
   assumed binds and the last filter reason included.
@@ -31,20 +32,15 @@ import yaml
 
 from vgpud.config import Settings
 from vgpud.core.allocate import Allocator
-from vgpud.core.codec import (
-    ASSIGNMENT,
-    NODE_DEVICES,
-    CodecError,
-    decode_assignment,
-    decode_node_devices,
-)
-from vgpud.core.model import Node
 from vgpud.core.quota import quota_keys, quota_rows, read_quota
 from vgpud.core.report import gpu_rows, pending_reasons, pod_row, pod_rows, to_json
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Forbidden, NotFound
+from vgpud.kube.resources import NODES, PODS, RESOURCEQUOTAS, object_key
+from vgpud.scheduling.projections import pod_projection, project_node
+from vgpud.scheduling.state import SchedulerState, rebuild
 
 MIB = 1 << 20
 PAGE = 500
@@ -58,7 +54,6 @@ def _retry_after(value: str | None) -> float:
     except ValueError:
         return 1.0
     return min(max(seconds, 0.0), 30.0) if math.isfinite(seconds) else 1.0
-TERMINAL = ("Succeeded", "Failed")
 
 
 class Format(enum.Enum):
@@ -96,46 +91,38 @@ async def _list(kube: KubeClient, path: str) -> list[Json]:
 
 
 class ApiSource:
-    """The API server, laid into a ledger here."""
+    """The API server, laid into a ledger here as the scheduler lays out its own: the
+    same projections, the same :class:`~vgpud.scheduling.state.SchedulerState`
+    (:func:`~vgpud.scheduling.state.rebuild`). What it cannot use (a malformed
+    inventory or assignment, an assignment this scheduler cannot have granted) is
+    collected in :attr:`warnings`."""
 
     def __init__(self, kube: KubeClient, settings: Settings) -> None:
         self.kube = kube
         self.alloc = Allocator(settings.defaults())
+        self.project_pod = pod_projection(settings.schedulerName, self.alloc.defaults)
         self.warnings: list[str] = []
 
+    def _warn(self, event: str, /, **fields: Any) -> None:
+        what = f"pod {fields['pod']}" if "pod" in fields else f"node {fields.get('node')}"
+        detail = fields.get("error") or (
+            f"bound to {fields.get('bound')} but assigned GPUs of {fields.get('assigned')}: "
+            "it holds none")
+        self.warnings.append(f"{what}: {detail}")
+
     async def load(self) -> None:
-        for n in await _list(self.kube, "/api/v1/nodes"):
-            meta = n.get("metadata") or {}
-            raw = (meta.get("annotations") or {}).get(NODE_DEVICES)
-            if raw is None:
-                continue
-            try:
-                inv = decode_node_devices(raw)
-            except CodecError as e:
-                self.warnings.append(f"node {meta.get('name')}: {e}")
-                continue
-            labels = tuple(sorted((str(k), str(v)) for k, v in (meta.get("labels") or {}).items()))
-            self.alloc.set_node(Node(str(meta.get("name")), inv, labels))
-        for p in await _list(self.kube, "/api/v1/pods"):
-            meta = p.get("metadata") or {}
-            raw = (meta.get("annotations") or {}).get(ASSIGNMENT)
-            node = (p.get("spec") or {}).get("nodeName")
-            if raw is None or not node or (p.get("status") or {}).get("phase") in TERMINAL:
-                continue
-            key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-            try:
-                placement = decode_assignment(raw)
-            except CodecError as e:
-                self.warnings.append(f"pod {key}: {e}")
-                continue
-            self.alloc.confirm(str(meta.get("uid") or key), key, placement)
+        nodes = await _list(self.kube, NODES.collection_path())
+        pods = await _list(self.kube, PODS.collection_path())
+        rebuild(SchedulerState(self.alloc, warn=self._warn),
+                ((object_key(n), project_node(n)) for n in nodes),
+                ((object_key(p), self.project_pod(p)) for p in pods))
 
     async def quotas(self) -> list[dict[str, Any]]:
         """The ResourceQuotas' vGPU limits against the ledger :meth:`load` laid out (read
         only here: the other commands need no access to ResourceQuotas)."""
         keys = quota_keys(self.alloc.defaults)
         try:
-            items = await _list(self.kube, "/api/v1/resourcequotas")
+            items = await _list(self.kube, RESOURCEQUOTAS.collection_path())
         except Forbidden as e:
             raise InspectError(f"cannot list ResourceQuotas: {e}") from None
         quotas = [q for q in (read_quota(obj, keys) for obj in items) if q.limits or q.errors]
@@ -149,7 +136,7 @@ class ApiSource:
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any]:
         try:
-            p = await self.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            p = await self.kube.request("GET", PODS.object_path(name, namespace))
         except NotFound:
             raise InspectError(f"pod {namespace}/{name} not found") from None
         meta = p.get("metadata") or {}

@@ -43,11 +43,11 @@ from vgpud.core.requests import PRESETS
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.extender.state import SchedulerState
 from vgpud.node.metrics import metrics_app
 from vgpud.node.shim import IMAGE_LIB_DIR
 from vgpud.plugin import command as plugin_command
 from vgpud.plugin.service import RESOURCE
+from vgpud.scheduling.state import SchedulerState
 
 M = Manifests.committed()
 NAMESPACE = "kube-system"
@@ -149,7 +149,7 @@ def _granted(*roles: tuple[str, str]) -> set[tuple[str, str]]:
 
 
 def test_scheduler_rbac_is_what_its_code_calls() -> None:
-    needs = api_needs("extender")
+    needs = api_needs("extender", "scheduling")  # the scheduler service runs in the extender
     granted = _granted(("ClusterRole", "vgpud-scheduler"), ("Role", "vgpud-scheduler-leases"))
     # pods are created only to recreate bare pods, behind rescheduleBarePods (off here).
     sched = settings().scheduler

@@ -33,7 +33,7 @@ from vgpud.core.codec import (
     encode_node_devices,
 )
 from vgpud.core.model import NodeInventory, Placement
-from vgpud.extender.reschedule import ATTEMPTS, RESCHEDULED_FROM
+from vgpud.scheduling.reschedule import ATTEMPTS, RESCHEDULED_FROM
 
 pytestmark = pytest.mark.anyio
 

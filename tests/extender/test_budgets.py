@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vgpud.extender.state import project_budget
+from vgpud.scheduling.projections import project_budget
 
 
 def pdb(selector: Any = None, *, allowed: int = 0, **spec: Any) -> dict[str, Any]:

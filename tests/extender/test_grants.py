@@ -18,14 +18,9 @@ from vgpud.core.model import (
     NodeInventory,
     Placement,
 )
-from vgpud.extender.state import (
-    NOT_GRANTED,
-    SchedulerState,
-    granted_by,
-    project_pod,
-    waits_for_gpu,
-)
 from vgpud.kube.cache import Added
+from vgpud.scheduling.projections import NOT_GRANTED, granted_by, project_pod, waits_for_gpu
+from vgpud.scheduling.state import SchedulerState
 
 GRANTS = granted_by("vgpu-scheduler", Defaults())
 WAITS = waits_for_gpu("vgpu-scheduler", Defaults())

@@ -22,8 +22,8 @@ from vgpud.core.allocate import Allocator
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.extender.state import SchedulerState
 from vgpud.ops import QUEUE_PER_SLOT, RELOAD_EVERY, Guard, TokenFile, is_loopback
+from vgpud.scheduling.state import SchedulerState
 
 pytestmark = pytest.mark.anyio
 

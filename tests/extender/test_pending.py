@@ -13,8 +13,9 @@ from tests.kube.clocks import ManualClock
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Defaults
 from vgpud.extender.metrics import PendingGpuPods
-from vgpud.extender.state import SchedulerState, project_pod, waits_for_gpu
 from vgpud.kube.cache import Added, Deleted, Modified
+from vgpud.scheduling.projections import project_pod, waits_for_gpu
+from vgpud.scheduling.state import SchedulerState
 
 WAITS = waits_for_gpu("vgpu-scheduler", Defaults())
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z

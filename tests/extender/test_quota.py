@@ -27,9 +27,9 @@ from vgpud.core.requests import parse_pod
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.run import run_scheduler
-from vgpud.extender.state import SchedulerState
 from vgpud.extender.wire import BindingArgs, ExtenderArgs
 from vgpud.kube.cache import Added
+from vgpud.scheduling.state import SchedulerState
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,13 @@ from tests.standin import ApiServer
 from vgpud.core.cluster import Cluster
 from vgpud.core.codec import ASSIGNMENT, encode_assignment
 from vgpud.core.model import ContainerGrant, DeviceGrant, Gpu, Node, NodeInventory, Placement
-from vgpud.extender.reschedule import (
+from vgpud.kube.cache import Added
+from vgpud.kube.client import KubeClient
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
+from vgpud.kube.errors import KubeError
+from vgpud.kube.writes import EventRecorder, RetryPolicy
+from vgpud.scheduling.projections import PodInfo, project_pod
+from vgpud.scheduling.reschedule import (
     ATTEMPTS,
     BURST,
     RESCHEDULED_FROM,
@@ -24,19 +30,13 @@ from vgpud.extender.reschedule import (
     Leave,
     Planner,
     Recreate,
-    Rescheduler,
     attempts_of,
     gpu_problem,
     reason_to_reschedule,
     replacement,
     replacement_name,
 )
-from vgpud.extender.state import PodInfo, project_pod
-from vgpud.kube.cache import Added
-from vgpud.kube.client import KubeClient
-from vgpud.kube.clock import SYSTEM_CLOCK, Clock
-from vgpud.kube.errors import KubeError
-from vgpud.kube.writes import EventRecorder, RetryPolicy
+from vgpud.scheduling.rescheduler import Rescheduler
 
 ADMISSION = {"phase": "Failed", "reason": "UnexpectedAdmissionError",
              "message": "Allocate failed due to no healthy devices present"}

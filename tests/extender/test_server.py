@@ -18,7 +18,7 @@ from vgpud.core.requests import parse_pod
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.extender.state import SchedulerState
+from vgpud.scheduling.state import SchedulerState
 
 pytestmark = pytest.mark.anyio
 

@@ -151,8 +151,8 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
     from vgpud.extender.metrics import Metrics
     from vgpud.extender.routes import Extender
     from vgpud.extender.server import make_app
-    from vgpud.extender.state import SchedulerState
     from vgpud.ops import Guard
+    from vgpud.scheduling.state import SchedulerState
 
     monkeypatch.setattr(inspection, "PAGE", 2)
     alloc = Allocator()

@@ -27,10 +27,11 @@ from vgpud.core.allocate import Allocator
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.extender.state import SchedulerState, project_node, project_pod
 from vgpud.kube.cache import Informer
 from vgpud.kube.resources import NODES, PODS
 from vgpud.kube.writes import PodBinder
+from vgpud.scheduling.projections import project_node, project_pod
+from vgpud.scheduling.state import SchedulerState
 from vgpud.webhook.run import run_webhook
 
 

@@ -40,8 +40,6 @@ from tests.realkube.cluster import Scenario
 from tests.realkube.controlplane import ControlPlane
 from vgpud.core.model import Defaults
 from vgpud.core.requests import parse_pod, parse_quantity
-from vgpud.extender.reschedule import Copy, replacement
-from vgpud.extender.state import project_pod
 from vgpud.kube import errors
 from vgpud.kube.client import KubeClient
 from vgpud.kube.lease import LeaderElector
@@ -50,6 +48,8 @@ from vgpud.kube.watch import Selector, WatchEvent, list_pages, open_watch
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder, PodWriter, RetryPolicy
 from vgpud.node.cluster import KubeCluster
 from vgpud.node.pods import NodePods
+from vgpud.scheduling.projections import project_pod
+from vgpud.scheduling.reschedule import Copy, replacement
 from vgpud.webhook.bootstrap import Bootstrap, issue_ca
 
 pytestmark = pytest.mark.anyio

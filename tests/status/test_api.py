@@ -25,7 +25,7 @@ from vgpud.core.model import ContainerRequest, PodRequest
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.extender.state import SchedulerState
+from vgpud.scheduling.state import SchedulerState
 
 pytestmark = pytest.mark.anyio
 

@@ -189,5 +189,5 @@ class Metrics:
 
     def count_pending(self, since: Callable[[], Collection[float]]) -> None:
         """Where the pending GPU pods' creation times come from
-        (:meth:`vgpud.extender.state.SchedulerState.pending_since`)."""
+        (:meth:`vgpud.scheduling.state.SchedulerState.pending_since`)."""
         self.pending.since = since

@@ -37,7 +37,6 @@ from vgpud.core.quota import (
 )
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.extender.metrics import Metrics
-from vgpud.extender.state import SchedulerState
 from vgpud.extender.wire import (
     BindingArgs,
     BindingResultJson,
@@ -53,6 +52,8 @@ from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound, Unavailable
 from vgpud.kube.timestamps import rfc3339
 from vgpud.kube.writes import EventRecorder, ObjectRef, PodBinder
+from vgpud.scheduling.projections import holder
+from vgpud.scheduling.state import SchedulerState
 
 log = structlog.get_logger()
 MAX_ROUNDS = 4  # rounds of MAX_TIED top-scored nodes prioritize checks the pod still fits
@@ -232,11 +233,7 @@ class Extender:
 
     def _holder(self, e: Entry) -> Holder | None:
         ns, _, name = e.key.partition("/")
-        info = self.state.pod_by_name(ns, name)
-        if info is None or info.uid != e.uid:
-            return None  # not in the pod cache (yet, or any more): never a victim
-        return Holder(e.uid, ns, name, info.priority, e.placement, info.labels,
-                      info.start_time, info.deleting)
+        return holder(self.state.pod_by_name(ns, name), e)
 
     async def preempt(self, args: PreemptionArgs) -> dict[str, Any]:
         """Keep each node kube-scheduler proposes only if its victims (and, where

@@ -1,12 +1,12 @@
-"""``vgpud scheduler``: one task group for the extender role.
+"""``vgpud scheduler``: one task group for the kube-scheduler adapter.
 
-Children: the node, pod, PodDisruptionBudget and ResourceQuota informers (feeding
-:class:`SchedulerState`; quotas: :mod:`vgpud.core.quota`), the ledger's expiry loop,
-the event recorder, the leader elector (optional), the reschedule controller (gate
-``Reschedule``, started once the node and pod informers have synced;
-``vgpud/extender/reschedule.py``), and the HTTP server. ``/readyz`` turns true once
-the informers have synced, which is when the ledger has been rebuilt from every
-pod's ``vgpud.io/assignment``.
+Children: the scheduler service (:class:`vgpud.scheduling.service.SchedulerService`:
+the node, pod, PodDisruptionBudget and ResourceQuota informers feeding its state, the
+ledger's expiry loop, and the reschedule controller, gate ``Reschedule``, started once
+the node and pod informers have synced), the event recorder, the leader elector
+(optional), and the HTTP servers. ``/readyz`` turns true once the informers have
+synced, which is when the ledger has been rebuilt from every pod's
+``vgpud.io/assignment``.
 
 With several replicas (``leader_elect``) only the Lease's holder runs leader-only
 work: the reschedule controller, the one writer that acts on pods it did not bind.
@@ -20,50 +20,24 @@ from __future__ import annotations
 import gc
 import os
 import socket
-from functools import partial
 
 import anyio
 import structlog
 
 from vgpud.config import Settings
 from vgpud.core.allocate import Allocator
-from vgpud.core.preempt import Budget
-from vgpud.core.quota import Quota, quota_keys, read_quota
 from vgpud.extender.metrics import Metrics
-from vgpud.extender.reschedule import Planner, Rescheduler, gpu_problem
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.extender.state import (
-    NodeInfo,
-    PodInfo,
-    SchedulerState,
-    granted_by,
-    project_budget,
-    project_node,
-    project_pod,
-    waits_for_gpu,
-)
-from vgpud.kube.cache import Informer
 from vgpud.kube.client import KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.lease import LeaderElector
-from vgpud.kube.resources import NODES, PDBS, PODS, RESOURCEQUOTAS
 from vgpud.kube.writes import EventRecorder, PodBinder
 from vgpud.ops import Guard
 from vgpud.process import cancel_on_signals, parse_listen, serve
+from vgpud.scheduling.service import SchedulerService
 
 log = structlog.get_logger()
-
-EXPIRE_EVERY = 5.0
-
-
-async def _expire(alloc: Allocator, metrics: Metrics) -> None:
-    while True:
-        await anyio.sleep(EXPIRE_EVERY)
-        for e in alloc.expire():
-            metrics.expired.inc()
-            log.warning("assumption_expired", pod=e.key, node=e.placement.node,
-                        why="never confirmed by the API")
 
 
 async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: str,
@@ -81,21 +55,6 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
     metrics = Metrics(alloc)
     async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
                                   burst=settings.kubeBurst) as kube:
-        nodes: Informer[NodeInfo] = Informer(kube, NODES, project=project_node)
-        waits = waits_for_gpu(settings.schedulerName, alloc.defaults)
-        grants = granted_by(settings.schedulerName, alloc.defaults)
-        pods: Informer[PodInfo] = Informer(kube, PODS, project=partial(
-            project_pod, waits=waits, grants=grants))
-        budgets: Informer[Budget] = Informer(kube, PDBS, project=project_budget)
-        quotas: Informer[Quota] = Informer(kube, RESOURCEQUOTAS, project=partial(
-            read_quota, keys=quota_keys(alloc.defaults)))
-        state = SchedulerState(alloc, pod_lookup=pods.get)
-        metrics.count_pending(state.pending_since)
-        nodes.subscribe(state.on_node)
-        pods.subscribe(state.on_pod)
-        quotas.subscribe(state.on_quota)
-        for informer in (nodes, pods, budgets, quotas):
-            metrics.count_syncs(informer)
         events = EventRecorder(kube, component=settings.schedulerName, max_per_second=50)
         elector = None
         if leader_elect:
@@ -103,29 +62,23 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                 kube, name=lease_name, namespace=lease_namespace,
                 identity=identity or f"{socket.gethostname()}-{os.getpid()}",
                 clock=lease_clock)
+        service = SchedulerService(
+            kube, alloc, settings, events=events,
+            is_leader=(lambda: elector.is_leader) if elector else (lambda: True),
+            expired=lambda entry: metrics.expired.inc(),
+            rescheduled=lambda action: metrics.reschedules.labels(action).inc())
+        metrics.count_pending(service.state.pending_since)
+        for informer in service.informers.all:
+            metrics.count_syncs(informer)
         sched = settings.scheduler
-        resched = None
-        if sched.featureGates.Reschedule:
-            resched = Rescheduler(
-                kube, events=events, pod_lookup=pods.get,
-                planner=Planner(max_attempts=sched.rescheduleMaxAttempts,
-                                bare_pods=sched.rescheduleBarePods),
-                gpu_problem=lambda node, uuid: gpu_problem(alloc.cluster, node, uuid),
-                qps=sched.rescheduleQPS,
-                count=lambda action: metrics.reschedules.labels(action).inc(),
-                is_leader=(lambda: elector.is_leader) if elector else (lambda: True))
-            nodes.subscribe(resched.on_node)
-            pods.subscribe(resched.on_pod)
         async with anyio.create_task_group() as tg:
-            ext = Extender(state, writer=PodBinder(kube), events=events, metrics=metrics,
-                           spawn=tg.start_soon,
-                           budgets=lambda: [b for _, b in budgets.items()],
+            ext = Extender(service.state, writer=PodBinder(kube), events=events,
+                           metrics=metrics, spawn=tg.start_soon,
+                           budgets=service.informers.budget_list,
                            serial_binds=sched.featureGates.SerialBindNode,
                            allow_privileged=settings.allowPrivilegedGPUPods,
                            topology=sched.featureGates.GPUTopology)
-            def ready() -> bool:
-                return nodes.has_synced and pods.has_synced and quotas.has_synced
-
+            ready = service.ready
             apps = [make_app(ext, ready, ops=ops_at is None, guard=guard)]
             if ops_at is not None:
                 apps.append(make_app(ext, ready, verbs=False, guard=guard))
@@ -134,18 +87,10 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                 await tg.start(serve, app, h, p)
             log.info("scheduler_listening", verbs=listen, ops=metrics_listen or listen)
             tg.start_soon(cancel_on_signals, tg.cancel_scope, "scheduler_stopping")
-            await tg.start(nodes.run)
-            await tg.start(pods.run)
-            await tg.start(budgets.run)
-            await tg.start(quotas.run)
             tg.start_soon(events.run)
             if elector is not None:
                 tg.start_soon(elector.run)
-            tg.start_soon(_expire, alloc, metrics)
-            await nodes.wait_synced()
-            await pods.wait_synced()
-            if resched is not None:
-                tg.start_soon(resched.run)
+            await tg.start(service.run)  # returns once the ledger is rebuilt
             # The synced caches are ~1M long-lived objects; without this every full
             # collection walks them all and stalls the loop for tens of ms (p99).
             gc.collect()

@@ -21,8 +21,9 @@ verbs-only port):
 * ``GET /static/…`` — the page's CSS, script and icon (package data: ``static/``; the
   page's markup is ``templates/status.html``; nothing is loaded from anywhere else).
 
-Rows come from :mod:`vgpud.core.report`, selected by :mod:`vgpud.core.query` (filter
-first, rows for the page only, yielding to the event loop between steps). Memory is in
+Rows come from :class:`vgpud.scheduling.views.StateViews` (the data: :mod:`vgpud.core.report`'s
+rows, selected by :mod:`vgpud.core.query`, filter first, rows for the page only); this
+module renders and serves them, yielding to the event loop between steps. Memory is in
 bytes, cores in percent of one GPU. A bad parameter is answered ``400`` with
 ``{"error": "..."}``; before the caches have synced the API answers ``503`` (the ledger
 is not rebuilt yet, so every GPU would look empty) and the page says so.
@@ -50,21 +51,11 @@ import anyio
 import anyio.lowlevel
 from aiohttp import web
 
-from vgpud.core.query import (
-    GPU_PARAMS,
-    POD_PARAMS,
-    Page,
-    Query,
-    QueryError,
-    Steps,
-    parse_query,
-    select_gpus,
-    select_pods,
-    summary,
-)
-from vgpud.core.quota import MEMORY, QuotaRow, quota_rows
+from vgpud.core.query import GPU_PARAMS, POD_PARAMS, Page, Query, QueryError, Steps, parse_query
+from vgpud.core.quota import MEMORY, QuotaRow
 from vgpud.core.report import GpuRow, PodRow, Slice, to_json
 from vgpud.extender.routes import Extender
+from vgpud.scheduling.views import StateViews
 
 NOT_READY = "vgpud scheduler is still syncing its caches (the ledger is not rebuilt yet)"
 PENDING_ON_PAGE = 100
@@ -331,42 +322,20 @@ def _page_json(page: Page) -> str:
 
 
 class StatusViews:
-    """The page's and the API's handlers over one extender's state."""
+    """The page's and the API's handlers over one extender's state (its rows:
+    :class:`~vgpud.scheduling.views.StateViews`)."""
 
     def __init__(self, ext: Extender, ready: Callable[[], bool]) -> None:
         self.ext = ext
+        self.data = StateViews(ext.state)
         self.ready = ready
-
-    def pending(self) -> list[PodRow]:
-        out = []
-        for r in list(self.ext.state.refused.values()):
-            ns, _, name = r.key.partition("/")
-            out.append(PodRow(ns, name, r.uid, None, "pending", r.priority, (),
-                              reason=r.reason, since=r.since))
-        return out
-
-    def _gpus(self, query: Query) -> Steps[Page]:
-        a = self.ext.alloc
-        return select_gpus(a.cluster, a.ledger, query)
-
-    def _pods(self, query: Query) -> Steps[Page]:
-        return select_pods(self.ext.alloc.ledger, self.pending(), query)
-
-    def quotas(self) -> list[QuotaRow]:
-        held = self.ext.state.quotas
-        return quota_rows((q for qs in list(held.values()) for q in list(qs.values())),
-                          self.ext.alloc.ledger.namespaces())
 
     async def quotas_api(self, request: web.Request) -> web.Response:
         if request.query:
             return _json({"error": "this endpoint takes no parameters"}, 400)
         if not self.ready():
             return _json({"error": NOT_READY}, 503)
-        return _json({"items": [r.to_json() for r in self.quotas()]})
-
-    def summary(self) -> dict[str, int]:
-        a = self.ext.alloc
-        return summary(a.cluster, a.ledger, len(self.ext.state.refused))
+        return _json({"items": [r.to_json() for r in self.data.quotas()]})
 
     async def api(self, request: web.Request, allowed: frozenset[str],
                   select: Callable[[Query], Steps[Page]]) -> web.Response:
@@ -383,17 +352,17 @@ class StatusViews:
                             headers=SECURITY_HEADERS)
 
     async def gpus(self, request: web.Request) -> web.Response:
-        return await self.api(request, GPU_PARAMS, self._gpus)
+        return await self.api(request, GPU_PARAMS, self.data.gpus)
 
     async def pods(self, request: web.Request) -> web.Response:
-        return await self.api(request, POD_PARAMS, self._pods)
+        return await self.api(request, POD_PARAMS, self.data.pods)
 
     async def summary_api(self, request: web.Request) -> web.Response:
         if request.query:
             return _json({"error": "this endpoint takes no parameters"}, 400)
         if not self.ready():
             return _json({"error": NOT_READY}, 503)
-        return _json(self.summary())
+        return _json(self.data.summary())
 
     async def page(self, request: web.Request) -> web.Response:
         status, error, refresh = 200, None, REFRESH_SECONDS
@@ -410,12 +379,12 @@ class StatusViews:
         gpus = pending = totals = quotas = None
         ready = self.ready()
         if ready and error is None:
-            gpus = await drive(self._gpus(query))
-            pending = await drive(self._pods(Query(
+            gpus = await drive(self.data.gpus(query))
+            pending = await drive(self.data.pods(Query(
                 namespace=query.namespace, q=query.q, state="pending",
                 limit=PENDING_ON_PAGE)))
-            totals = self.summary()
-            quotas = self.quotas()
+            totals = self.data.summary()
+            quotas = self.data.quotas()
         html = await anyio.to_thread.run_sync(lambda: render_page(
             ready=ready, query=query, gpus=gpus, pending=pending, totals=totals,
             now=self.ext.stamp(), error=error, refresh=refresh, quotas=quotas))

@@ -1,32 +1,27 @@
-"""Keeps the allocator in step with the API server.
+"""What the scheduler keeps of the API's objects: one projection per kind.
 
-Informer events become ledger operations:
+A pod becomes a :class:`PodInfo` once per informer event (:func:`project_pod`); its
+``vgpud.io/assignment`` is decoded there, and only there, in the scheduler's process
+(the extender's state and preemption, the reschedule controller, the status views and
+``vgpud inspect`` all read the same value). A node becomes a :class:`NodeInfo`, a
+PodDisruptionBudget a :class:`~vgpud.core.preempt.Budget`. Decoding is the core's; this
+module only reads the objects' fields.
 
-* a node's ``vgpud.io/node-devices`` annotation sets its inventory (missing or
-  malformed: the node has no vGPUs, with one warning per change);
-* a pod that is bound (``spec.nodeName``) and carries a ``vgpud.io/assignment`` for
-  that node is *confirmed*; a terminated or deleted pod is *forgotten*;
-* an annotated pod that is not bound yet is a bind in flight (or one that failed
-  after its patch): it stays assumed until bound, or expires;
-* a ResourceQuota's limits on vGPU memory and cores (:mod:`vgpud.core.quota`) are kept
-  by namespace, so a changed quota counts from the next filter on.
-
-Pods are projected to :class:`PodInfo` so the scheduler holds 50,000 pods in a few
-tens of MiB. Decoding is the core's; this module only routes.
+The output rows are views of these values, not projections of their own:
+:class:`~vgpud.core.preempt.Holder` (preemption's input: :func:`holder`) and
+:class:`~vgpud.core.report.PodRow` (the status API's and ``inspect``'s rows, made from
+the ledger's entries).
 """
 
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-import structlog
-
 from vgpud.core.admission import is_gpu_pod
-from vgpud.core.allocate import Allocator
 from vgpud.core.codec import (
     ASSIGNMENT,
     NODE_DEVICES,
@@ -34,14 +29,10 @@ from vgpud.core.codec import (
     decode_assignment,
     decode_node_devices,
 )
-from vgpud.core.model import Defaults, Node, NodeInventory, Placement, PodRequest
-from vgpud.core.preempt import Budget, Requirement
-from vgpud.core.quota import Quota
-from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
-from vgpud.kube.clock import SYSTEM_CLOCK, Clock
+from vgpud.core.ledger import Entry
+from vgpud.core.model import Defaults, NodeInventory, Placement
+from vgpud.core.preempt import Budget, Holder, Requirement
 from vgpud.kube.timestamps import parse_rfc3339
-
-log = structlog.get_logger()
 
 TERMINAL = frozenset({"Succeeded", "Failed"})
 
@@ -78,17 +69,6 @@ class PodInfo:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """A GPU pod the last filter found no node for, and why (for the status page)."""
-
-    uid: str
-    key: str
-    reason: str
-    since: str  # RFC 3339: when filter first refused it
-    priority: int  # nvidia.com/vgpu-priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,140 +228,20 @@ def project_node(obj: dict[str, Any]) -> NodeInfo:
                     inventory, error)
 
 
-class SchedulerState:
-    """The allocator, fed by node and pod events; the extender's routes read it."""
 
-    def __init__(self, alloc: Allocator, *, request_cache: int = 20_000,
-                 pod_lookup: Callable[[str], PodInfo | None] = lambda key: None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
-        """``pod_lookup`` finds a pod's projection by ``namespace/name``: the pod
-        informer's own cache (``Informer.get``), so pods are not indexed twice;
-        ``clock`` dates the pods that carry no creation time."""
-        self.alloc = alloc
-        self.clock = clock
-        self.pod_lookup = pod_lookup
-        self.bad_assignments: set[str] = set()
-        self.bad_nodes: dict[str, str] = {}
-        self._requests: OrderedDict[str, PodRequest] = OrderedDict()
-        self._request_cache = request_cache
-        # pods filter found no node for, until they bind or go (bounded like requests)
-        self.refused: OrderedDict[str, Refused] = OrderedDict()
-        # GPU pods waiting to be placed (PodInfo.pending_since): uid -> creation time
-        self.pending: dict[str, float] = {}
-        # ResourceQuotas that bound vGPU memory or cores: namespace -> name -> quota
-        self.quotas: dict[str, dict[str, Quota]] = {}
 
-    # -- requests seen at filter time, for bind ----------------------------------------------
+def pod_projection(scheduler_name: str, defaults: Defaults) -> Callable[[dict[str, Any]], PodInfo]:
+    """:func:`project_pod` for the scheduler named ``scheduler_name``: the one projection
+    its pod informer, and ``vgpud inspect``'s rebuild, apply."""
+    return partial(project_pod, waits=waits_for_gpu(scheduler_name, defaults),
+                   grants=granted_by(scheduler_name, defaults))
 
-    def remember(self, req: PodRequest) -> None:
-        self._requests[req.uid] = req
-        self._requests.move_to_end(req.uid)
-        while len(self._requests) > self._request_cache:
-            self._requests.popitem(last=False)
 
-    def request(self, uid: str) -> PodRequest | None:
-        return self._requests.get(uid)
-
-    def refuse(self, req: PodRequest, reason: str, now: str) -> None:
-        """Filter found no node for ``req``: remember why (the first time's date)."""
-        old = self.refused.pop(req.uid, None)
-        self.refused[req.uid] = Refused(req.uid, req.key, reason,
-                                        old.since if old else now, req.priority)
-        while len(self.refused) > self._request_cache:
-            self.refused.popitem(last=False)
-
-    # -- informer events --------------------------------------------------------------------
-
-    def on_node(self, event: Event[NodeInfo]) -> None:
-        if isinstance(event, Synced):
-            return
-        if isinstance(event, Deleted):
-            self.alloc.remove_node(event.key)
-            self.bad_nodes.pop(event.key, None)
-            return
-        info = event.obj if isinstance(event, Added) else event.new
-        if info.error is not None:
-            if self.bad_nodes.get(info.name) != info.error:
-                log.warning("node_inventory_invalid", node=info.name, error=info.error)
-            self.bad_nodes[info.name] = info.error
-            self.alloc.remove_node(info.name)
-            return
-        self.bad_nodes.pop(info.name, None)
-        if info.inventory is None:
-            self.alloc.remove_node(info.name)
-            return
-        if isinstance(event, Modified) and event.old.inventory == info.inventory \
-                and event.old.labels == info.labels:
-            return  # a heartbeat or status change: nothing the allocator reads
-        self.alloc.set_node(Node(info.name, info.inventory, info.labels))
-
-    def on_quota(self, event: Event[Quota]) -> None:
-        if isinstance(event, Synced):
-            return
-        q = event.obj if isinstance(event, (Added, Deleted)) else event.new
-        held = self.quotas.get(q.namespace, {})
-        old = held.pop(q.name, None)
-        if not isinstance(event, Deleted) and (q.limits or q.errors):
-            held[q.name] = q
-            if q.errors and (old is None or old.errors != q.errors):
-                for e in q.errors:
-                    log.warning("quota_invalid", quota=q.key, error=e)
-        if held:
-            self.quotas[q.namespace] = held
-        else:
-            self.quotas.pop(q.namespace, None)
-
-    def quotas_in(self, namespace: str) -> list[Quota]:
-        """The namespace's ResourceQuotas that bound vGPU memory or cores."""
-        held = self.quotas.get(namespace)
-        return list(held.values()) if held else []
-
-    def on_pod(self, event: Event[PodInfo]) -> None:
-        if isinstance(event, Synced):
-            return
-        if isinstance(event, Deleted):
-            info = event.obj
-            self.pending.pop(info.uid, None)
-            self.bad_assignments.discard(info.uid)
-            self._requests.pop(info.uid, None)
-            self.refused.pop(info.uid, None)
-            if self.alloc.forget(info.uid):
-                log.debug("pod_released", pod=info.key, why="deleted")
-            return
-        info = event.obj if isinstance(event, Added) else event.new
-        if info.pending_since:
-            # no creation time: count from when the scheduler first saw it
-            self.pending.setdefault(info.uid, info.pending_since if info.pending_since > 0
-                                    else self.clock.wall().timestamp())
-        else:
-            self.pending.pop(info.uid, None)
-        if info.phase in TERMINAL or info.node:
-            self.refused.pop(info.uid, None)
-        if info.phase in TERMINAL:
-            if self.alloc.forget(info.uid):
-                log.debug("pod_released", pod=info.key, why=info.phase)
-            self._requests.pop(info.uid, None)
-            return
-        if info.assignment_error is not None:
-            if info.uid not in self.bad_assignments:
-                log.warning("pod_assignment_invalid", pod=info.key, error=info.assignment_error)
-            self.bad_assignments.add(info.uid)
-            return
-        self.bad_assignments.discard(info.uid)
-        placement = info.placement
-        if placement is None or not info.node:
-            return
-        if placement.node != info.node:
-            log.warning("pod_assignment_other_node", pod=info.key, bound=info.node,
-                        assigned=placement.node)
-            return
-        # event.key is the informer's own "namespace/name" string: the ledger shares it
-        # rather than holding a copy per pod
-        self.alloc.confirm(info.uid, event.key, placement)
-
-    def pending_since(self) -> Collection[float]:
-        """Creation times of the GPU pods waiting to be placed (for the metrics)."""
-        return self.pending.values()
-
-    def pod_by_name(self, namespace: str, name: str) -> PodInfo | None:
-        return self.pod_lookup(f"{namespace}/{name}")
+def holder(info: PodInfo | None, entry: Entry) -> Holder | None:
+    """A ledger entry as preemption weighs it: the entry's placement (assumed or
+    confirmed) with its pod's priority, labels, start and deletion. None when the pod is
+    not the entry's (not in the cache yet, or any more, or replaced): never a victim."""
+    if info is None or info.uid != entry.uid:
+        return None
+    return Holder(entry.uid, info.namespace, info.name, info.priority, entry.placement,
+                  info.labels, info.start_time, info.deleting)

@@ -1,0 +1,72 @@
+"""The scheduler's informers, wired to its state.
+
+Four informers: nodes (:class:`NodeInfo`), pods (:class:`PodInfo`, the one pod
+projection of the process: :func:`pod_projection`), PodDisruptionBudgets (for
+preemption) and ResourceQuotas (:mod:`vgpud.core.quota`). Node, pod and quota events
+feed one :class:`SchedulerState`, whose pod lookups read the pod informer's own cache.
+Whoever else reacts to the events (the reschedule controller, an adapter's metrics)
+subscribes before :meth:`SchedulerInformers.start`.
+
+The state is ready, its ledger rebuilt from every pod's ``vgpud.io/assignment``, once
+the node, pod and quota informers have listed (:meth:`SchedulerInformers.ready`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from anyio.abc import TaskGroup
+
+from vgpud.core.allocate import Allocator
+from vgpud.core.preempt import Budget
+from vgpud.core.quota import Quota, quota_keys, read_quota
+from vgpud.kube.cache import Informer
+from vgpud.kube.client import KubeClient
+from vgpud.kube.resources import NODES, PDBS, PODS, RESOURCEQUOTAS
+from vgpud.scheduling.projections import (
+    NodeInfo,
+    PodInfo,
+    pod_projection,
+    project_budget,
+    project_node,
+)
+from vgpud.scheduling.state import SchedulerState
+
+
+class SchedulerInformers:
+    """The informers of one scheduler named ``scheduler_name``, and the state they feed."""
+
+    def __init__(self, kube: KubeClient, alloc: Allocator, scheduler_name: str) -> None:
+        self.nodes: Informer[NodeInfo] = Informer(kube, NODES, project=project_node)
+        self.pods: Informer[PodInfo] = Informer(
+            kube, PODS, project=pod_projection(scheduler_name, alloc.defaults))
+        self.budgets: Informer[Budget] = Informer(kube, PDBS, project=project_budget)
+        self.quotas: Informer[Quota] = Informer(kube, RESOURCEQUOTAS, project=partial(
+            read_quota, keys=quota_keys(alloc.defaults)))
+        self.state = SchedulerState(alloc, pod_lookup=self.pods.get)
+        self.nodes.subscribe(self.state.on_node)
+        self.pods.subscribe(self.state.on_pod)
+        self.quotas.subscribe(self.state.on_quota)
+
+    @property
+    def all(self) -> tuple[Informer[NodeInfo], Informer[PodInfo], Informer[Budget],
+                           Informer[Quota]]:
+        return (self.nodes, self.pods, self.budgets, self.quotas)
+
+    def ready(self) -> bool:
+        """The ledger is rebuilt and the quotas are known: decisions may be made."""
+        return self.nodes.has_synced and self.pods.has_synced and self.quotas.has_synced
+
+    def budget_list(self) -> list[Budget]:
+        """The PodDisruptionBudgets as of now (preemption reads them)."""
+        return [b for _, b in self.budgets.items()]
+
+    async def start(self, tg: TaskGroup) -> None:
+        """Run every informer in ``tg`` (each started: its watch is being set up)."""
+        for informer in self.all:
+            await tg.start(informer.run)
+
+    async def wait_synced(self) -> None:
+        """Until the node and pod informers have listed (the ledger is rebuilt)."""
+        await self.nodes.wait_synced()
+        await self.pods.wait_synced()
