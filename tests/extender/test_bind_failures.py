@@ -31,10 +31,11 @@ from vgpud.core.codec import ASSIGNMENT, decode_assignment
 from vgpud.core.ledger import State
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
-from vgpud.extender.state import SchedulerState, project_pod
 from vgpud.extender.wire import BindingArgs, ExtenderArgs
 from vgpud.kube.cache import Added
 from vgpud.kube.writes import PodBinder, RetryPolicy
+from vgpud.scheduling.projections import project_pod
+from vgpud.scheduling.state import SchedulerState
 
 pytestmark = pytest.mark.anyio
 
