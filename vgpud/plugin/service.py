@@ -216,7 +216,7 @@ class PluginService(pb.DevicePluginBase):
         infos = sorted((i for i in (self.devices.info(u) for u in uuids) if i is not None),
                        key=lambda d: d.gpu.index)
         try:
-            alloc = await anyio.to_thread.run_sync(self.store.prepare, ids, self.resource.name)
+            alloc = self.store.prepare(ids, self.resource.name)  # small files, as configure
         except OSError as e:
             raise GRPCError(Status.INTERNAL,
                             f"cannot create the allocation directory: {e.strerror or e}") from None

@@ -150,7 +150,7 @@ class _Expected:
 
 
 @dataclass(slots=True)
-class _Owner:
+class _Lineages:
     """One controller's lineages: the replacements expected, and whether it gave up."""
 
     expected: list[_Expected] = field(default_factory=list)
@@ -182,7 +182,7 @@ class Planner:
         self.decay = decay
         self.max_owners = max_owners
         self.max_done = max_done
-        self._owners: OrderedDict[str, _Owner] = OrderedDict()
+        self._owners: OrderedDict[str, _Lineages] = OrderedDict()
         self._done: OrderedDict[str, None] = OrderedDict()
         # Pod order, kept only for pods of owners with a recent failure (bounded).
         self._born: OrderedDict[str, int] = OrderedDict()
@@ -196,7 +196,7 @@ class Planner:
     def is_done(self, uid: str) -> bool:
         return uid in self._done
 
-    def _owner(self, key: str, now: float) -> _Owner | None:
+    def _owner(self, key: str, now: float) -> _Lineages | None:
         owner = self._owners.get(key)
         if owner is None:
             return None
@@ -228,7 +228,7 @@ class Planner:
         key = self.owner_key(pod)
         owner = self._owner(key, now)
         if owner is None:
-            owner = self._owners[key] = _Owner()
+            owner = self._owners[key] = _Lineages()
         owner.last = now
         self._owners.move_to_end(key)
         while len(self._owners) > self.max_owners:
@@ -236,7 +236,7 @@ class Planner:
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def _matching(self, owner: _Owner | None, uid: str) -> list[_Expected]:
+    def _matching(self, owner: _Lineages | None, uid: str) -> list[_Expected]:
         born = self._born.get(uid)
         if owner is None or born is None:
             return []
@@ -270,7 +270,7 @@ class Planner:
         if not pod.controller or isinstance(action, Recreate | Leave):
             return
         key = self.owner_key(pod)
-        owner = self._owner(key, now) or _Owner()
+        owner = self._owner(key, now) or _Lineages()
         if isinstance(action, Delete):
             for e in self._matching(owner, pod.uid):
                 if e.attempt == action.attempt - 1:
