@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import anyio
 import structlog
 from anyio.abc import TaskStatus
 
-from vgpud.config import Settings
 from vgpud.kube.client import KubeClient
 from vgpud.node.cluster import ClusterApi, KubeCluster
 from vgpud.node.devices import Changes, NodeDevices
@@ -37,24 +36,16 @@ from vgpud.plugin.service import PluginService
 log = structlog.get_logger(__name__)
 
 
-@dataclass
-class PluginOptions:
-    node_name: str
+@dataclass(kw_only=True)
+class PluginOptions(NodeOptions):
+    """The node runtime's options, and the device plugin's own."""
+
     device_plugin_dir: Path
-    pod_resources_socket: Path
-    state_dir: Path
-    settings: Settings = field(default_factory=Settings)
-    metrics_listen: str | None = None  # host:port; None: settings.plugin.metricsListen; "": off
     kubelet_poll: float = 1.0
-    housekeeping: float = 30.0
-    collect_grace: float = 300.0
-    require_shim: bool = True
 
     def node(self) -> NodeOptions:
         """What the node runtime under the plugin is started with."""
-        return NodeOptions(self.node_name, self.pod_resources_socket, self.state_dir,
-                           self.settings, self.metrics_listen, self.housekeeping,
-                           self.collect_grace, self.require_shim)
+        return NodeOptions(**{f.name: getattr(self, f.name) for f in fields(NodeOptions)})
 
 
 @dataclass
