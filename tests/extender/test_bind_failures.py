@@ -295,3 +295,146 @@ async def test_an_unfiltered_pod_gone_or_unreadable_or_replaced_is_not_bound() -
     assert s.faults.calls["bind"] == 0 and len(s.alloc.ledger) == 0
     # read again, it binds
     assert (await s.ext.bind(BindingArgs("a", NS, uid, "n1")))["Error"] == ""
+
+
+# -- retries of a bind whose outcome is unknown (a hostile review's four ways past the room) --
+
+
+def two_nodes(binder: Any = None) -> Setup:
+    s = Setup(binder)
+    s.alloc.set_node(node("n2", 1, GPU_MEMORY))
+    return s
+
+
+async def filtered_on_both(s: Setup, name: str) -> dict[str, Any]:
+    pod = s.objects.add_pod(gpu_pod(name))
+    got = await s.ext.filter(ExtenderArgs(pod, ("n1", "n2"), None))
+    assert set(got["NodeNames"]) == {"n1", "n2"}, got
+    return pod
+
+
+async def unknown_outcome(s: Setup, pod: dict[str, Any], node: str = "n1", *,
+                          landed: bool) -> None:
+    """Bind ``pod``: every attempt unanswered (``landed``: the first one applied) and the
+    read-back unanswered too; the room stays held."""
+    s.faults.fail("bind", timeout(), applied=landed)
+    s.faults.fail("read_pod", timeout())
+    assert "whether it landed is unknown" in await s.bind(pod, node)
+    assert s.holds(pod)
+
+
+async def test_a_retry_elsewhere_after_a_landed_unknown_bind_is_refused() -> None:
+    """The pod's own held room steers kube-scheduler's retry to n2; before, the retry
+    forgot n1's room, got 409 and freed n2's too, and c was bound into the GPU a runs on.
+    Now the pod is read before the earlier room is given up: bound on n1, refused."""
+    s = two_nodes()
+    a, c = await filtered_on_both(s, "a"), await filtered_on_both(s, "c")
+    await unknown_outcome(s, a, landed=True)
+    assert await s.bind(a, "n2") == f"pod {NS}/a is already bound to n1"
+    assert s.holds(a) and s.objects.pod(NS, "a")["spec"]["nodeName"] == "n1"
+    assert await s.bind(c, "n1") != "", "c was bound into the GPU a runs on"
+    s.state.on_pod(Added(f"{NS}/a", project_pod(s.objects.pod(NS, "a"))))
+    assert s.alloc.ledger.violations() == []
+
+
+async def test_a_retry_elsewhere_after_an_unknown_bind_that_did_not_land_goes_on() -> None:
+    s = two_nodes()
+    a, c = await filtered_on_both(s, "a"), await filtered_on_both(s, "c")
+    await unknown_outcome(s, a, landed=False)
+    assert await s.bind(a, "n2") == ""
+    entry = s.alloc.ledger.get(a["metadata"]["uid"])
+    assert entry is not None and entry.placement.node == "n2"
+    assert await s.bind(c, "n1") == ""  # n1's room was given up once the pod showed it free
+
+
+async def test_a_retry_elsewhere_with_the_pod_unreadable_keeps_the_earlier_room() -> None:
+    s = two_nodes()
+    a = await filtered_on_both(s, "a")
+    await unknown_outcome(s, a, landed=True)
+    s.faults.fail("read_pod", timeout())
+    error = await s.bind(a, "n2")
+    assert "an earlier bind to n1 ended unanswered" in error, error
+    entry = s.alloc.ledger.get(a["metadata"]["uid"])
+    assert entry is not None and entry.placement.node == "n1"
+    assert s.faults.calls["bind"] == 1  # nothing written to n2
+
+
+async def test_a_409_to_a_retry_with_the_pod_unreadable_keeps_the_room() -> None:
+    """The 409 says the earlier Binding landed; the read-back failing must not free it."""
+    s = Setup()
+    a, b = await s.filtered("a"), await s.filtered("b")
+    await unknown_outcome(s, a, landed=True)
+    s.faults.fail("read_pod", timeout())
+    assert "409 Conflict" in await s.bind(a)
+    assert s.holds(a)
+    assert await s.bind(b) != "", "b was bound into the GPU a runs on"
+
+
+class SlowFirst(MemoryBinder):
+    """The first bind waits for ``go``, then goes unanswered (not applied)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = anyio.Event()
+        self.parked = anyio.Event()
+        self.n = 0
+
+    async def bind(self, namespace: str, name: str, node: str, **kw: Any) -> None:
+        self.n += 1
+        if self.n == 1:
+            self.parked.set()
+            await self.go.wait()
+            raise timeout()
+        await super().bind(namespace, name, node, **kw)
+
+
+async def test_a_retry_while_the_first_bind_is_in_flight_is_refused() -> None:
+    """kube-scheduler gave up on a slow bind (its HTTP timeout) and retried on another
+    node: before, the retry bound a to n2 and the first call, failing late, forgot a's
+    entry by uid (the n2 placement of a running pod). A bind of a pod whose bind is still
+    in flight is refused, and a bind's failure releases only the placement it assumed."""
+    binder = SlowFirst()
+    s = two_nodes(binder)
+    a, d = await filtered_on_both(s, "a"), await filtered_on_both(s, "d")
+    answers: dict[str, str] = {}
+
+    async def first() -> None:
+        answers["first"] = await s.bind(a, "n1")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        await binder.parked.wait()
+        answers["retry"] = await s.bind(a, "n2")
+        binder.go.set()
+    assert answers["retry"] == f"a bind of pod {NS}/a is still in flight; try again once it " \
+                               f"has ended"
+    assert answers["first"].startswith(f"could not bind {NS}/a to n1: 504 Timeout")
+    assert not s.holds(a) and s.objects.pod(NS, "a")["spec"].get("nodeName") is None
+    assert await s.bind(a, "n2") == ""  # the next retry, once the first has ended
+    assert await s.bind(d, "n2") != "", "d was bound into the GPU a holds"
+
+
+async def test_a_retried_unknown_bind_is_assumed_afresh() -> None:
+    """A retry reuses the earlier placement; before, it kept the first attempt's deadline,
+    so the ledger's expiry dropped it while the retry's Binding was in flight, and b took
+    the same GPU. The retry assumes the placement afresh: its TTL counts from the retry."""
+    s = Setup()
+    now = [0.0]
+    s.alloc.clock = lambda: now[0]
+    a, b = await s.filtered("a"), await s.filtered("b")
+    await unknown_outcome(s, a, landed=False)
+    now[0] = 119.0  # kube-scheduler's retry, after its backoffs
+    release = s.faults.hold("bind")
+    answers: dict[str, str] = {}
+
+    async def retry() -> None:
+        answers["a"] = await s.bind(a)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(retry)
+        await s.faults.arrived["bind"].wait()
+        now[0] = 121.0
+        assert s.alloc.expire() == []  # the service's expiry loop, meanwhile
+        release()
+    assert answers["a"] == "" and s.holds(a)
+    assert await s.bind(b) != "", "b was bound into the GPU a holds"

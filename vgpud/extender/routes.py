@@ -99,6 +99,7 @@ class Extender:
         self.topology = topology
         self._node_locks: dict[str, tuple[anyio.Lock, int]] = {}
         self.binds_in_flight = 0
+        self._binding: set[str] = set()  # uids with a bind in flight
 
     def stamp(self) -> str:
         """Now on the clock, as the RFC 3339 ``Time`` placements and refusals carry."""
@@ -272,6 +273,11 @@ class Extender:
     async def bind(self, args: BindingArgs) -> BindingResultJson:
         if self.writer is None:
             return {"Error": "binding is disabled (no API connection)"}
+        if args.uid in self._binding:  # kube-scheduler gave up on it, not the API server
+            return {"Error": f"a bind of pod {args.namespace}/{args.name} is still in "
+                             f"flight; try again once it has ended"}
+        if args.uid:
+            self._binding.add(args.uid)
         self.binds_in_flight += 1
         try:
             if not self.serial_binds:
@@ -289,6 +295,7 @@ class Extender:
                     self._node_locks[args.node] = (lock, users - 1)
         finally:
             self.binds_in_flight -= 1
+            self._binding.discard(args.uid)
 
     async def _bind(self, args: BindingArgs, writer: PodBinder) -> BindingResultJson:
         key = f"{args.namespace}/{args.name}"
@@ -315,21 +322,26 @@ class Extender:
             # kube-scheduler's retry of a bind that landed: what the Binding would answer
             # (409), and the running pod's placement stays counted
             return {"Error": f"pod {key} is already bound to {prior.placement.node}"}
-        if prior is not None and prior.placement.node == args.node:
-            got: Placement | Reason = prior.placement  # a bind that failed or never answered
-        else:
-            if prior is not None:  # a bind elsewhere that failed or never answered
-                self.alloc.forget(req.uid)
-            got = self.alloc.place(req, args.node)
+        if prior is not None and prior.placement.node != args.node:
+            # an earlier bind to another node ended without an answer: its room is freed
+            # only once the pod is read and shows it did not land
+            refused = await self._landed_elsewhere(args, writer, req, key, prior)
+            if refused is not None:
+                return refused
+            prior = None
+        # an earlier bind here that never answered: the same GPUs, which it may hold already
+        got = prior.placement if prior is not None else self.alloc.place(req, args.node)
         if isinstance(got, Reason):
             return {"Error": f"pod {key} no longer fits {args.node}: {got.message}"}
         placement = replace(got, time=self.stamp())
-        quotas = self.state.quotas_in(req.namespace)
+        quotas = self.state.quotas_in(req.namespace) if prior is None else ()
         if quotas:  # counted with the ledger as assume will find it: no await between
             over = exceeds(quotas, self._namespace_use(req), placement_use(placement),
                            req.namespace)
             if over is not None:
                 return {"Error": f"pod {key} cannot be bound: {over.message}"}
+        if prior is not None:  # assumed afresh below, so its TTL counts from this bind
+            self._release(req.uid, prior.placement)
         why = self.alloc.assume(req, placement)  # atomic: no await since place()
         if why is not None:
             return {"Error": f"pod {key} cannot hold its GPUs on {args.node}: {why.message}"}
@@ -340,7 +352,7 @@ class Extender:
             if isinstance(e, Unavailable) or prior is not None:
                 # unanswered, or a 409 to a retry of one unanswered: it may have landed
                 return await self._read_back(args, writer, req, key, placement, e)
-            self.alloc.forget(req.uid)
+            self._release(req.uid, placement)
             log.info("bind_failed", pod=key, node=args.node, error=str(e))
             return {"Error": f"could not bind {key} to {args.node}: {e}"}
         # No event here: kube-scheduler records "Scheduled" itself, and the GPUs are in
@@ -349,6 +361,32 @@ class Extender:
         log.info("pod_bound", pod=key, node=args.node, gpus=describe(placement))
         return {"Error": ""}
 
+
+    def _release(self, uid: str, placement: Placement) -> None:
+        """Forget ``uid``'s assumption if it is still ``placement`` (its stamp aside): not
+        confirmed by the watch since, nor replaced by a later bind of the pod."""
+        entry = self.alloc.ledger.get(uid)
+        if (entry is not None and entry.state is State.ASSUMED
+                and replace(entry.placement, time="") == replace(placement, time="")):
+            self.alloc.forget(uid)
+
+    async def _landed_elsewhere(self, args: BindingArgs, writer: PodBinder, req: PodRequest,
+                                key: str, prior: Entry) -> BindingResultJson | None:
+        """Before a bind to another node than an earlier one that never answered: read
+        the pod. Not bound: the earlier room is freed and the bind goes on (None). Bound,
+        or unreadable: refused, the earlier room still held."""
+        where = prior.placement.node
+        try:
+            pod = await writer.read_pod(args.namespace, args.name)
+        except KubeError as e:
+            return {"Error": f"pod {key} cannot be bound to {args.node}: an earlier bind to "
+                             f"{where} ended unanswered and the pod cannot be read ({e}); "
+                             f"its GPUs there stay held until the pod is seen"}
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            return {"Error": f"pod {key} is already bound to {bound}"}
+        self._release(req.uid, prior.placement)
+        return None
 
     async def _read_back(self, args: BindingArgs, writer: PodBinder, req: PodRequest,
                          key: str, placement: Placement,
@@ -362,9 +400,6 @@ class Extender:
         try:
             pod = await writer.read_pod(args.namespace, args.name)
         except KubeError as e:
-            if not isinstance(error, Unavailable):
-                self.alloc.forget(req.uid)
-                return {"Error": f"could not bind {key} to {args.node}: {error}"}
             log.warning("bind_outcome_unknown", pod=key, node=args.node, error=str(error),
                         read=str(e))
             return {"Error": f"could not bind {key} to {args.node}: {error} (whether it "
@@ -375,7 +410,7 @@ class Extender:
             log.info("pod_bound", pod=key, node=args.node, gpus=describe(placement),
                      answer_lost=str(error))
             return {"Error": ""}
-        self.alloc.forget(req.uid)
+        self._release(req.uid, placement)
         log.info("bind_failed", pod=key, node=args.node, error=str(error))
         return {"Error": f"could not bind {key} to {args.node}: {error}"}
 
