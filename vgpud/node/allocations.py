@@ -151,6 +151,14 @@ class AllocationStore:
                            resource=resource)
         return self._write_record(alloc)
 
+    def owner_of(self, ids: Iterable[str], resource: str = DEFAULT_RESOURCE
+                 ) -> AllocationOwner | None:
+        """Who holds the ID set's directory now (None: nobody, or no directory yet): a
+        different owner's configure first clears what the container before it left in its
+        state directory, which a container can fill."""
+        found = self.load(self.path(tuple(sorted(set(ids))), resource))
+        return None if found is None else found.owner
+
     def configure(self, ids: Iterable[str], owner: AllocationOwner, config_text: str,
                   devices: tuple[DeviceGrant, ...], resource: str = DEFAULT_RESOURCE,
                   priority: int = 0, policy: str = "fixed") -> Allocation:

@@ -105,23 +105,29 @@ class Configurer:
         ``ids`` of ``resource`` (``chosen``: their GPUs, one per ID); ``listed``: the
         pods kubelet lists, read from the API when the cache does not show them in full."""
         where = f"pod {namespace}/{name} container {container!r}"
-        # the pod and the node's policy, read at once (two API round trips, one wait)
+        # the pod and the node's policy, read at once (two API round trips, one wait),
+        # unless the watched pod names a policy of its own (which wins)
         raw_policy: list[str | None] = []
         refused: AllocationFailed | None = None
+        cached = self.pods().cached(namespace, name)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._read_policy, raw_policy)
+            if cached is None or COMPUTE_POLICY not in cached.annotations:
+                tg.start_soon(self._read_policy, raw_policy)
             try:  # raised from here, not out of the task group (as a group)
                 pod = await self.pod(namespace, name, where)
             except AllocationFailed as e:
                 refused = e
+                tg.cancel_scope.cancel()  # a refusal waits for no node read
         if refused is not None:
             raise refused
+        if not raw_policy and COMPUTE_POLICY not in pod.annotations:
+            await self._read_policy(raw_policy)  # the watched view lagged
         if not self.granted(pod):
             raise AllocationFailed(
                 f"{where}: the pod names scheduler {pod.scheduler!r}, not vgpud's "
                 f"{self.scheduler_name!r}: an assignment vgpud's scheduler did not make "
                 f"configures no limits (issue 23: a pod may not grant itself a GPU)", pod)
-        node_policy = self.policy_of(pod, raw_policy[0])
+        node_policy = self.policy_of(pod, raw_policy[0] if raw_policy else None)
         step = self.plan(where, pod, container, chosen, policy=node_policy, per_gpu=per_gpu)
         if step is NEEDS_OTHERS:
             step = await self.reconcile(where, pod, container, chosen, node_policy,
@@ -136,10 +142,15 @@ class Configurer:
             devices = tuple(sorted(step.grant.devices, key=lambda d: order[d.uuid]))
             policy = (step.limits.devices[0].core_policy.value if step.limits.devices
                       else "fixed")
-            # two small files renamed into place, no fsync: a fraction of a millisecond, less
-            # than a worker thread's hand-over and back on a busy node
-            alloc = self.store.configure(ids, owner, text, devices, resource,
-                                         step.limits.priority, policy)
+            write = partial(self.store.configure, ids, owner, text, devices, resource,
+                            step.limits.priority, policy)
+            previous = self.store.owner_of(ids, resource)
+            if previous is not None and previous != owner:
+                # the container before left a state directory it could fill with any
+                # number of files: cleared in a worker thread, not on the node's loop
+                alloc = await anyio.to_thread.run_sync(write)
+            else:  # two small files renamed into place, no fsync: a fraction of a
+                alloc = write()  # millisecond, less than a worker thread's round trip
         except LimitsError as e:
             raise AllocationFailed(f"{where}: {e}", pod) from None
         except OSError as e:
