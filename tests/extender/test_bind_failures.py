@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.core.builders import node
+from tests.builders import node
 from tests.doubles import (
     Faults,
     MemoryBinder,

@@ -15,7 +15,7 @@ import aiohttp
 import anyio
 import pytest
 
-from tests.core.builders import node
+from tests.builders import node
 from tests.e2e.cluster import free_port
 from tests.standin import ApiServer
 from vgpud.config import parse_settings
