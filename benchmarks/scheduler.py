@@ -32,15 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from extender_latency import served
 from kube_scheduler import feasible_to_find
 
-from tests.e2e.cluster import (
-    Driver,
-    Scheduler,
-    bound_pods,
-    free_port,
-    gpu_node,
-    gpu_pod,
-    standin,
-)
+from tests.builders import gpu_node, gpu_pod
+from tests.e2e.cluster import Driver, Scheduler, bound_pods, free_port, standin
 
 GPUS = 8
 MEMORY = 81920

@@ -35,15 +35,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.cluster import (
-    Driver,
-    Scheduler,
-    bound_pods,
-    free_port,
-    gpu_node,
-    gpu_pod,
-    standin,
-)
+from tests.builders import gpu_node, gpu_pod
+from tests.e2e.cluster import Driver, Scheduler, bound_pods, free_port, standin
 
 GPUS = 8
 MEMORY = 81920

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.core.builders import container, node, pod
+from tests.builders import container, node, pod
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Defaults, Placement, Reason
 from vgpud.core.requests import parse_pod

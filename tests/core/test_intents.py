@@ -3,7 +3,7 @@ prioritize reuses the filter's work for the same pod while nothing changed."""
 
 from __future__ import annotations
 
-from tests.core.builders import node, pod
+from tests.builders import node, pod
 from vgpud.core.allocate import INTENT_TTL, Allocator
 from vgpud.core.model import Defaults, Placement, Policy
 from vgpud.core.requests import parse_pod

@@ -5,7 +5,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from tests.core.builders import container, node, pod
+from tests.builders import container, node, pod
 from tests.fuzz import examples
 from vgpud.core.allocate import Allocator
 from vgpud.core.ledger import State

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.builders import gpu_pod
 from vgpud.core.allocate import Allocator
 from vgpud.core.codec import CodecError, decode_node_devices, encode_node_devices
 from vgpud.core.model import Defaults, Gpu, Node, NodeInventory
@@ -34,8 +35,8 @@ def mig_node(name: str, *, mixed: bool, profiles: tuple[str, ...] = ("1g.10gb", 
 
 
 def pod(name: str, **limits: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-            "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]}}
+    return gpu_pod(name, limits, uid=True, annotations=None, scheduler=None, image=None,
+                   typed=False)
 
 
 def test_a_profile_request_takes_whole_instances_of_that_profile_only() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.core.builders import node, pod
+from tests.builders import node, pod
 from tests.fuzz import examples
 from vgpud.core.allocate import Allocator
 from vgpud.core.choose import place_released

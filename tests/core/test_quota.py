@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.core.builders import container, node, pod
+from tests.builders import container, node, pod
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import ContainerGrant, Defaults, DeviceGrant, Placement
 from vgpud.core.quota import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.core.builders import node, pod
+from tests.builders import node, pod
 from vgpud.core.allocate import Allocator
 from vgpud.core.report import gpu_rows, pending_reasons, pod_rows, to_json
 from vgpud.core.requests import parse_pod

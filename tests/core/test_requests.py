@@ -1,6 +1,6 @@
 import pytest
 
-from tests.core.builders import container, pod
+from tests.builders import container, pod
 from vgpud.core.model import ComputePolicy, Defaults, Policy, TopologyMode
 from vgpud.core.requests import RequestError, parse_pod, parse_quantity
 

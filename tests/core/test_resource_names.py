@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.core.builders import pod
+from tests.builders import pod
 from vgpud.core.admission import AdmissionPolicy, admit, is_gpu_pod, mutate
 from vgpud.core.model import Defaults
 from vgpud.core.requests import (

@@ -27,15 +27,14 @@ import aiohttp
 import anyio
 import yaml
 
+from tests.builders import gpu_pod
 from vgpud.core.codec import (
     ASSIGNMENT,
     NODE_DEVICES,
     decode_assignment,
     decode_node_devices,
-    encode_assignment,
-    encode_node_devices,
 )
-from vgpud.core.model import ContainerGrant, DeviceGrant, Gpu, NodeInventory, Placement
+from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -147,24 +146,6 @@ class Scheduler:
                 await anyio.sleep(0.05)
 
 
-def gpu_node(name: str, gpus: int, memory: int, *, split: int = 10, scaling: float = 1.0,
-             model: str = "Tesla V100-PCIE-32GB") -> dict[str, Any]:
-    inv = NodeInventory(tuple(Gpu(f"GPU-{name}-{i}", i, model, memory, split, i % 2)
-                              for i in range(gpus)), scaling, 1.0)
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {NODE_DEVICES: encode_node_devices(inv)}}}
-
-
-def gpu_pod(name: str, limits: dict[str, Any], *, namespace: str = "default",
-            annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace,
-                         "annotations": annotations or {}},
-            "spec": {"schedulerName": "vgpu-scheduler",
-                     "containers": [{"name": "main", "image": "cuda",
-                                     "resources": {"limits": limits}}]}}
-
-
 @contextlib.asynccontextmanager
 async def running(tmp: Path, config: dict[str, Any] | None = None,
                   ) -> AsyncIterator[tuple[Driver, Scheduler]]:
@@ -189,16 +170,13 @@ def bound_pods(n_nodes: int, n_pods: int, rng: random.Random, gpus: int = 8,
     for i in range(n_pods):
         node = f"node-{i % n_nodes:05d}"
         gpu = (i // n_nodes) % gpus
-        p = gpu_pod(f"running-{i:06d}", {"nvidia.com/vgpu-number": 1,
-                                         "nvidia.com/vgpu-memory": 4000,
-                                         "nvidia.com/vgpu-cores": 10})
         a = Placement(node, (ContainerGrant("main", False, (
             DeviceGrant(f"GPU-{node}-{gpu}", rng.choice([2000, 4000, 8000]), 10),)),),
             time="2026-11-21T00:00:00Z")
-        p["metadata"]["annotations"][ASSIGNMENT] = encode_assignment(a)
-        p["spec"]["nodeName"] = node
-        p["status"] = {"phase": "Running"}
-        out.append(p)
+        out.append(gpu_pod(f"running-{i:06d}", {"nvidia.com/vgpu-number": 1,
+                                                "nvidia.com/vgpu-memory": 4000,
+                                                "nvidia.com/vgpu-cores": 10},
+                           assignment=a, node=node, phase="Running"))
     return out
 
 

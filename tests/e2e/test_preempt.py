@@ -15,7 +15,8 @@ import aiohttp
 import anyio
 import pytest
 
-from tests.e2e.cluster import Driver, gpu_node, gpu_pod, overcommitted, running
+from tests.builders import gpu_node, gpu_pod
+from tests.e2e.cluster import Driver, overcommitted, running
 from vgpud.core.codec import ASSIGNMENT, decode_assignment
 
 pytestmark = pytest.mark.anyio

@@ -12,11 +12,10 @@ import aiohttp
 import anyio
 import pytest
 
+from tests.builders import gpu_node, gpu_pod
 from tests.e2e.cluster import (
     Driver,
     Scheduler,
-    gpu_node,
-    gpu_pod,
     held_by_annotations,
     ledger_from_metrics,
     overcommitted,

@@ -15,7 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.core.builders import node
+from tests import builders
+from tests.builders import node
 from tests.doubles import (
     Faults,
     MemoryBinder,
@@ -45,13 +46,9 @@ GPU_MEMORY = 40000
 
 def gpu_pod(name: str, memory: int = GPU_MEMORY) -> dict[str, Any]:
     """A pod asking one vGPU with ``memory`` MiB (the default: a whole GPU)."""
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"schedulerName": "vgpu-scheduler", "containers": [
-                {"name": "main", "image": "cuda", "resources": {"limits": {
-                    "nvidia.com/vgpu-number": "1",
-                    "nvidia.com/vgpu-memory": str(memory)}}}]},
-            "status": {"phase": "Pending"}}
+    return builders.gpu_pod(name, {"nvidia.com/vgpu-number": "1",
+                                   "nvidia.com/vgpu-memory": str(memory)},
+                            namespace=NS, annotations=None, phase="Pending")
 
 
 class Setup:

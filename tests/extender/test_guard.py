@@ -15,7 +15,7 @@ import anyio
 import pytest
 from aiohttp import web
 
-from tests.core.builders import node, pod
+from tests.builders import node, pod
 from tests.kube.clocks import ManualClock
 from vgpud.config import ConfigError, OpsSettings, parse_settings
 from vgpud.core.allocate import Allocator

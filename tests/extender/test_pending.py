@@ -9,6 +9,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.builders import gpu_pod
 from tests.kube.clocks import ManualClock
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Defaults
@@ -24,14 +25,9 @@ T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 def pod(name: str, *, scheduler: str = "vgpu-scheduler", limits: dict[str, str] | None = None,
         node: str = "", phase: str = "Pending", created: str | None = "2026-01-01T00:00:00Z",
         ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ml", "uid": f"uid-{name}"}
-    if created is not None:
-        meta["creationTimestamp"] = created
-    spec: dict[str, Any] = {"schedulerName": scheduler, "containers": [
-        {"name": "main", "resources": {"limits": limits or {"nvidia.com/vgpu-number": "1"}}}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+    return gpu_pod(name, limits or {"nvidia.com/vgpu-number": "1"}, namespace="ml", uid=True,
+                   annotations=None, created=created, scheduler=scheduler, node=node or None,
+                   image=None, phase=phase, typed=False)
 
 
 def test_which_pods_count_as_pending() -> None:

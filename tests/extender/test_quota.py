@@ -15,7 +15,8 @@ import aiohttp
 import anyio
 import pytest
 
-from tests.core.builders import node
+from tests import builders
+from tests.builders import node
 from tests.e2e.cluster import free_port
 from tests.standin import ApiServer
 from vgpud.config import parse_settings
@@ -43,11 +44,7 @@ def gpu_pod(name: str, number: int, memory: int, percent: int | None = None) -> 
         limits["nvidia.com/vgpu-memory"] = str(memory)
     else:
         limits["nvidia.com/vgpu-memory-percentage"] = str(percent)
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"schedulerName": "vgpu-scheduler", "containers": [
-                {"name": "main", "image": "cuda", "resources": {"limits": limits}}]},
-            "status": {"phase": "Pending"}}
+    return builders.gpu_pod(name, limits, namespace=NS, annotations=None, phase="Pending")
 
 
 def quota(hard: dict[str, Any], name: str = "gpu") -> dict[str, Any]:

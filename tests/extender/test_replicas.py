@@ -16,7 +16,7 @@ import anyio
 import pytest
 from anyio.abc import TaskGroup
 
-from tests.core.builders import node
+from tests.builders import node
 from tests.e2e.cluster import free_port
 from tests.extender.test_reschedule import ADMISSION, created
 from tests.kube.clocks import ManualClock

@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.core.builders import node
+from tests.builders import node
 from tests.kube.clocks import JumpClock
 from tests.standin import ApiServer
 from vgpud.core.cluster import Cluster

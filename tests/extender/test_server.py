@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.core.builders import node, pod
+from tests.builders import node, pod
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import Placement
 from vgpud.core.requests import parse_pod

@@ -15,7 +15,8 @@ import anyio
 import pytest
 import yaml
 
-from tests.e2e.cluster import ROOT, Driver, Scheduler, gpu_node, gpu_pod, running
+from tests.builders import gpu_node, gpu_pod
+from tests.e2e.cluster import ROOT, Driver, Scheduler, running
 
 pytestmark = [pytest.mark.anyio]
 
@@ -143,7 +144,7 @@ async def test_scheduler_source_waits_out_the_ops_ports_rate_limit(
     import aiohttp
     from aiohttp import web
 
-    from tests.core.builders import node
+    from tests.builders import node
     from tests.kube.clocks import JumpClock
     from vgpud import inspection
     from vgpud.config import OpsSettings

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from tests.builders import gpu_pod
 from vgpud.config import Settings
 from vgpud.core.allocate import Allocator
-from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, encode_assignment, encode_node_devices
+from vgpud.core.codec import NODE_DEVICES, encode_assignment, encode_node_devices
 from vgpud.core.model import ContainerGrant, DeviceGrant, Gpu, NodeInventory, Placement
 from vgpud.inspection import ApiSource
 from vgpud.kube.cache import Added
@@ -34,11 +35,9 @@ def node(name: str, devices: str) -> dict[str, Any]:
 
 def pod(name: str, assignment: str, *, scheduler: str = "vgpu-scheduler", on: str = "n1",
         phase: str = "Running") -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}",
-                         "annotations": {ASSIGNMENT: assignment}},
-            "spec": {"schedulerName": scheduler, "nodeName": on, "containers": [
-                {"name": "main", "resources": {"limits": {"nvidia.com/vgpu-number": "1"}}}]},
-            "status": {"phase": phase}}
+    return gpu_pod(name, {"nvidia.com/vgpu-number": "1"}, namespace="ml", uid=True,
+                   assignment=assignment, scheduler=scheduler, node=on, image=None, phase=phase,
+                   typed=False)
 
 
 NODES = [node("n1", encode_node_devices(INVENTORY)), node("broken", "{not json")]

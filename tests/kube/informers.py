@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.builders import gpu_pod
 from vgpud.kube.backoff import Backoff
 from vgpud.kube.cache import Event, Informer
 from vgpud.kube.client import Json, KubeClient
@@ -12,10 +13,8 @@ from vgpud.kube.resources import PODS
 
 
 def pod(name: str, node: str = "", namespace: str = "default") -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    return gpu_pod(name, namespace=namespace, annotations=None, scheduler=None, node=node or None,
+                   image="busybox", typed=False)
 
 
 def node_of(pod: Json) -> str:

@@ -15,6 +15,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from tests.builders import gpu_pod
 from tests.standin import ApiServer
 
 pytestmark = pytest.mark.anyio
@@ -22,10 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pod(name: str, **labels: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-    }
+    return gpu_pod(name, annotations=None, labels=labels, scheduler=None, image="busybox",
+                   typed=False)
 
 
 @pytest.fixture

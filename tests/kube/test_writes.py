@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.builders import gpu_pod
 from tests.kube.clocks import JumpClock
 from tests.standin import ApiServer
 from vgpud.kube import errors
@@ -18,10 +19,7 @@ ASSIGNMENT = "vgpud.io/assignment"
 
 
 def _pod(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-    }
+    return gpu_pod(name, annotations=None, scheduler=None, image="busybox", typed=False)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ import anyio
 import pytest
 import yaml
 
+from tests import builders
 from tests.e2e.cluster import free_port
 from tests.fakekubelet import FakePod
 from tests.fakekubelet.kubelet import Admitted, FakeKubelet
@@ -36,8 +37,7 @@ from tests.oci.conftest import compile_c, node, runc  # noqa: F401 (fixtures)
 from tests.oci.kubelet import Bind
 from tests.oci.runtime import Container, Node
 from tests.standin import ApiServer
-from vgpud.core.codec import ASSIGNMENT, encode_assignment
-from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
+from vgpud.core.model import Placement
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = "gpu-node-1"
@@ -58,10 +58,7 @@ def built() -> None:
 
 def placement(containers: dict[str, list[tuple[int, int, int]]]) -> Placement:
     """{container: [(gpu, MiB, cores)]} on this node."""
-    return Placement(node=NODE, containers=tuple(
-        ContainerGrant(name=n, init=False, devices=tuple(
-            DeviceGrant(uuid=UUID(g), memory=m, cores=c) for g, m, c in devs))
-        for n, devs in containers.items()), time="2026-11-23T00:00:00Z")
+    return builders.placement(containers, node=NODE, uuid=UUID, time="2026-11-23T00:00:00Z")
 
 
 @dataclass
@@ -83,13 +80,8 @@ class GpuNode:
             {"name": k, "value": v} for k, v in (env or {}).items()],
             "resources": {"limits": {"nvidia.com/vgpu-number": str(len(c.devices))}}}
             for c in grant.containers]
-        pod = self.api.create("pods", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default",
-                         "annotations": {ASSIGNMENT: encode_assignment(grant)}},
-            "spec": {"nodeName": NODE, "schedulerName": "vgpu-scheduler",
-                     "containers": containers},
-            "status": {"phase": "Pending"}}, "default")
+        pod = self.api.create("pods", builders.gpu_pod(
+            name, assignment=grant, node=NODE, phase="Pending", containers=containers), "default")
         self.uids[name] = pod["metadata"]["uid"]
         return pod
 

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.builders import gpu_pod
 from tests.doubles import (
     Faults,
     MemoryCluster,
@@ -45,11 +46,8 @@ FAST = RetryPolicy(attempts=3, initial=0.001, jitter=0.0)
 
 
 def bound_pod(name: str, assignment: str = "old") -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS,
-                         "annotations": {ASSIGNMENT: assignment}},
-            "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
-            "status": {"phase": "Pending"}}
+    return gpu_pod(name, namespace=NS, assignment=assignment, scheduler=None, node="n1",
+                   image=None, phase="Pending")
 
 
 def cluster() -> tuple[KubeCluster, Objects, Faults]:

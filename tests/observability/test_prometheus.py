@@ -41,7 +41,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.cluster import Driver, Scheduler, free_port, gpu_pod, standin
+from tests.builders import gpu_pod
+from tests.e2e.cluster import Driver, Scheduler, free_port, standin
 from tests.fakekubelet import FakePod
 from tests.fakekubelet.kubelet import FakeKubelet
 from tests.observability.prometheus import (

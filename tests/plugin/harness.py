@@ -28,12 +28,14 @@ import anyio.lowlevel
 import pytest
 from anyio.abc import TaskGroup
 
+from tests import builders
+from tests.builders import container, gpu_pod
 from tests.fakekubelet import AdmitError, FakeKubelet, FakePod
 from tests.standin import ApiServer
 from vgpud.config import Settings, parse_settings
 from vgpud.core.allocate import Allocator
 from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, decode_node_devices, encode_assignment
-from vgpud.core.model import ContainerGrant, DeviceGrant, Node, NodeInventory, Placement
+from vgpud.core.model import Node, NodeInventory, Placement
 from vgpud.core.requests import enabled_presets, parse_pod
 from vgpud.kube.client import KubeClient
 from vgpud.node.cluster import KubeCluster
@@ -64,28 +66,18 @@ def write_devices(path: Path, n: int, memory: int = 24576, healthy: dict[int, bo
 
 
 def placement(containers: dict[str, list[tuple[int, int, int]]], node: str = NODE) -> Placement:
-    """{container: [(gpu index, MiB, cores)]} → a Placement."""
-    return Placement(node=node, containers=tuple(
-        ContainerGrant(name=name, init=False, devices=tuple(
-            DeviceGrant(uuid=uuid_of(g), memory=m, cores=c) for g, m, c in devs))
-        for name, devs in containers.items()), time="2026-01-01T00:00:00Z")
+    """{container: [(gpu index, MiB, cores)]} → a Placement on the fake driver's GPUs."""
+    return builders.placement(containers, node=node, uuid=uuid_of)
 
 
 def pod_manifest(name: str, containers: Mapping[str, int | Limits], assignment: str | None,
                  namespace: str = "default", node: str = NODE) -> dict[str, Any]:
     """A pod whose containers ask for ``n`` vGPUs (``nvidia.com/vgpu-number``) or for
     the given limits."""
-    ann = {} if assignment is None else {ASSIGNMENT: assignment}
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "annotations": ann},
-        "spec": {"nodeName": node, "schedulerName": "vgpu-scheduler", "containers": [
-            {"name": c, "image": "cuda",
-             "resources": {"limits": {k: str(v) for k, v in (
-                 {VGPU: n} if isinstance(n, int) else n).items()}}}
-            for c, n in containers.items()]},
-        "status": {"phase": "Pending"},
-    }
+    return gpu_pod(name, namespace=namespace, assignment=assignment, node=node, phase="Pending",
+                   containers=[container(c, {k: str(v) for k, v in (
+                       {VGPU: n} if isinstance(n, int) else n).items()}, image="cuda")
+                       for c, n in containers.items()])
 
 
 async def kubelet_picks_a_full_gpu(h: Harness) -> AdmitError:

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
+from tests.builders import container, gpu_pod
 from tests.fakekubelet import FakePod
 from tests.fakekubelet.kubelet import Admitted
 from tests.plugin.harness import NODE, Harness, node_harness, uuid_of
-from vgpud.core.codec import ASSIGNMENT, assignment_of, decode_assignment, encode_assignment
+from vgpud.core.codec import ASSIGNMENT, assignment_of, decode_assignment
 from vgpud.core.limits import parse
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 from vgpud.node.allocations import AllocationStore
@@ -162,19 +163,12 @@ def test_a_pod_view_knows_which_init_containers_completed() -> None:
 
 def _pod(name: str, containers: list[Spec], assignment: Placement) -> dict[str, Any]:
     def spec(c: Spec) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": c[0], "image": "cuda", "resources": {"limits": {
-            "nvidia.com/vgpu-number": str(len(c[3]))} if c[3] else {}}}
-        if c[2]:
-            out["restartPolicy"] = "Always"
-        return out
+        return container(c[0], {"nvidia.com/vgpu-number": str(len(c[3]))} if c[3] else {},
+                         image="cuda", restart="Always" if c[2] else None)
 
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default",
-                         "annotations": {ASSIGNMENT: encode_assignment(assignment)}},
-            "spec": {"nodeName": NODE, "schedulerName": "vgpu-scheduler",
-                     "initContainers": [spec(c) for c in containers if c[1]],
-                     "containers": [spec(c) for c in containers if not c[1]]},
-            "status": {"phase": "Pending"}}
+    return gpu_pod(name, assignment=assignment, node=NODE, phase="Pending",
+                   init=[spec(c) for c in containers if c[1]],
+                   containers=[spec(c) for c in containers if not c[1]])
 
 
 async def _run(h: Harness, name: str, containers: list[Spec]) -> Admitted:

@@ -20,7 +20,8 @@ from typing import Any
 import aiohttp
 import anyio
 
-from tests.e2e.cluster import Driver, Scheduler, free_port, gpu_node, gpu_pod, standin
+from tests.builders import gpu_node, gpu_pod
+from tests.e2e.cluster import Driver, Scheduler, free_port, standin
 from vgpud.core.codec import ASSIGNMENT, NODE_DEVICES, encode_assignment, encode_node_devices
 from vgpud.core.model import ContainerGrant, DeviceGrant, Gpu, NodeInventory, Placement
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.core.builders import node
+from tests.builders import node
 from tests.e2e.cluster import Scheduler, free_port, standin
 from tests.status.cluster import EVIL, placed_cluster
 from tests.status.test_query import place

@@ -26,8 +26,9 @@ import aiohttp
 import anyio
 import pytest
 
+from tests.builders import gpu_pod
 from tests.debian import unavailable
-from tests.e2e.cluster import Driver, gpu_pod
+from tests.e2e.cluster import Driver
 from tests.status.browser import (
     BrowserUnavailable,
     console_errors,

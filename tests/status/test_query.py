@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.core.builders import node
+from tests.builders import node
 from vgpud.core.allocate import Allocator
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 from vgpud.core.query import (

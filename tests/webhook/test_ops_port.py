@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.builders import pod
+from tests.builders import pod
 
 pytestmark = pytest.mark.anyio
 

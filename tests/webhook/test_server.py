@@ -22,9 +22,8 @@ import jsonpatch
 import pytest
 import trustme
 
+from tests.builders import gpu_node
 from tests.webhook.conftest import Webhook, review, server_cert
-from vgpud.core.codec import NODE_DEVICES, encode_node_devices
-from vgpud.core.model import Gpu, NodeInventory
 
 pytestmark = pytest.mark.anyio
 NUM, MEM, CORES = "nvidia.com/vgpu-number", "nvidia.com/vgpu-memory", "nvidia.com/vgpu-cores"
@@ -163,10 +162,7 @@ async def test_presets_are_mutated_under_their_names(webhook_factory: Any) -> No
 
 
 def node(name: str, memory: int, n: int) -> dict[str, Any]:
-    inv = NodeInventory(tuple(Gpu(f"GPU-{name}-{i}", i, "NVIDIA A100", memory)
-                              for i in range(n)))
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {
-        "name": name, "annotations": {NODE_DEVICES: encode_node_devices(inv)}}}
+    return gpu_node(name, n, memory, model="NVIDIA A100", numa=(0,) * n)
 
 
 async def wait_allowed(w: Webhook, p: dict[str, Any], allowed: bool) -> dict[str, Any]:
