@@ -18,9 +18,9 @@ from anyio.abc import TaskGroup
 
 from tests.builders import node
 from tests.e2e.cluster import free_port
-from tests.extender.test_reschedule import ADMISSION, created
 from tests.kube.clocks import ManualClock
 from tests.kube.waiting import eventually
+from tests.scheduling.test_reschedule import ADMISSION, created
 from tests.standin import ApiServer
 from vgpud.config import parse_settings
 from vgpud.core.codec import NODE_DEVICES, encode_node_devices
