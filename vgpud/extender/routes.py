@@ -2,10 +2,14 @@
 
 There is no node lock: any number of binds may be in flight, on one node or many.
 Each bind *assumes* its placement in the ledger before its first await, so two
-binds can never both take the last room on a GPU; a failed write forgets it. (The
-``SerialBindNode`` gate adds a lock per node, for those who want it.) A bind is one
-API write: the Binding carries the assignment annotation, which kube-apiserver puts
-on the pod in the update that sets its node.
+binds can never both take the last room on a GPU; a failed write releases the placement
+it assumed, and only that one. A write that may have landed (unanswered, or a 409 to a
+retry of one) is read back before its room is given up, and kept while the pod cannot
+be read; a bind of a pod whose bind is still in flight is refused (kube-scheduler gives
+up on a call sooner than a bind's retries end). (The ``SerialBindNode`` gate adds a
+lock per node, for those who want it.) A bind is one API write: the Binding carries the
+assignment annotation, which kube-apiserver puts on the pod in the update that sets its
+node.
 """
 
 from __future__ import annotations
