@@ -205,15 +205,20 @@ async def test_a_retried_bind_of_a_bound_pod_keeps_its_placement() -> None:
 # -- the answer lost ---------------------------------------------------------------------
 
 
-async def test_a_lost_answer_is_retried_by_the_binder_and_is_a_success() -> None:
-    """The real PodBinder over the in-memory API: the first POST binds but its answer is
-    lost (connection reset); the retry gets 409 "already assigned" to our node, which
-    PodBinder reads as success, and so does the extender."""
+def real_binder() -> tuple[Setup, Objects, Faults]:
+    """The real PodBinder (its retries) over the in-memory API."""
     objects, faults = Objects(), Faults()
     binder = PodBinder(MemoryKube(objects, faults),  # type: ignore[arg-type]
                        retry=RetryPolicy(attempts=3, initial=0.001, jitter=0.0))
     binder.objects, binder.faults = objects, faults  # type: ignore[attr-defined]
-    s = Setup(binder)
+    return Setup(binder), objects, faults
+
+
+async def test_a_lost_answer_is_retried_by_the_binder_and_is_a_success() -> None:
+    """The real PodBinder over the in-memory API: the first POST binds but its answer is
+    lost (connection reset); the retry gets 409 "already assigned" to our node, which
+    PodBinder reads as success, and so does the extender."""
+    s, objects, faults = real_binder()
     a = await s.filtered("a")
     faults.fail("POST pods/binding", reset(), applied=True)
     assert await s.bind(a) == ""
@@ -224,11 +229,7 @@ async def test_a_lost_answer_is_retried_by_the_binder_and_is_a_success() -> None
 
 async def test_a_first_attempt_conflict_is_not_read_as_success() -> None:
     """A 409 on the first attempt is someone else's binding: the pod is not ours."""
-    objects, faults = Objects(), Faults()
-    binder = PodBinder(MemoryKube(objects, faults),  # type: ignore[arg-type]
-                       retry=RetryPolicy(attempts=3, initial=0.001, jitter=0.0))
-    binder.objects, binder.faults = objects, faults  # type: ignore[attr-defined]
-    s = Setup(binder)
+    s, objects, faults = real_binder()
     a = await s.filtered("a")
     objects.bind(NS, "a", "n2", None, None)
     error = await s.bind(a)

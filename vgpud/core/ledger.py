@@ -53,7 +53,8 @@ class Entry:
     deadline: float | None
 
 
-def _same(a: Placement, b: Placement) -> bool:
+def same_placement(a: Placement, b: Placement) -> bool:
+    """The same GPUs for the same containers, whenever each was stamped."""
     return replace(a, time="") == replace(b, time="")
 
 
@@ -126,7 +127,7 @@ class Ledger:
         """Hold ``placement`` for ``uid`` until confirmed or ``ttl`` passes."""
         old = self._entries.get(uid)
         if old is not None:
-            if _same(old.placement, placement):
+            if same_placement(old.placement, placement):
                 return None
             return Reason("already-placed", f"pod {key} already holds GPUs on "
                           f"{old.placement.node}", False)
@@ -143,7 +144,7 @@ class Ledger:
         """The API says ``uid`` holds ``placement``: make it permanent."""
         old = self._entries.get(uid)
         if old is not None:
-            if _same(old.placement, placement):
+            if same_placement(old.placement, placement):
                 if old.state is State.ASSUMED:
                     self._entries[uid] = replace(old, state=State.CONFIRMED, deadline=None,
                                                  placement=placement)

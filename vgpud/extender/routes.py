@@ -27,7 +27,7 @@ import structlog
 from vgpud.core.admission import pod_risk
 from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, Filtered, summarize
 from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment, encode_assignment
-from vgpud.core.ledger import Entry, State
+from vgpud.core.ledger import Entry, State, same_placement
 from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
 from vgpud.core.quota import (
@@ -371,7 +371,7 @@ class Extender:
         confirmed by the watch since, nor replaced by a later bind of the pod."""
         entry = self.alloc.ledger.get(uid)
         if (entry is not None and entry.state is State.ASSUMED
-                and replace(entry.placement, time="") == replace(placement, time="")):
+                and same_placement(entry.placement, placement)):
             self.alloc.forget(uid)
 
     async def _landed_elsewhere(self, args: BindingArgs, writer: PodBinder, req: PodRequest,
@@ -426,7 +426,7 @@ def _granted(meta: dict[str, Any], placement: Placement) -> bool:
         found = decode_assignment(value) if isinstance(value, str) else None
     except CodecError:
         return False
-    return found is not None and replace(found, time="") == replace(placement, time="")
+    return found is not None and same_placement(found, placement)
 
 
 def timed(metrics: Metrics, verb: str) -> Callable[[], float]:

@@ -156,7 +156,10 @@ class AllocationStore:
         """Who holds the ID set's directory now (None: nobody, or no directory yet): a
         different owner's configure first clears what the container before it left in its
         state directory, which a container can fill."""
-        found = self.load(self.path(tuple(sorted(set(ids))), resource))
+        key = allocation_key(ids, resource)
+        if key in self._configured:  # what this store wrote or restored: no file read
+            return self._configured[key].owner
+        found = self.load(self.root / key)
         return None if found is None else found.owner
 
     def configure(self, ids: Iterable[str], owner: AllocationOwner, config_text: str,
