@@ -142,3 +142,13 @@ async def test_the_proxy_is_resolved_once_from_the_environment(
         assert (await kube.request("GET", "/version"))["gitVersion"].endswith("standin")
         monkeypatch.delenv("NO_PROXY")  # a later change of the environment is not seen
         assert (await kube.request("GET", "/version"))["gitVersion"].endswith("standin")
+
+
+async def test_a_kubeconfig_that_is_not_yaml_is_a_clear_error(tmp_path: Path) -> None:
+    """It was a ParserError's traceback (`vgpud inspect gpus --kubeconfig bad.yaml`)."""
+    from vgpud.kube.client import load_configuration
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("clusters: [1, 2\n")
+    with pytest.raises(errors.ConfigError,
+                       match=r"(?s)the kubeconfig is not YAML: .*line 1, column"):
+        await load_configuration(bad)

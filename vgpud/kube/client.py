@@ -39,6 +39,7 @@ from typing import Any, cast
 
 import aiohttp
 import anyio
+import yaml
 from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
@@ -92,6 +93,9 @@ async def load_configuration(
             raise ConfigError(_NO_CONFIG)
     except ConfigException as exc:
         raise ConfigError(f"cannot load the Kubernetes configuration: {exc}") from exc
+    except yaml.YAMLError as exc:  # a kubeconfig that is not YAML: the parser says where
+        raise ConfigError(f"cannot load the Kubernetes configuration: the kubeconfig is not "
+                          f"YAML: {exc}") from exc
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"cannot load the Kubernetes configuration: {exc!r}") from exc
     return configuration
