@@ -59,6 +59,10 @@ kernels are reported without a target.
     python benchmarks/sm_campaign.py                 # 40 scenarios, 4 s each
     python benchmarks/sm_campaign.py --quick         # 6 short scenarios, 3 s each (CI)
     python benchmarks/sm_campaign.py --scenarios 100 --seed 7 --seconds 6
+    python benchmarks/sm_campaign.py --policies balance --classes 1ms --scenarios 8 \
+        --only 5 --trace /tmp/trace      # one scenario of that draw, the shim's debug log kept
+
+Each scenario's line also prints every container's worst 200 ms window error.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -87,6 +92,7 @@ SMS = (40, 80, 108, 132, 148, 188)
 POLICIES = ("fixed", "balance")
 SAMPLE_MS = (50, 100, 200)
 TARGET_MAE, TARGET_WORST = 2.0, 5.0
+TRACE: Path | None = None  # --trace DIR: keep the shim run's debug logs there
 
 
 @dataclass(frozen=True)
@@ -169,15 +175,16 @@ def draw_limits(rng: random.Random, n: int) -> tuple[int, ...]:
             return limits
 
 
-def draw(rng: random.Random, n: int, classes: list[str]) -> list[Scenario]:
+def draw(rng: random.Random, n: int, classes: list[str],
+         policies: tuple[str, ...] = POLICIES) -> list[Scenario]:
     """n scenarios: the kernel classes in turn (each round shuffled), each class under
-    fixed and balance in turn, the rest at random."""
+    the policies in turn, the rest at random."""
     out: list[Scenario] = []
     order: list[tuple[str, str]] = []
     rounds = 0
     while len(out) < n:
         if not order:
-            order = [(c, POLICIES[(rounds + i) % 2]) for i, c in enumerate(classes)]
+            order = [(c, policies[(rounds + i) % len(policies)]) for i, c in enumerate(classes)]
             rng.shuffle(order)
             rounds += 1
         name, policy = order.pop()
@@ -223,6 +230,8 @@ def container(built: Built, tmp: Path, fake_env: dict[str, str], limit: int,
         f"version=1\nstate_dir={tmp / 'state'}\ndevice.0.memory_limit=0\n"
         f"device.0.core_limit={limit}\ndevice.0.core_policy={policy}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPUD_", "FAKECUDA_"))}
+    if TRACE and policy != "none":  # --trace: the shim's debug log, kept
+        env["VGPUD_LOG_LEVEL"] = "debug"
     env.update(LD_LIBRARY_PATH=str(built.fakes), VGPUD_CONFIG=str(tmp / "config"),
                LD_PRELOAD=str(built.lib), **fake_env)
     return env
@@ -308,6 +317,8 @@ def run(built: Built, root: Path, sc: Scenario, mode: str, seconds: float,
             time.sleep(POLL_S)
             win.poll(pids)
         win.poll(pids)
+        if TRACE and mode == "shim":
+            shutil.copytree(logs, TRACE / f"{time.monotonic_ns()}", dirs_exist_ok=True)
         launches = []
         for j, (_, p) in enumerate(procs):
             err = (logs / f"{j}.err").read_text(errors="replace")
@@ -532,7 +543,18 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
     ap.add_argument("--classes", help="comma-separated kernel classes to draw from "
                     f"(default all: {','.join(BY_NAME)}; quick: up to 50ms)")
+    ap.add_argument("--policies", default=",".join(POLICIES),
+                    help="comma-separated policies to draw from (default fixed,balance)")
+    ap.add_argument("--only", type=int, metavar="K",
+                    help="run only the K-th scenario of the draw (1-based), to trace it")
+    ap.add_argument("--trace", type=Path, metavar="DIR",
+                    help="keep the configured runs' shim debug logs (one folder a run) in DIR")
     args = ap.parse_args()
+    global TRACE
+    TRACE = args.trace
+    policies = tuple(args.policies.split(","))
+    if not policies or any(p not in POLICIES for p in policies):
+        ap.error(f"policies are among {','.join(POLICIES)}")
     n = args.scenarios or (6 if args.quick else 40)
     seconds = args.seconds or (3.0 if args.quick else 4.0)
     classes = (args.classes.split(",") if args.classes
@@ -541,7 +563,11 @@ def main() -> int:
         if c not in BY_NAME:
             ap.error(f"unknown kernel class {c!r}")
     built = build()
-    scs = draw(random.Random(args.seed), n, classes)
+    scs = draw(random.Random(args.seed), n, classes, policies)
+    if args.only:
+        if not 1 <= args.only <= n:
+            ap.error(f"--only takes 1 to {n}")
+        scs, n = [scs[args.only - 1]], 1
     began = time.monotonic()
     print(f"SM-limit campaign: {n} scenarios (seed {args.seed}), {seconds:g} s measured a run "
           f"after {args.warmup:g} s of warm-up, 200 ms windows, fake driver + NVML",
@@ -554,7 +580,8 @@ def main() -> int:
         print(f"[{i}/{n}] {sc.describe()} ({time.monotonic() - t:.0f} s)\n"
               f"    target {[f'{c.target:.1f}' + ('' if c.capped else '*') for c in got]}, "
               f"got {[round(c.mean, 1) for c in got]}, "
-              f"unlimited {[round(c.base_mean, 1) for c in got]}"
+              f"unlimited {[round(c.base_mean, 1) for c in got]}, "
+              f"worst window {[round(max(c.err[0]), 1) for c in got]}"
               + (f", with limits that never bind before/after "
                  f"{[f'{c.reach[0]:.1f}/{c.reach[1]:.1f}' for c in got if c.reach]}"
                  if got[0].reach else ""), flush=True)
