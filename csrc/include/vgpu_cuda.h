@@ -223,5 +223,7 @@ typedef struct CUDA_LAUNCH_PARAMS_st {
 
 typedef struct CUexecAffinityParam_st CUexecAffinityParam; /* opaque */
 typedef struct CUctxCreateParams_st CUctxCreateParams;     /* opaque */
+typedef struct CUgreenCtx_st *CUgreenCtx;                 /* CUDA 12.4+ */
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;   /* opaque */
 
 #endif

@@ -62,6 +62,15 @@ void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg)
     free(copy);
 }
 
+void vg_rekey_ctx(int table, uint64_t from, uint64_t to)
+{
+    vg_alloc_table *t = &tables[table];
+    vg_lock(&table_mu);
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->slots[i].key && t->slots[i].ctx == from) t->slots[i].ctx = to;
+    vg_unlock(&table_mu);
+}
+
 uint64_t vg_current_ctx(void)
 {
     CUcontext c = NULL;

@@ -143,3 +143,54 @@ CUresult vg_impl_cuDevicePrimaryCtxReset(CUdevice dev)
     if (r == CUDA_SUCCESS) teardown(vg_context_primary(dev));
     return r;
 }
+
+/* Green contexts (CUDA 12.4+). cuGreenCtxCreate retains the device's primary context,
+ * bringing it up with its memory when it was not, and provisions memory of its own;
+ * nobody asked for either. The primary context is retained through the hook first, so it
+ * is measured and charged as the primary context it is (and not refused, as no primary
+ * context is); then the green context is made and measured as a context of its own,
+ * destroyed and refused when it would pass the limit. What is allocated while its
+ * CUcontext (cuCtxFromGreenCtx) is current is the primary context's memory (cuda.h): it
+ * outlives the green context, so its destruction gives back only the green context's own
+ * charge, and hands those records to the primary context, to go with it. */
+CUresult vg_impl_cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+                                  unsigned int flags)
+{
+    CUcontext prim = NULL;
+    CUresult r = vg_impl_cuDevicePrimaryCtxRetain(&prim, dev);
+    if (r != CUDA_SUCCESS) return r;
+    r = vg_real.cuGreenCtxCreate(phCtx, desc, dev, flags);
+    CUcontext view = NULL;
+    if (r == CUDA_SUCCESS && phCtx && *phCtx && vg_real.cuCtxFromGreenCtx &&
+        vg_real.cuCtxFromGreenCtx(&view, *phCtx) == CUDA_SUCCESS && view) {
+        vg_context_created(view, dev, 0);
+        int d = vg_dev_index(dev);
+        if (d >= 0 && vg_state_over_limit(d, 0) && vg_real.cuGreenCtxDestroy(*phCtx) == CUDA_SUCCESS) {
+            vg_context_gone(view);
+            *phCtx = NULL;
+            VG_INFO("a green context on device %d would pass the memory limit: refused", d);
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    vg_impl_cuDevicePrimaryCtxRelease_v2(dev); /* the green context holds its own */
+    return r;
+}
+
+CUresult vg_impl_cuGreenCtxDestroy(CUgreenCtx hCtx)
+{
+    CUcontext view = NULL;
+    if (!vg_real.cuCtxFromGreenCtx || vg_real.cuCtxFromGreenCtx(&view, hCtx) != CUDA_SUCCESS)
+        view = NULL;
+    vg_alloc rec;
+    int known = view && vg_peek(VG_T_CTX, (uint64_t)(uintptr_t)view, &rec);
+    CUresult r = vg_real.cuGreenCtxDestroy(hCtx);
+    if (r != CUDA_SUCCESS || !known) return r;
+    vg_context_gone(view);
+    int ordinal = vg_dev_ordinal(rec.dev);
+    CUcontext prim = vg_context_primary(ordinal);
+    uint64_t from = (uint64_t)(uintptr_t)view, to = (uint64_t)(uintptr_t)prim;
+    vg_rekey_ctx(VG_T_PTR, from, to);
+    vg_rekey_ctx(VG_T_ARRAY, from, to);
+    released(CUDA_SUCCESS, ordinal); /* its primary context, when that was the last hold */
+    return r;
+}

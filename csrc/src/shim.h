@@ -179,6 +179,8 @@ int vg_peek(int table, uint64_t key, vg_alloc *out);
 /* Call fn on (a copy of) every record of a table; fn returns 1 to remove the record. */
 void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg);
 uint64_t vg_current_ctx(void);
+/* every record of table made in context from is from now on context to's */
+void vg_rekey_ctx(int table, uint64_t from, uint64_t to);
 void vg_release(const vg_alloc *a);          /* uncharge a forgotten record */
 void vg_allocations_after_fork(void);        /* a forked child owns no records */
 

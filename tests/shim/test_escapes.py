@@ -408,3 +408,44 @@ def test_a_graph_allocating_on_two_gpus_is_charged_on_each(shim: Shim) -> None:
     assert on0 == 4 * GIB - 2 * MIB  # 1 MiB, in the graph pool's 2 MiB steps
     assert on1 == GIB - 512 * MIB
     assert rcs(out, "alloc") == [OOM, 0]
+
+
+def test_green_contexts_are_charged_and_refused_past_the_limit(
+        shim: Shim, registration: Registration) -> None:
+    """Finding 19, green contexts (CUDA 12.4+): cuGreenCtxCreate brings up the primary
+    context and provisions memory of its own, and no hook saw either: four green contexts
+    of 300 MiB beside a 300 MiB primary context fitted a 1 GiB limit. Now the primary
+    context is charged as itself, each green context as a context: the third is refused,
+    and what one gave back fits again."""
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    env = {"FAKECUDA_CTX_MIB": "300", "FAKECUDA_GREEN_CTX_MIB": "300",
+           "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+    script = "; ".join(["green 0 8"] * 4 + ["info", "free 0", "info", "green 0 8", "info"])
+    p = subprocess.run([str(shim.built.fakes / "viaproc"), script], env=shim.env(env),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(line) for line in p.stdout.splitlines()]
+    assert rcs(out, "green") == [0, 0, OOM, OOM, 0]
+    assert free_bytes(out) == [GIB - 900 * MIB, GIB - 600 * MIB, GIB - 900 * MIB]
+
+
+def test_memory_allocated_in_a_green_context_stays_charged_with_the_primary_context(
+        shim: Shim, registration: Registration) -> None:
+    """What is allocated while a green context is current is the primary context's memory
+    (cuda.h): it outlives the green context and goes with the primary one (given back
+    then, not before, and not left charged after)."""
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    env = {"FAKECUDA_CTX_MIB": "300", "FAKECUDA_GREEN_CTX_MIB": "100",
+           "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+    p = subprocess.run([str(shim.built.fakes / "viaproc"),
+                        "use 0; green 0 8; greenuse 0; alloc 0 256m; alloc 0 1g; info; free 0; "
+                        "use 0; info; release 0; use 0; info"],
+                       env=shim.env(env), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(line) for line in p.stdout.splitlines()]
+    assert rcs(out, "alloc") == [0, OOM]
+    assert free_bytes(out) == [GIB - 656 * MIB, GIB - 556 * MIB, GIB - 300 * MIB]

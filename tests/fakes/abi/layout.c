@@ -118,5 +118,8 @@ int main(void) {
     S(nvmlAccountingStats_t) O(nvmlAccountingStats_t, maxMemoryUsage) O(nvmlAccountingStats_t, time)
     O(nvmlAccountingStats_t, startTime) O(nvmlAccountingStats_t, isRunning)
     O(nvmlAccountingStats_t, reserved)
+    V(CUDA_ERROR_INVALID_RESOURCE_TYPE) V(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION)
+    V(CU_DEV_RESOURCE_TYPE_SM) V(CU_GREEN_CTX_DEFAULT_STREAM)
+    S(CUdevSmResource) S(CUdevResource) O(CUdevResource, sm) O(CUdevResource, nextResource)
     return 0;
 }

@@ -22,6 +22,8 @@ enum fc_kind {
     K_POOL,
     K_LIBRARY,
     K_KERNEL,
+    K_GREEN,
+    K_RESDESC,
 };
 void *fc_handle_new(int kind, void *data);
 void *fc_handle_get(const void *handle, int kind); /* NULL when not a live handle of kind */
@@ -83,6 +85,7 @@ struct fc_ctx {
     int launched;                               /* its first kernel launch happened */
     uint64_t grow_bytes;                        /* FAKECUDA_CTX_GROW_MIB, at that launch */
     struct fc_module *modules;                  /* loaded in it (cu_exec.c, fc_module_mutex) */
+    int sms;                                    /* a green context's SMs (0: the device's) */
 };
 extern int fc_initialized;
 CUresult fc_check_init(void);
@@ -91,6 +94,9 @@ CUresult fc_check_dev(CUdevice dev);
 CUresult fc_current(struct fc_ctx **out);
 struct fc_ctx *fc_ctx_of(CUcontext h);
 void fc_free_ctx_allocations(struct fc_ctx *c);
+/* hands what was allocated in context from to context to (a green context's, to its
+ * device's primary context, whose memory it was) */
+void fc_reown_ctx_allocations(struct fc_ctx *from, struct fc_ctx *to);
 /* active contexts of this process on a physical device */
 int fc_active_contexts(int dev);
 /* A context's first kernel launch grows it by FAKECUDA_CTX_GROW_MIB (CUDA_ERROR_OUT_OF_MEMORY
@@ -123,7 +129,8 @@ CUresult fc_check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
                          unsigned by, unsigned bz, struct fc_func **fn);
 /* Device time of a kernel: FAKECUDA_LAUNCH_NS + waves x block_ns, where a wave is
  * SMs x clamp(2048 / threads, 1, 32) resident blocks (a compute capability 8.0 SM). */
-uint64_t fc_kernel_ns(const struct fc_func *fn, uint64_t blocks, uint64_t threads);
+/* sms: the context's own (a green context's), 0 for the device's */
+uint64_t fc_kernel_ns(const struct fc_func *fn, uint64_t blocks, uint64_t threads, int sms);
 /* Queues dur ns of work on the context's device (the stream's, when s). */
 void fc_run(struct fc_ctx *c, struct fc_stream *s, uint64_t dur);
 

@@ -505,6 +505,151 @@ FC_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice ord) {
 
 FC_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
 
+/* ---- green contexts (CUDA 12.4+) ----
+ * cuGreenCtxCreate retains the device's primary context (activating it, with its memory,
+ * when it was not) and provisions FAKECUDA_GREEN_CTX_MIB for the green context itself;
+ * cuCtxFromGreenCtx's CUcontext runs kernels on the green context's SMs only, and what is
+ * allocated in it is the primary context's memory (it stays when the green context goes,
+ * and goes with the primary context); cuGreenCtxDestroy gives back what it provisioned
+ * and releases the primary context. As cuda.h describes them; the SM split follows the
+ * real rules only as far as the tests need (groups of minCount rounded up to 2 SMs). */
+struct fc_resdesc {
+    int sms;
+};
+struct fc_green {
+    int dev;
+    struct fc_ctx view; /* what cuCtxFromGreenCtx returns */
+    CUgreenCtx handle;
+};
+
+#define SM_ALIGN 2u
+
+static void sm_resource(CUdevResource *r, unsigned sms) {
+    memset(r, 0, sizeof *r);
+    r->type = CU_DEV_RESOURCE_TYPE_SM;
+    r->sm.smCount = sms;
+    r->sm.minSmPartitionSize = SM_ALIGN;
+    r->sm.smCoscheduledAlignment = SM_ALIGN;
+}
+
+FC_API CUresult cuDeviceGetDevResource(CUdevice ord, CUdevResource *res, CUdevResourceType type) {
+    int dev;
+    CUresult r = fc_dev_arg(ord, &dev);
+    if (r) return r;
+    if (!res) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+    sm_resource(res, (unsigned)fc_dev_sms(dev));
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDevSmResourceSplitByCount(CUdevResource *result, unsigned int *nbGroups,
+                                            const CUdevResource *input, CUdevResource *remainder,
+                                            unsigned int flags, unsigned int minCount) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!nbGroups || !input || flags) return CUDA_ERROR_INVALID_VALUE;
+    if (input->type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+    unsigned size = minCount < SM_ALIGN ? SM_ALIGN : (minCount + SM_ALIGN - 1) / SM_ALIGN * SM_ALIGN;
+    unsigned fit = input->sm.smCount / size;
+    if (fit == 0) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+    unsigned n = result ? (*nbGroups < fit ? *nbGroups : fit) : fit;
+    for (unsigned i = 0; result && i < n; i++) sm_resource(&result[i], size);
+    if (remainder) sm_resource(remainder, input->sm.smCount - n * size);
+    *nbGroups = n;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuDevResourceGenerateDesc(CUdevResourceDesc *phDesc, CUdevResource *resources,
+                                          unsigned int nbResources) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!phDesc || !resources || nbResources == 0) return CUDA_ERROR_INVALID_VALUE;
+    unsigned sms = 0;
+    for (unsigned i = 0; i < nbResources; i++) {
+        if (resources[i].type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+        sms += resources[i].sm.smCount;
+    }
+    if (sms == 0) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+    struct fc_resdesc *d = calloc(1, sizeof *d);
+    if (!d) return CUDA_ERROR_OUT_OF_MEMORY;
+    d->sms = (int)sms;
+    *phDesc = fc_handle_new(K_RESDESC, d);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice ord,
+                                 unsigned int flags) {
+    int dev;
+    CUresult r = fc_dev_arg(ord, &dev);
+    if (r) return r;
+    struct fc_resdesc *d = fc_handle_get(desc, K_RESDESC);
+    if (!phCtx || !d || (flags & ~(unsigned)CU_GREEN_CTX_DEFAULT_STREAM))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (d->sms > fc_dev_sms(dev)) return CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION;
+    struct fc_green *g = calloc(1, sizeof *g);
+    if (!g) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUcontext prim;
+    r = cuDevicePrimaryCtxRetain(&prim, ord); /* its memory, when it was not active */
+    if (r) {
+        free(g);
+        return r;
+    }
+    if (fc_charge(dev, fc_knobs()->green_bytes) < 0) {
+        cuDevicePrimaryCtxRelease_v2(ord);
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g->dev = dev;
+    g->view.dev = dev;
+    g->view.primary = 1; /* "treated as if it were a primary context" (cuda.h) */
+    g->view.active = 1;
+    g->view.sms = d->sms;
+    g->view.launched = 1; /* growth at a first launch is the primary context's */
+    memcpy(g->view.limit, limit_default, sizeof g->view.limit);
+    g->view.handle = fc_handle_new(K_CTX, &g->view);
+    g->handle = fc_handle_new(K_GREEN, g);
+    *phCtx = g->handle;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuCtxFromGreenCtx(CUcontext *pContext, CUgreenCtx hCtx) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!pContext) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_green *g = fc_handle_get(hCtx, K_GREEN);
+    if (!g) return CUDA_ERROR_INVALID_CONTEXT;
+    *pContext = g->view.handle;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuGreenCtxGetDevResource(CUgreenCtx hCtx, CUdevResource *res,
+                                         CUdevResourceType type) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_green *g = fc_handle_get(hCtx, K_GREEN);
+    if (!g) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!res) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_DEV_RESOURCE_TYPE_SM) return CUDA_ERROR_INVALID_RESOURCE_TYPE;
+    sm_resource(res, (unsigned)g->view.sms);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuGreenCtxDestroy(CUgreenCtx hCtx) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_green *g = fc_handle_get(hCtx, K_GREEN);
+    if (!g) return CUDA_ERROR_INVALID_CONTEXT;
+    fc_handle_free(hCtx);
+    /* a thread that still has it current gets CONTEXT_IS_DESTROYED from then on */
+    g->view.active = 0;
+    fc_reown_ctx_allocations(&g->view, &primary[g->dev]);
+    fc_uncharge(g->dev, fc_knobs()->green_bytes);
+    cuDevicePrimaryCtxRelease_v2(fc_ordinal(g->dev));
+    /* the view's handle stays allocated (a dangling CUcontext must read as destroyed,
+     * not as another object), and so does g */
+    return CUDA_SUCCESS;
+}
+
 FC_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice ord) {
     int dev;
     CUresult r = fc_dev_arg(ord, &dev);

@@ -616,9 +616,10 @@ static uint64_t resident_per_sm(uint64_t threads) {
     return per_sm < 1 ? 1 : per_sm > 32 ? 32 : per_sm;
 }
 
-uint64_t fc_kernel_ns(const struct fc_func *fn, uint64_t blocks, uint64_t threads) {
+uint64_t fc_kernel_ns(const struct fc_func *fn, uint64_t blocks, uint64_t threads, int sms) {
     const struct fc_knobs *k = fc_knobs();
-    uint64_t slots = (uint64_t)(k->sms > 0 ? k->sms : 1) * resident_per_sm(threads);
+    if (sms <= 0) sms = k->sms; /* a green context runs on its own SMs */
+    uint64_t slots = (uint64_t)(sms > 0 ? sms : 1) * resident_per_sm(threads);
     uint64_t waves = (blocks + slots - 1) / slots;
     return k->launch_ns + waves * fn->block_ns;
 }
@@ -640,11 +641,12 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     if (r) return r;
     uint64_t blocks = (uint64_t)gx * gy * gz, threads = (uint64_t)bx * by * bz;
     /* a cooperative grid must be resident at once: one wave */
-    if (cooperative && blocks > (uint64_t)fc_knobs()->sms * resident_per_sm(threads))
+    if (cooperative && blocks > (uint64_t)(c->sms > 0 ? c->sms : fc_knobs()->sms) *
+                                    resident_per_sm(threads))
         return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     r = fc_ctx_first_launch(c); /* the context grows at its first launch */
     if (r) return r;
-    fc_run(c, s, fc_kernel_ns(fn, blocks, threads));
+    fc_run(c, s, fc_kernel_ns(fn, blocks, threads, c->sms));
     return CUDA_SUCCESS;
 }
 

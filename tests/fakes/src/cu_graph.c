@@ -126,7 +126,7 @@ static CUresult add_kernel_node(CUgraphNode *node, CUgraph hGraph, const CUgraph
     struct fc_gnode *n = calloc(1, sizeof *n);
     if (!n) return CUDA_ERROR_OUT_OF_MEMORY;
     n->type = CU_GRAPH_NODE_TYPE_KERNEL;
-    n->dur = fc_kernel_ns(fn, (uint64_t)gx * gy * gz, (uint64_t)bx * by * bz);
+    n->dur = fc_kernel_ns(fn, (uint64_t)gx * gy * gz, (uint64_t)bx * by * bz, 0);
     return add_node(g, n, node);
 }
 

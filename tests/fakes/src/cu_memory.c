@@ -111,6 +111,20 @@ static void sweep_one(struct fc_alloc *a, void *arg) {
     s->list[s->n++] = a;
 }
 
+struct reown { struct fc_ctx *from, *to; };
+
+static void reown_one(struct fc_alloc *a, void *arg) {
+    struct reown *r = arg;
+    if (a->ctx == r->from) a->ctx = r->to;
+}
+
+void fc_reown_ctx_allocations(struct fc_ctx *from, struct fc_ctx *to) {
+    struct reown r = {from, to};
+    pthread_mutex_lock(&fc_obj_mutex);
+    fc_alloc_each(reown_one, &r);
+    pthread_mutex_unlock(&fc_obj_mutex);
+}
+
 void fc_free_ctx_allocations(struct fc_ctx *c) {
     struct ctx_sweep s = {.ctx = c};
     pthread_mutex_lock(&fc_obj_mutex);

@@ -36,6 +36,13 @@
     X(cuDevicePrimaryCtxRetain, 7000, 0, cuDevicePrimaryCtxRetain)      \
     X(cuDevicePrimaryCtxRelease, 7000, 0, cuDevicePrimaryCtxRelease)    \
     X(cuDevicePrimaryCtxRelease, 11000, 0, cuDevicePrimaryCtxRelease_v2) \
+    X(cuDeviceGetDevResource, 12040, 0, cuDeviceGetDevResource)     \
+    X(cuDevSmResourceSplitByCount, 12040, 0, cuDevSmResourceSplitByCount) \
+    X(cuDevResourceGenerateDesc, 12040, 0, cuDevResourceGenerateDesc) \
+    X(cuGreenCtxCreate, 12040, 0, cuGreenCtxCreate)                 \
+    X(cuGreenCtxDestroy, 12040, 0, cuGreenCtxDestroy)               \
+    X(cuCtxFromGreenCtx, 12040, 0, cuCtxFromGreenCtx)               \
+    X(cuGreenCtxGetDevResource, 12040, 0, cuGreenCtxGetDevResource) \
     X(cuDevicePrimaryCtxReset, 7000, 0, cuDevicePrimaryCtxReset)        \
     X(cuDevicePrimaryCtxReset, 11000, 0, cuDevicePrimaryCtxReset_v2)    \
     X(cuDevicePrimaryCtxGetState, 7000, 0, cuDevicePrimaryCtxGetState)  \

@@ -24,6 +24,7 @@ struct fc_knobs {
     uint64_t ctx_bytes;
     uint64_t module_bytes;   /* FAKECUDA_MODULE_MIB: device memory of each loaded module */
     uint64_t ctx_grow_bytes; /* FAKECUDA_CTX_GROW_MIB: a context's growth at its first launch */
+    uint64_t green_bytes;    /* FAKECUDA_GREEN_CTX_MIB: what a green context provisions */
     int sms;
     uint64_t ns_per_block; /* a kernel's work per block per wave (functions not named fake_ns_N) */
     uint64_t launch_ns;    /* fixed device-side cost of every kernel */

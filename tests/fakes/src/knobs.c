@@ -175,6 +175,7 @@ static void knobs_read(void) {
     knobs.ctx_bytes = env_u64("FAKECUDA_CTX_MIB", 300) * FC_MIB;
     knobs.module_bytes = env_u64("FAKECUDA_MODULE_MIB", 0) * FC_MIB;
     knobs.ctx_grow_bytes = env_u64("FAKECUDA_CTX_GROW_MIB", 0) * FC_MIB;
+    knobs.green_bytes = env_u64("FAKECUDA_GREEN_CTX_MIB", 0) * FC_MIB;
     knobs.sms = (int)env_u64("FAKECUDA_SMS", 108);
     knobs.ns_per_block = env_u64("FAKECUDA_NS_PER_BLOCK", 1000);
     knobs.launch_ns = env_u64("FAKECUDA_LAUNCH_NS", 1500);

@@ -27,6 +27,13 @@
     X(cuCtxGetDevice, cuCtxGetDevice, 0, (CUdevice *))                                       \
     X(cuCtxSynchronize, cuCtxSynchronize, 0, (void))                                         \
     X(cuCtxSynchronize_v2, cuCtxSynchronize, 13000, (CUcontext))                             \
+    X(cuDeviceGetDevResource, cuDeviceGetDevResource, 0, (CUdevice, CUdevResource *, CUdevResourceType)) \
+    X(cuDevSmResourceSplitByCount, cuDevSmResourceSplitByCount, 0,                            \
+      (CUdevResource *, unsigned int *, const CUdevResource *, CUdevResource *, unsigned int, unsigned int)) \
+    X(cuDevResourceGenerateDesc, cuDevResourceGenerateDesc, 0, (CUdevResourceDesc *, CUdevResource *, unsigned int)) \
+    X(cuGreenCtxCreate, cuGreenCtxCreate, 0, (CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int)) \
+    X(cuGreenCtxDestroy, cuGreenCtxDestroy, 0, (CUgreenCtx))                                 \
+    X(cuCtxFromGreenCtx, cuCtxFromGreenCtx, 0, (CUcontext *, CUgreenCtx))                    \
     X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 0, (CUcontext *, CUdevice))        \
     X(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease, 0, (CUdevice))                \
     X(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset, 0, (CUdevice))                    \

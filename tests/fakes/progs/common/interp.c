@@ -29,7 +29,7 @@ static unsigned threads_per_block = 128;     /* "threads T" */
 #define MAX_IDS 65536
 enum rkind {
     R_FREE = 0, R_ALLOC, R_ALLOC32, R_ARRAY, R_MIPMAP, R_MANAGED, R_HOST, R_ASYNC, R_VMM,
-    R_HANDLE, R_POOL, R_STREAM, R_CTX, R_GRAPH, R_MODULE, R_LIBRARY
+    R_HANDLE, R_POOL, R_STREAM, R_CTX, R_GRAPH, R_MODULE, R_LIBRARY, R_GREEN
 };
 struct rec {
     int kind;
@@ -43,6 +43,7 @@ struct rec {
     CUgraphExec exec;
     CUmodule module;
     CUlibrary library;
+    CUgreenCtx green; /* R_GREEN (ctx: its CUcontext, cuCtxFromGreenCtx) */
 };
 static struct rec recs[MAX_IDS];
 static int nrecs;
@@ -352,6 +353,7 @@ static int free_rec(struct rec *r) {
         rc = CALL(cuCtxDestroy_v2, r->ctx);
         if (!rc) forget_module_of(r->ctx);
         break;
+    case R_GREEN: rc = CALL(cuGreenCtxDestroy, r->green); break;
     case R_MODULE: rc = CALL(cuModuleUnload, r->module); break;
     case R_LIBRARY: rc = CALL(cuLibraryUnload, r->library); break;
     default: rc = CUDA_ERROR_INVALID_VALUE;
@@ -1258,6 +1260,31 @@ static void op_ctx(const char *op, char **a) {
     emit(op, rc, "\"id\":%d,\"ctx\":\"%p\"", id, (void *)c);
 }
 
+/* green D SMS: a green context on D with a group of SMS SMs (cuDeviceGetDevResource,
+ * cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc, cuGreenCtxCreate); its id works
+ * with greenuse (cuCtxFromGreenCtx + cuCtxSetCurrent) and free (cuGreenCtxDestroy) */
+static void op_green(char **a) {
+    int dev = dev_arg(a[0]);
+    unsigned want = a[1] ? (unsigned)strtoul(a[1], NULL, 0) : 2;
+    int rc = 0;
+    if (!inited) {
+        rc = CALL(cuInit, 0);
+        inited = !rc;
+    }
+    CUdevResource all, group, rest;
+    unsigned n = 1;
+    CUdevResourceDesc desc = NULL;
+    CUgreenCtx g = NULL;
+    CUcontext c = NULL;
+    if (!rc) rc = CALL(cuDeviceGetDevResource, dev, &all, CU_DEV_RESOURCE_TYPE_SM);
+    if (!rc) rc = CALL(cuDevSmResourceSplitByCount, &group, &n, &all, &rest, 0, want);
+    if (!rc) rc = CALL(cuDevResourceGenerateDesc, &desc, &group, 1);
+    if (!rc) rc = CALL(cuGreenCtxCreate, &g, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+    if (!rc) rc = CALL(cuCtxFromGreenCtx, &c, g);
+    int id = rc ? -1 : new_id((struct rec){.kind = R_GREEN, .ctx = c, .green = g});
+    emit("green", rc, "\"id\":%d,\"sms\":%u", id, rc ? 0 : group.sm.smCount);
+}
+
 static void op_sync(const char *op, char **a) {
     int rc = ensure(cur_dev);
     double t0 = now_ms();
@@ -1343,6 +1370,12 @@ static void run_line(char *line) {
         emit(op, rc, "\"dev\":%d,\"ctx\":\"%p\"", cur_dev, (void *)prim[cur_dev & 63]);
     } else if (!strcmp(op, "ctx") || !strcmp(op, "ctx4") || !strcmp(op, "ctx1")) {
         op_ctx(op, a);
+    } else if (!strcmp(op, "green")) {
+        op_green(a);
+    } else if (!strcmp(op, "greenuse")) {
+        struct rec *r = get_id(a[0]);
+        rc = (r && r->kind == R_GREEN) ? CALL(cuCtxSetCurrent, r->ctx) : CUDA_ERROR_INVALID_VALUE;
+        emit(op, rc, NULL);
     } else if (!strcmp(op, "current")) {
         CUcontext c = NULL;
         rc = CALL(cuCtxGetCurrent, &c);
@@ -1476,7 +1509,8 @@ static void run_line(char *line) {
         int freed = 0;
         rc = 0;
         for (int i = nrecs - 1; i >= 0; i--) {
-            if (recs[i].kind == R_FREE || recs[i].kind == R_CTX || recs[i].kind == R_POOL ||
+            if (recs[i].kind == R_FREE || recs[i].kind == R_CTX || recs[i].kind == R_GREEN ||
+                recs[i].kind == R_POOL ||
                 recs[i].kind == R_STREAM || recs[i].kind == R_GRAPH || recs[i].kind == R_MODULE ||
                 recs[i].kind == R_LIBRARY)
                 continue;
