@@ -27,6 +27,7 @@ import structlog
 from vgpud.core.admission import pod_risk
 from vgpud.core.allocate import MAX_SCORE, MAX_TIED, Allocator, Filtered, summarize
 from vgpud.core.codec import ASSIGNMENT, CodecError, decode_assignment, encode_assignment
+from vgpud.core.dra import MODE_DRA, NODE_MODE_LABEL
 from vgpud.core.ledger import Entry, State, same_placement
 from vgpud.core.model import Placement, PodRequest, Reason, TopologyMode
 from vgpud.core.preempt import Budget, Holder, Proposal, preempt
@@ -163,6 +164,10 @@ class Extender:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         for name, reason in got.failed.items():
+            if name in self.state.dra_nodes:  # not the extender's: say whose it is
+                reason = Reason("dra-node", f"node {name}'s GPUs are managed by DRA (label "
+                                f"{NODE_MODE_LABEL}={MODE_DRA}): a vGPU pod reaches them "
+                                "through a ResourceClaim, not through this scheduler", False)
             (failed if reason.resolvable else unresolvable)[name] = reason.message
             self.metrics.rejections.labels(reason.code).inc()
         if got.feasible:

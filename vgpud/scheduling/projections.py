@@ -29,6 +29,7 @@ from vgpud.core.codec import (
     decode_assignment,
     decode_node_devices,
 )
+from vgpud.core.dra import MODE_DRA, NODE_MODE_LABEL
 from vgpud.core.ledger import Entry
 from vgpud.core.model import Defaults, NodeInventory, Placement
 from vgpud.core.preempt import Budget, Holder, Requirement
@@ -77,6 +78,7 @@ class NodeInfo:
     labels: tuple[tuple[str, str], ...]
     inventory: NodeInventory | None
     error: str | None = None
+    dra: bool = False  # its GPUs are DRA's (label vgpud.io/node-mode=dra): never counted here
 
 
 PodFilter = Callable[[dict[str, Any]], bool]
@@ -219,13 +221,14 @@ def project_node(obj: dict[str, Any]) -> NodeInfo:
     name = sys.intern(str(meta.get("name") or ""))
     raw = ann.get(NODE_DEVICES)
     inventory, error = None, None
-    if raw is not None:
+    dra = labels.get(NODE_MODE_LABEL) == MODE_DRA
+    if raw is not None and not dra:  # a DRA node's GPUs are kube-scheduler's to allocate
         try:
             inventory = decode_node_devices(raw)
         except CodecError as e:
             error = str(e)
     return NodeInfo(name, tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-                    inventory, error)
+                    inventory, error, dra)
 
 
 

@@ -75,6 +75,8 @@ class SchedulerState:
         self.pod_lookup = pod_lookup
         self.bad_assignments: set[str] = set()
         self.bad_nodes: dict[str, str] = {}
+        # nodes whose GPUs DRA manages (vgpud.io/node-mode=dra): never placed on here
+        self.dra_nodes: set[str] = set()
         self._requests: OrderedDict[str, PodRequest] = OrderedDict()
         self._request_cache = request_cache
         # pods filter found no node for, until they bind or go (bounded like requests)
@@ -111,8 +113,15 @@ class SchedulerState:
         if isinstance(event, Deleted):
             self.alloc.remove_node(event.key)
             self.bad_nodes.pop(event.key, None)
+            self.dra_nodes.discard(event.key)
             return
         info = event.obj if isinstance(event, Added) else event.new
+        if info.dra:  # kube-scheduler allocates its GPUs from ResourceSlices, not we
+            self.dra_nodes.add(info.name)
+            self.bad_nodes.pop(info.name, None)
+            self.alloc.remove_node(info.name)
+            return
+        self.dra_nodes.discard(info.name)
         if info.error is not None:
             if self.bad_nodes.get(info.name) != info.error:
                 self.warn("node_inventory_invalid", node=info.name, error=info.error)
