@@ -218,7 +218,10 @@ def build() -> Built:
         fakes = ROOT / "tests/fakes/build"
     progs = ROOT / "tests/shim/progs"
     subprocess.run(["make", "-s", "-C", str(progs), f"FAKES={fakes}"], check=True)
-    return Built(ROOT / "csrc/build/libvgpu.so", fakes, progs / "build/drv")
+    # VGPUD_TEST_SHIM=<a libvgpu.so>: another build of the shim (as the tests take it), to
+    # set two builds side by side on the same scenarios
+    lib = Path(os.environ.get("VGPUD_TEST_SHIM") or ROOT / "csrc/build/libvgpu.so")
+    return Built(lib, fakes, progs / "build/drv")
 
 
 def container(built: Built, tmp: Path, fake_env: dict[str, str], limit: int,

@@ -77,6 +77,8 @@ int vg_sm_any_limited;
 #define SPAN_MIN_NS 150000000ull    /* ... and 150 ms, */
 #define SPAN_MAX_NS 2000000000ull   /* or 2 s whatever was launched */
 #define STEP_MAX 1000.0             /* the largest step up, over a whole span */
+#define FIRST_STEP_MAX 1000000.0    /* ... and the first one, from the starting estimate */
+#define OVERWHELMING 16             /* seen > 16 x charged at the start: one launch will do */
 #define OWN_COST_MAX_NS 1000000000ull /* one launch's own cost is paid up to 1 s */
 #define SHARED_DEBT_NS 4000000000ull  /* the container's bucket owes up to 4 s of waiting */
 
@@ -96,6 +98,7 @@ typedef struct sm_dev {
     uint64_t span_seen, span_charged, span_launches, span_ns; /* calibration's evidence */
     unsigned long long last_seen_us;/* NVML: the end of the interval measured last */
     int misses;                     /* consecutive ticks of NOT_FOUND while charging */
+    int calibrated;                 /* the estimate has moved from INITIAL_PS (controller) */
 } sm_dev;
 
 static sm_dev devs[VG_MAX_DEVICES];
@@ -135,7 +138,13 @@ static void sleep_ns(uint64_t ns)
 static uint64_t bucket_take(int64_t *tokens, uint64_t *refill, uint32_t rate, uint64_t cost_ns,
                             uint64_t now, uint64_t debt_wall_ns)
 {
-    int64_t cap = (int64_t)(DEPTH_NS * rate / 1000), floor = -DEBT_DEPTHS * cap;
+    int64_t depth = (int64_t)(DEPTH_NS * rate / 1000), floor = -DEBT_DEPTHS * depth;
+    /* a launch that costs more than the depth may save up one launch's worth: on a busy
+     * device it waits behind the others' work while the bucket refills, and a depth below
+     * its cost threw that time away (four processes' 50 ms kernels under 39 % beside
+     * unthrottled neighbours got 34.5) */
+    int64_t cap = depth;
+    if ((int64_t)cost_ns > cap) cap = (int64_t)(cost_ns < OWN_COST_MAX_NS ? cost_ns : OWN_COST_MAX_NS);
     int64_t wall = -(int64_t)(debt_wall_ns * rate / 1000);
     if (wall < floor) floor = wall;
     /* the debt past the floor is forgiven, but never a launch's own cost: a kernel
@@ -326,13 +335,17 @@ static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
     double ratio = (double)measured / (double)charged;
     if (ratio < 0.25) ratio = 0.25;
     if (ratio > 4 && !long_kernels) ratio = 4;
-    if (ratio > STEP_MAX) ratio = STEP_MAX;
+    /* the first step from the starting estimate may go as far as 1 us to 1 s a wave; any
+     * later one is bounded (a span's edge can cut a launch's charge to a sliver) */
+    double most = s->calibrated ? STEP_MAX : FIRST_STEP_MAX;
+    if (ratio > most) ratio = most;
     /* far off (start-up, a new kernel mix): the whole step; close: half steps */
     double step = ratio > 1.5 || ratio < 0.67 ? ratio : sqrt(ratio);
     double ps = (double)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED) * step;
     if (ps < PS_MIN) ps = PS_MIN;
     if (ps > PS_MAX) ps = PS_MAX;
     __atomic_store_n(&s->ps_per_wave, (uint64_t)ps, __ATOMIC_RELAXED);
+    s->calibrated = 1;
 }
 
 static void tick(int d, int host_pid)
@@ -398,8 +411,18 @@ static void tick(int d, int host_pid)
         s->span_charged += ch;
         s->span_launches += nl;
         s->span_ns += t1 - t0;
+        /* still at the starting estimate, with kernels so long that it charged
+         * microseconds for what the GPU ran for milliseconds: the first launches tell
+         * enough once they have run (this interval saw the process idle, so none is
+         * half-seen), and the step is taken at once. A 50 ms kernel of one wave took three
+         * spans of four launches, most of a four-second run, while four processes of
+         * them ran at twice their limit. Only from the starting estimate: later, a span's
+         * edge can cut a launch's charge to a sliver and fake such a ratio. */
+        int overwhelming = !s->calibrated && own == 0 && s->span_launches >= 1 &&
+                           s->span_seen >= LONG_SEEN_NS &&
+                           s->span_seen > OVERWHELMING * s->span_charged;
         if ((s->span_launches >= SPAN_LAUNCHES && s->span_ns >= SPAN_MIN_NS) ||
-            s->span_ns >= SPAN_MAX_NS) {
+            s->span_ns >= SPAN_MAX_NS || overwhelming) {
             calibrate(s, s->span_seen, s->span_charged);
             s->span_seen = s->span_charged = s->span_launches = s->span_ns = 0;
         }
