@@ -78,6 +78,7 @@ int vg_sm_any_limited;
 #define SPAN_MAX_NS 2000000000ull   /* or 2 s whatever was launched */
 #define STEP_MAX 1000.0             /* the largest step up, over a whole span */
 #define FIRST_STEP_MAX 1000000.0    /* ... and the first one, from the starting estimate */
+#define WHOLE_STEPS 3               /* the first steps are whole, whatever the ratio */
 #define OVERWHELMING 16             /* seen > 16 x charged at the start: one launch will do */
 #define OWN_COST_MAX_NS 1000000000ull /* one launch's own cost is paid up to 1 s */
 #define SHARED_DEBT_NS 4000000000ull  /* the container's bucket owes up to 4 s of waiting */
@@ -98,7 +99,7 @@ typedef struct sm_dev {
     uint64_t span_seen, span_charged, span_launches, span_ns; /* calibration's evidence */
     unsigned long long last_seen_us;/* NVML: the end of the interval measured last */
     int misses;                     /* consecutive ticks of NOT_FOUND while charging */
-    int calibrated;                 /* the estimate has moved from INITIAL_PS (controller) */
+    int calibrated;                 /* steps taken from INITIAL_PS, up to WHOLE_STEPS */
 } sm_dev;
 
 static sm_dev devs[VG_MAX_DEVICES];
@@ -339,13 +340,15 @@ static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
      * later one is bounded (a span's edge can cut a launch's charge to a sliver) */
     double most = s->calibrated ? STEP_MAX : FIRST_STEP_MAX;
     if (ratio > most) ratio = most;
-    /* far off (start-up, a new kernel mix): the whole step; close: half steps */
-    double step = ratio > 1.5 || ratio < 0.67 ? ratio : sqrt(ratio);
+    /* far off (a new kernel mix), or the first few steps (the first one's span has the
+     * fewest launches, and its edge cut one short): the whole step; close: half steps */
+    double step = ratio > 1.5 || ratio < 0.67 || s->calibrated < WHOLE_STEPS ? ratio
+                                                                            : sqrt(ratio);
     double ps = (double)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED) * step;
     if (ps < PS_MIN) ps = PS_MIN;
     if (ps > PS_MAX) ps = PS_MAX;
     __atomic_store_n(&s->ps_per_wave, (uint64_t)ps, __ATOMIC_RELAXED);
-    s->calibrated = 1;
+    if (s->calibrated < WHOLE_STEPS) s->calibrated++;
 }
 
 static void tick(int d, int host_pid)
@@ -414,11 +417,14 @@ static void tick(int d, int host_pid)
         /* still at the starting estimate, with kernels so long that it charged
          * microseconds for what the GPU ran for milliseconds: the first launches tell
          * enough once they have run (this interval saw the process idle, so none is
-         * half-seen), and the step is taken at once. A 50 ms kernel of one wave took three
+         * half-seen) or over 150 ms of them were seen (a process that never idles: one
+         * half-seen launch is then a bounded error, mended by the next span), and the
+         * step is taken at once. A 50 ms kernel of one wave took three
          * spans of four launches, most of a four-second run, while four processes of
          * them ran at twice their limit. Only from the starting estimate: later, a span's
          * edge can cut a launch's charge to a sliver and fake such a ratio. */
-        int overwhelming = !s->calibrated && own == 0 && s->span_launches >= 1 &&
+        int overwhelming = !s->calibrated && (own == 0 || s->span_ns >= SPAN_MIN_NS) &&
+                           s->span_launches >= 1 &&
                            s->span_seen >= LONG_SEEN_NS &&
                            s->span_seen > OVERWHELMING * s->span_charged;
         if ((s->span_launches >= SPAN_LAUNCHES && s->span_ns >= SPAN_MIN_NS) ||
