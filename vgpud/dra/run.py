@@ -29,6 +29,7 @@ from vgpud.kube.client import KubeClient
 from vgpud.node.cluster import ClusterApi, KubeCluster
 from vgpud.node.runtime import Node, NodeOptions, run_node
 from vgpud.node.vendors import Backend, backend
+from vgpud.process import cancel_on_signals
 
 log = structlog.get_logger(__name__)
 
@@ -107,8 +108,20 @@ async def run_dra(
 
 async def main(opts: DraOptions, kubeconfig: str | None, fake_devices: str | None,
                environ: Mapping[str, str] | None = None) -> None:
-    """The ``vgpud dra`` process: connect, then :func:`run_dra` until cancelled."""
+    """The ``vgpud dra`` process: connect, then :func:`run_dra` until SIGTERM or SIGINT
+    (which end it cleanly: its registration socket goes, so kubelet forgets the plugin at
+    once rather than dialling a dead endpoint)."""
     env = os.environ if environ is None else environ
-    async with KubeClient.connect(kubeconfig, qps=opts.settings.kubeQPS,
-                                  burst=opts.settings.kubeBurst, environ=env) as kube:
-        await run_dra(opts, backend(fake_devices), KubeCluster(kube), KubeClaims(kube))
+    try:
+        async with KubeClient.connect(kubeconfig, qps=opts.settings.kubeQPS,
+                                      burst=opts.settings.kubeBurst, environ=env) as kube, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(cancel_on_signals, tg.cancel_scope, "dra_stopping")
+            try:
+                await run_dra(opts, backend(fake_devices), KubeCluster(kube), KubeClaims(kube))
+            finally:
+                tg.cancel_scope.cancel()
+    except ExceptionGroup as e:  # one error (the node did not start): as it is
+        if len(e.exceptions) == 1:
+            raise e.exceptions[0] from None
+        raise
