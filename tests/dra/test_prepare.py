@@ -109,7 +109,8 @@ async def test_a_prepared_claim_is_a_limits_file_and_a_cdi_spec(tmp_path: Path,
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in edits["env"]
     # the store knows the claim's owner (the pod it is reserved for) and grant
     (a,) = p.store.configured()
-    assert (a.owner.pod, a.owner.uid, a.resource) == ("trainer", "pod-uid-1", DRIVER)
+    assert a.owner is not None and a.resource == DRIVER
+    assert (a.owner.pod, a.owner.uid, a.owner.container) == ("trainer", "pod-uid-1", "claim:c")
 
 
 async def test_a_claim_on_two_gpus_has_a_cdi_device_per_gpu_and_one_limits_file(

@@ -76,9 +76,12 @@ class DraPlugin:
         ``NotifyRegistrationStatus``: the plugin logs ``dra_registered``)."""
         before = self.log().count("dra_registered")
         self.proc.start()
-        wait_for(f"kubelet to register {DRIVER}", lambda: (
-            self.proc.check_alive(), self.log().count("dra_registered") > before)[1],
-            timeout=timeout, detail=self.tails)
+
+        def registered() -> bool:
+            self.proc.check_alive()
+            return self.log().count("dra_registered") > before
+        wait_for(f"kubelet to register {DRIVER}", registered, timeout=timeout,
+                 detail=self.tails)
         return self
 
     def stop(self) -> None:
