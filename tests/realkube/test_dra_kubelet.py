@@ -16,24 +16,33 @@ from __future__ import annotations
 
 import json
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from tests.node.conftest import FAKES, built  # noqa: F401 (fixture)
+from tests.oci.conftest import node, runc  # noqa: F401 (fixtures)
+from tests.oci.runtime import Node
 from tests.realkube.api import Obj, wait_for
 from tests.realkube.cluster import TEST_LABEL, Scenario
 from tests.realkube.controlplane import ControlPlane, Proc, free_port
-from tests.realkube.kubelet import Kubelet, fake_devices
+from tests.realkube.kubelet import Kubelet, allocate_response_of, fake_devices, fake_gpu_uuid
 from vgpud.core.dra import DRIVER
 from vgpud.core.limits import parse
 from vgpud.dra.cdi import KIND, spec_path
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
+OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
+INTERP = ["/opt/fakecuda/viaproc"]  # the fake driver's test program: one op a line, JSON back
+# what the pod's image would bring with the fake driver: two 24 GiB GPUs, no context cost
+FAKE_GPU_ENV = {"FAKECUDA_DEVICES": "24576,24576", "FAKECUDA_CTX_MIB": "0"}
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 
@@ -60,6 +69,7 @@ class DraPlugin:
             "shimHostDir": str(d / "shim")}}))
         libs = sorted((ROOT / "csrc" / "build").glob("libvgpu.so.*.*"))
         assert libs, "the shim is not built (make -C csrc)"
+        self.metrics_port = free_port()
         kc = self.cp.kubeconfig_for_cert(f"vgpud-dra-{self.kubelet.name}", "vgpud-dra",
                                          "system:masters")
         self.proc = Proc(f"vgpud-dra-{self.kubelet.name}", [
@@ -67,7 +77,7 @@ class DraPlugin:
             f"--kubelet-dir={self.kubelet.root_dir}", f"--cdi-dir={self.cdi_dir}",
             f"--pod-resources-socket={self.kubelet.pod_resources_socket}",
             f"--state-dir={self.state_dir}", f"--fake-devices={devices}",
-            f"--listen=127.0.0.1:{free_port()}"], d,
+            f"--listen=127.0.0.1:{self.metrics_port}"], d,
             env={"PYTHONPATH": str(ROOT), "VGPUD_LOG_FORMAT": "console",
                  "NODE_NAME": self.kubelet.name, "VGPUD_SHIM_LIBRARY": str(libs[-1])})
 
@@ -138,6 +148,7 @@ def resource_claim(scenario: Scenario, name: str, cls: str) -> Obj:
 def claim_pod(scenario: Scenario, name: str, claim: str) -> Obj:
     """A pod whose two containers use the claim: they share its slice."""
     containers = [{"name": c, "image": "registry.invalid/cuda:12",
+                   "env": [{"name": k, "value": v} for k, v in FAKE_GPU_ENV.items()],
                    "resources": {"claims": [{"name": "gpu"}]}} for c in ("main", "helper")]
     pod = scenario.pod(name, containers=containers)
     pod["spec"].update(automountServiceAccountToken=False, enableServiceLinks=False,
@@ -146,17 +157,17 @@ def claim_pod(scenario: Scenario, name: str, claim: str) -> Obj:
     return pod
 
 
-def allocate(scenario: Scenario, claim: Obj, pod: Obj, node: str) -> Obj:
-    """What kube-scheduler writes: the allocation (a share of gpu-0 on ``node``) and the
+def allocate(scenario: Scenario, claim: Obj, pod: Obj, on: str) -> Obj:
+    """What kube-scheduler writes: the allocation (a share of gpu-0 on node ``on``) and the
     reservation for the pod."""
     meta = claim["metadata"]
     status = {"allocation": {
         "devices": {"results": [{
-            "request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0",
+            "request": "gpu", "driver": DRIVER, "pool": on, "device": "gpu-0",
             "shareID": str(uuid.uuid4()),
             "consumedCapacity": {"memory": "4Gi", "cores": "30"}}]},
         "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            {"key": "metadata.name", "operator": "In", "values": [on]}]}]}},
         "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"],
                          "uid": pod["metadata"]["uid"]}]}
     out: Obj = scenario.admin.request(
@@ -165,17 +176,51 @@ def allocate(scenario: Scenario, claim: Obj, pod: Obj, node: str) -> Obj:
     return out
 
 
-def bind(scenario: Scenario, pod: Obj, node: str) -> None:
+def bind(scenario: Scenario, pod: Obj, on: str) -> None:
     meta = pod["metadata"]
     scenario.admin.request(
         "POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
         {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"],
                                                              "uid": meta["uid"]},
-         "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+         "target": {"apiVersion": "v1", "kind": "Node", "name": on}})
 
 
 def cdi_names(request: Obj) -> list[str]:
     return [c["name"] for c in request["config"].get("CDI_devices", [])]
+
+
+def with_cdi(request: Obj, cdi_dir: Path) -> Any:
+    """The container of a recorded CreateContainer request as a CDI-enabled runtime makes
+    it: kubelet's part (the pod's envs and mounts) and the edits of each CDI device it names,
+    from the specs in ``cdi_dir``, as one ``ContainerAllocateResponse`` for
+    :meth:`tests.oci.Node.container`. The device nodes are left out: the fake driver stands
+    in for the GPU, and this host has no ``/dev/nvidia0``."""
+    from vgpud.plugin._pb import v1beta1 as pb
+
+    r = allocate_response_of(request)
+    specs = [json.loads(f.read_text()) for f in cdi_dir.glob("*.json")]
+    devices = {f"{s['kind']}={d['name']}": d["containerEdits"] for s in specs
+               for d in s["devices"]}
+    for name in cdi_names(request):
+        edits = devices[name]  # a name the runtime cannot resolve fails the container
+        for kv in edits.get("env", []):
+            k, _, v = kv.partition("=")
+            r.envs[k] = v
+        r.mounts.extend(pb.Mount(container_path=m["containerPath"], host_path=m["hostPath"],
+                                 read_only="ro" in m["options"])
+                        for m in edits.get("mounts", []))
+    return r
+
+
+def metric(port: int, name: str, **labels: str) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if (head == name or head.startswith(name + "{")) and all(
+                f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return None
 
 
 def test_the_real_kubelet_prepares_a_claim_through_vgpud_dra_and_unprepares_it_after_a_restart(
@@ -259,4 +304,45 @@ def test_a_claim_allocated_on_another_node_fails_the_pod_with_the_plugins_reason
     assert dra_node.proc.alive()
     scenario.admin.delete("Pod", "lost", scenario.ns, grace=0)
     scenario.admin.request("DELETE", f"{CLAIMS.format(ns=scenario.ns)}/elsewhere")
+    scenario.admin.request("DELETE", f"{CLASSES}/{cls}")
+
+
+def test_two_containers_sharing_a_claim_are_held_to_its_slice_together(
+        dra_node: DraPlugin, scenario: Scenario, node: Node, built: None) -> None:  # noqa: F811
+    """What kubelet asked the runtime for, with the CDI spec applied, in real runc
+    containers: the shim, preloaded through the read-only ``/etc/ld.so.preload`` the spec
+    mounts, holds both containers of the pod to the claim's 4 GiB of GPU 0 together, and
+    their processes register with the plugin from the pod's cgroup."""
+    plugin, kubelet = dra_node, dra_node.kubelet
+    cls = device_class(scenario)
+    claim = resource_claim(scenario, "shared", cls)
+    pod = scenario.apply(claim_pod(scenario, "pair", "shared"))
+    allocate(scenario, claim, pod, kubelet.name)
+    bind(scenario, pod, kubelet.name)
+
+    def created() -> list[Obj] | None:
+        got = [kubelet.created_for(pod["metadata"]["uid"], c) for c in ("main", "helper")]
+        return [g[0] for g in got] if all(got) else None
+
+    requests = wait_for("kubelet to create both containers", created, timeout=120,
+                        detail=lambda: scenario.describe("pair") + "\n" + plugin.tails())
+    gpu0 = {"CUDA_VISIBLE_DEVICES": fake_gpu_uuid(0)}  # the one GPU whose node it was given
+    a, b = (node.container(r["config"]["metadata"]["name"], INTERP,
+                           allocate=with_cdi(r, plugin.cdi_dir),
+                           pod_uid=r["sandbox_config"]["metadata"]["uid"], driver=FAKES,
+                           image_env=gpu0) for r in requests)
+    pa, pb_ = a.start(interactive=True), b.start(interactive=True)
+    for p in (pa, pb_):
+        assert p.ask_json("use 0", timeout=30)["rc"] == 0
+        assert p.ask_json("info", timeout=30)["total"] == 4 * GIB
+    assert pa.ask_json("alloc 0 3g", timeout=30)["rc"] == 0
+    assert pb_.ask_json("alloc 0 2g", timeout=30)["rc"] == OOM  # 5 GiB together: refused
+    assert pb_.ask_json("alloc 0 1g", timeout=30)["rc"] == 0  # exactly the claim's 4 GiB
+    assert pa.ask_json("alloc 0 1", timeout=30)["rc"] == OOM
+    # both processes registered with the plugin from the pod's cgroup
+    wait_for("both registrations", lambda: metric(
+        plugin.metrics_port, "vgpud_container_process_registrations_total",
+        result="accepted") == 2, timeout=30, detail=plugin.tails)
+    scenario.admin.delete("Pod", "pair", scenario.ns, grace=0)
+    scenario.admin.request("DELETE", f"{CLAIMS.format(ns=scenario.ns)}/shared")
     scenario.admin.request("DELETE", f"{CLASSES}/{cls}")
