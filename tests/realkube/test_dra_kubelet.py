@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 
@@ -36,6 +37,7 @@ from tests.realkube.kubelet import Kubelet, allocate_response_of, fake_devices, 
 from vgpud.core.dra import DRIVER
 from vgpud.core.limits import parse
 from vgpud.dra.cdi import KIND, spec_path
+from vgpud.node.podresources import PodResourcesClient
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -345,4 +347,38 @@ def test_two_containers_sharing_a_claim_are_held_to_its_slice_together(
         result="accepted") == 2, timeout=30, detail=plugin.tails)
     scenario.admin.delete("Pod", "pair", scenario.ns, grace=0)
     scenario.admin.request("DELETE", f"{CLAIMS.format(ns=scenario.ns)}/shared")
+    scenario.admin.request("DELETE", f"{CLASSES}/{cls}")
+
+
+def test_a_restarted_kubelet_finds_the_plugin_again_and_unprepares_through_it(
+        dra_node: DraPlugin, scenario: Scenario) -> None:
+    """kubelet walks ``plugins_registry`` when it starts: the plugin, whose sockets stayed,
+    is registered again without doing anything, and the claim kubelet prepared before its
+    restart (kubelet's own checkpoint) is unprepared through it."""
+    plugin, kubelet = dra_node, dra_node.kubelet
+    cls = device_class(scenario)
+    claim = resource_claim(scenario, "kept", cls)
+    uid = claim["metadata"]["uid"]
+    pod = scenario.apply(claim_pod(scenario, "steady", "kept"))
+    allocate(scenario, claim, pod, kubelet.name)
+    bind(scenario, pod, kubelet.name)
+    wait_for("kubelet to create the container",
+             lambda: kubelet.created_for(pod["metadata"]["uid"], "main") or None, timeout=120,
+             detail=lambda: scenario.describe("steady") + "\n" + plugin.tails())
+    registrations = plugin.log().count("dra_registered")
+    kubelet.restart()
+    wait_for("the restarted kubelet to register the plugin again",
+             lambda: plugin.log().count("dra_registered") > registrations, timeout=60,
+             detail=plugin.tails)
+    assert plugin.log().count("dra_prepared") == 1  # prepared once, kubelet remembers it
+    # a pod deleted before the new kubelet's pod source has it is torn down as an orphan,
+    # without an unprepare: the DRA manager's reconcile loop unprepares its claims a minute
+    # later. Once kubelet lists the pod again, its deletion unprepares at once.
+    wait_for("the restarted kubelet to list the pod", lambda: any(
+        h.pod == "steady" for h in anyio.run(PodResourcesClient(
+            str(kubelet.pod_resources_socket), "").list)), timeout=60, detail=plugin.tails)
+    scenario.admin.delete("Pod", "steady", scenario.ns)
+    wait_for("the claim to be unprepared", lambda: not spec_path(plugin.cdi_dir, uid).exists(),
+             timeout=30, detail=plugin.tails)
+    scenario.admin.request("DELETE", f"{CLAIMS.format(ns=scenario.ns)}/kept")
     scenario.admin.request("DELETE", f"{CLASSES}/{cls}")
