@@ -6,7 +6,8 @@ claim's failure kept to itself; and both services over their real sockets
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,68 +16,20 @@ import pytest
 from grpclib.client import Channel
 
 from tests.core.test_claims import claim, result
+from tests.dra.conftest import NODE, REF, UID, MemoryClaims, named, preparer
 from vgpud.core.dra import DRIVER
 from vgpud.core.limits import parse
 from vgpud.dra import cdi
 from vgpud.dra._pb import pluginregistration as reg
 from vgpud.dra._pb.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 from vgpud.dra.kubelet import plugin_socket, registry_socket, serve_sockets
-from vgpud.dra.prepare import ClaimRef, Preparer
 from vgpud.dra.service import DraService, DraServiceV1beta1, RegistrationService
 from vgpud.kube.errors import ServerError
-from vgpud.node.allocations import AllocationStore
-from vgpud.node.devices import NodeDevices
-from vgpud.node.fakegpus import FakeGpus
 from vgpud.node.runtime import collect
-from vgpud.node.shim import ShimFiles
 from vgpud.node.vendors import Nvidia
 
 pytestmark = pytest.mark.anyio
-NODE = "gpu-node-1"
-UID = "0f4a1c2e-0000-4000-8000-000000000001"
-REF = ClaimRef("ns", "c", UID)
 GIB = 1 << 30
-
-
-class MemoryClaims:
-    """:class:`vgpud.dra.prepare.ClaimReader` in memory; counts its reads."""
-
-    def __init__(self, *claims: Mapping[str, Any]) -> None:
-        self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
-        self.reads = 0
-        self.fail: Exception | None = None
-
-    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        self.reads += 1
-        if self.fail is not None:
-            raise self.fail
-        return self.claims.get((namespace, name))
-
-
-def named(obj: dict[str, Any], name: str, uid: str) -> dict[str, Any]:
-    return obj | {"metadata": {"name": name, "namespace": "ns", "uid": uid}}
-
-
-@pytest.fixture
-async def gpus(tmp_path: Path) -> Nvidia:
-    path = tmp_path / "devices.json"
-    path.write_text(json.dumps({"devices": [
-        {"uuid": f"GPU-{i}", "index": i, "model": "NVIDIA Fake", "memory": 24576, "numa": 0,
-         "links": [], "healthy": True, "mig": False} for i in range(2)]}))
-    return Nvidia(FakeGpus(path), name="fake")
-
-
-async def preparer(tmp_path: Path, gpus: Nvidia, claims: MemoryClaims) -> Preparer:
-    found = await gpus.source.discover()
-    shim = ShimFiles("1.0.0", tmp_path / "shim" / "libvgpu.so.1.0.0", "/usr/lib/libvgpu.so",
-                     tmp_path / "shim" / "ld.so.preload")
-    p = Preparer(node=NODE, devices=NodeDevices(found, split=10, memory_scaling=1.0,
-                                                core_scaling=1.0),
-                 store=AllocationStore(tmp_path / "state"), gpus=gpus, claims=claims,
-                 cdi_dir=tmp_path / "cdi", checkpoint=tmp_path / "state" / "dra" / "cp.json",
-                 shim=shim, arbiter=tmp_path / "state" / "arbiter")
-    await p.load()
-    return p
 
 
 async def test_a_prepared_claim_is_a_limits_file_and_a_cdi_spec(tmp_path: Path,
@@ -216,7 +169,8 @@ async def test_housekeeping_leaves_the_allocations_an_adapter_owns(tmp_path: Pat
 async def test_kubelet_sees_registration_and_both_dra_versions_on_their_sockets(
         tmp_path: Path, gpus: Nvidia) -> None:
     p = await preparer(tmp_path, gpus, MemoryClaims(claim()))
-    kubelet = tmp_path / "kubelet"
+    # short: a unix socket's path must fit 108 bytes, pytest's tmp_path may not
+    kubelet = Path(tempfile.mkdtemp(prefix="dra", dir="/tmp"))
     plugin, registry = plugin_socket(kubelet / "plugins", DRIVER), \
         registry_socket(kubelet / "plugins_registry", DRIVER)
     registration = RegistrationService(DRIVER, str(plugin))
@@ -255,3 +209,17 @@ async def test_kubelet_sees_registration_and_both_dra_versions_on_their_sockets(
                 await anyio.sleep(0.02)
         tg.cancel_scope.cancel()
     assert not registry.exists()  # gone with the server: kubelet forgets the plugin
+    shutil.rmtree(kubelet)
+
+
+async def test_a_socket_path_kubelet_cannot_have_is_an_error_not_a_hang(
+        tmp_path: Path, gpus: Nvidia) -> None:
+    p = await preparer(tmp_path, gpus, MemoryClaims(claim()))
+    deep = tmp_path / ("x" * 120)
+    with pytest.raises(ExceptionGroup) as e:
+        async with anyio.create_task_group() as tg:
+            await tg.start(lambda task_status: serve_sockets(
+                [DraService(p)], [RegistrationService(DRIVER, "")],
+                plugin_socket(deep, DRIVER), registry_socket(deep, DRIVER),
+                task_status=task_status))
+    assert e.group_contains(OSError, match="too long")  # not grpclib's "not started"

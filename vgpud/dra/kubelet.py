@@ -63,8 +63,8 @@ async def serve_sockets(
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.unlink(missing_ok=True)
                 server = Server(list(handlers))
-                servers.append(server)
                 await server.start(path=str(path))
+                servers.append(server)  # closed below only once started
             mine = (_inode(plugin), _inode(registry))
             log.info("dra_serving", plugin=str(plugin), registry=str(registry))
             if not started:
