@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -45,9 +45,6 @@ class DraOptions(NodeOptions):
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
     driver: str = DRIVER
     kubelet_poll: float = 1.0
-
-    def node(self) -> NodeOptions:
-        return NodeOptions(**{f.name: getattr(self, f.name) for f in fields(NodeOptions)})
 
     @property
     def plugin_socket(self) -> Path:

@@ -23,7 +23,7 @@ everything; the files of running containers stay where they are.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 
@@ -71,6 +71,10 @@ class NodeOptions:
     housekeeping: float = 30.0
     collect_grace: float = 300.0
     require_shim: bool = True
+
+    def node(self) -> NodeOptions:
+        """The runtime's own options, out of an adapter's (which extend these)."""
+        return NodeOptions(**{f.name: getattr(self, f.name) for f in fields(NodeOptions)})
 
 
 @dataclass
