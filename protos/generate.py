@@ -1,8 +1,10 @@
 """Regenerate the kubelet gRPC bindings (betterproto2, grpclib): the device-plugin API in
-``vgpud/plugin/_pb`` (the device-plugin adapter's alone) and PodResources in
-``vgpud/node/_pb`` (the node runtime's, for any adapter).
+``vgpud/plugin/_pb`` (the device-plugin adapter's alone), PodResources in
+``vgpud/node/_pb`` (the node runtime's, for any adapter), and the DRA kubelet plugin's
+APIs (``dra/v1``, ``dra/v1beta1``, ``pluginregistration/v1``) in ``vgpud/dra/_pb`` (the DRA
+adapter's alone).
 
-    python protos/generate.py           # rewrite both
+    python protos/generate.py           # rewrite them all
     python protos/generate.py --check   # exit 1 if the committed code differs
 
 Generation runs protoc (from grpcio-tools) with the betterproto2 compiler plugin into a
@@ -28,10 +30,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
-FILES = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")
+FILES = ("deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto")  # the fake kubelet's
+DRA_FILES = ("dra/v1/api.proto", "dra/v1beta1/api.proto", "pluginregistration/v1/api.proto")
 # where each proto's betterproto2 code goes (one protoc run, one message pool, per target)
 TARGETS = {ROOT / "vgpud" / "plugin" / "_pb": ("deviceplugin/v1beta1/api.proto",),
-           ROOT / "vgpud" / "node" / "_pb": ("podresources/v1/api.proto",)}
+           ROOT / "vgpud" / "node" / "_pb": ("podresources/v1/api.proto",),
+           ROOT / "vgpud" / "dra" / "_pb": DRA_FILES}
 INIT_DOC = '"""Generated kubelet gRPC bindings (betterproto2 + grpclib). Do not edit: run\n' \
            '``python protos/generate.py``."""\n'
 
@@ -54,10 +58,10 @@ def generate_betterproto(out: Path, files: tuple[str, ...] = FILES) -> None:
     (out / "__init__.py").write_text(INIT_DOC)
 
 
-def generate_grpcio(out: Path) -> None:
+def generate_grpcio(out: Path, files: tuple[str, ...] = FILES) -> None:
     """grpcio stubs for the tests' fake kubelet (a different gRPC implementation)."""
     out.mkdir(parents=True, exist_ok=True)
-    _protoc([f"--python_out={out}", f"--grpc_python_out={out}"])
+    _protoc([f"--python_out={out}", f"--grpc_python_out={out}"], files)
 
 
 def _files(root: Path) -> set[str]:

@@ -216,6 +216,12 @@ def _register_roles() -> None:
     else:
         app.command("plugin", help="Run the kubelet device plugin on a GPU node.")(plugin)
     try:
+        from vgpud.dra.command import dra
+    except ImportError:
+        pass
+    else:
+        app.command("dra", help="Run the kubelet DRA plugin on a GPU node.")(dra)
+    try:
         from vgpud.webhook.command import webhook
     except ImportError:
         pass

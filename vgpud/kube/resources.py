@@ -44,6 +44,8 @@ PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget",
                 namespaced=True)
 RESOURCEQUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+RESOURCECLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim",
+                          namespaced=True)
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

@@ -22,8 +22,8 @@ everything; the files of running containers stay where they are.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 
@@ -72,6 +72,10 @@ class NodeOptions:
     collect_grace: float = 300.0
     require_shim: bool = True
 
+    def node(self) -> NodeOptions:
+        """The runtime's own options, out of an adapter's (which extend these)."""
+        return NodeOptions(**{f.name: getattr(self, f.name) for f in fields(NodeOptions)})
+
 
 @dataclass
 class Node:
@@ -95,6 +99,8 @@ class Node:
     reconcile_lock: anyio.Lock = field(default_factory=anyio.Lock)
     _hooks: list[OnChange] = field(default_factory=list, init=False, repr=False)
     _serving: anyio.Event = field(default_factory=anyio.Event, init=False, repr=False)
+    # resources whose allocations the adapter removes itself (housekeeping leaves them)
+    _owned: set[str] = field(default_factory=set, init=False, repr=False)
 
     def profiles(self) -> list[str]:
         """The MIG profiles the node offers whole (``migStrategy: mixed``)."""
@@ -107,6 +113,12 @@ class Node:
     def serving(self) -> None:
         """The adapter serves now: start rediscovery and housekeeping."""
         self._serving.set()
+
+    def own(self, resource: str) -> None:
+        """The allocations of ``resource`` live until the adapter removes them: kubelet's
+        PodResources does not list them (a DRA claim is the DRA driver's until kubelet
+        unprepares it), so housekeeping must not collect them."""
+        self._owned.add(resource)
 
 
 def profiles(devices: NodeDevices) -> list[str]:
@@ -195,12 +207,13 @@ async def open_registration(registrar: Registrar | None, alloc: Allocation) -> N
 
 async def collect(store: AllocationStore, kubelet: PodResourcesClient,
                   registrar: Registrar | None = None, *, clock: Clock = SYSTEM_CLOCK,
-                  grace: float = 300.0) -> int:
+                  grace: float = 300.0, owned: Collection[str] = ()) -> int:
     """Drop allocation directories kubelet no longer lists (after ``grace`` seconds).
 
     The store is the node's, so one call covers every resource's allocations, those
     of resources no longer served included (kubelet lists their IDs while their
-    containers live). kubelet lists no regular init container, so an allocation
+    containers live), except those of the resources an adapter ``owned``
+    (:meth:`Node.own`). kubelet lists no regular init container, so an allocation
     stays while the pod that owns it is listed."""
     try:
         live, listed = await kubelet.snapshot()  # one List: one instant
@@ -208,7 +221,8 @@ async def collect(store: AllocationStore, kubelet: PodResourcesClient,
         log.warning("collect_skipped", error=str(e))
         return 0
     allocations = [a for a in await anyio.to_thread.run_sync(store.all)
-                   if a.owner is None or (a.owner.namespace, a.owner.pod) not in listed]
+                   if a.resource not in owned
+                   and (a.owner is None or (a.owner.namespace, a.owner.pod) not in listed)]
     gone = stale(((a.key, (a.resource, frozenset(a.ids)), a.written) for a in allocations),
                  live, clock.wall().timestamp(), grace)
     for key in gone:
@@ -222,11 +236,11 @@ async def collect(store: AllocationStore, kubelet: PodResourcesClient,
 
 async def _housekeeping(store: AllocationStore, kubelet: PodResourcesClient,
                         registrar: Registrar, source: GpuSource, used: dict[str, int],
-                        every: float, grace: float) -> None:
+                        every: float, grace: float, owned: Collection[str]) -> None:
     while True:
         used.clear()
         used.update(await source.memory_used())
-        await collect(store, kubelet, registrar, grace=grace)
+        await collect(store, kubelet, registrar, grace=grace, owned=owned)
         await anyio.sleep(every)
 
 
@@ -356,7 +370,7 @@ async def run_node(
                                       every=plug.rediscoverSeconds,
                                       linger=plug.goneLingerSeconds))
                 tg.start_soon(_housekeeping, store, kubelet, registrar, source, used,
-                              opts.housekeeping, opts.collect_grace)
+                              opts.housekeeping, opts.collect_grace, node._owned)
 
             tg.start_soon(once_served)
             task_status.started(node)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -42,10 +42,6 @@ class PluginOptions(NodeOptions):
 
     device_plugin_dir: Path
     kubelet_poll: float = 1.0
-
-    def node(self) -> NodeOptions:
-        """What the node runtime under the plugin is started with."""
-        return NodeOptions(**{f.name: getattr(self, f.name) for f in fields(NodeOptions)})
 
 
 @dataclass

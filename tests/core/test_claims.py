@@ -1,0 +1,117 @@
+"""vgpud.core.claims: what a ResourceClaim's allocation grants on this node, or why not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vgpud.core.claims import ClaimError, PodRef, allocated_nodes, grant_of
+from vgpud.core.dra import DRIVER
+from vgpud.core.model import DeviceGrant, Gpu, NodeInventory
+
+NODE = "gpu-node-1"
+UID = "0f4a1c2e-0000-4000-8000-000000000001"
+INVENTORY = NodeInventory((Gpu("GPU-a", 0, "NVIDIA Fake", 24576),
+                           Gpu("GPU-b", 1, "NVIDIA Fake", 24576)))
+GIB = 1 << 30
+
+
+def result(device: str = "gpu-0", request: str = "gpu", *, memory: Any = "4Gi",
+           cores: Any = "30", driver: str = DRIVER, share: str | None = "s-1") -> dict[str, Any]:
+    consumed = {k: v for k, v in (("memory", memory), ("cores", cores)) if v is not None}
+    r: dict[str, Any] = {"request": request, "driver": driver, "pool": NODE, "device": device}
+    if consumed:
+        r["consumedCapacity"] = consumed
+    if share is not None:
+        r["shareID"] = share
+    return r
+
+
+def claim(*results: dict[str, Any], uid: str = UID, node: str | None = NODE,
+          allocated: bool = True) -> dict[str, Any]:
+    status: dict[str, Any] = {"reservedFor": [
+        {"resource": "pods", "name": "trainer", "uid": "pod-uid-1"}]}
+    if allocated:
+        allocation: dict[str, Any] = {"devices": {"results": list(results or [result()])}}
+        if node is not None:
+            allocation["nodeSelector"] = {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        status["allocation"] = allocation
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": uid}, "status": status}
+
+
+def grant(obj: dict[str, Any], uid: str = UID) -> Any:
+    return grant_of(obj, namespace="ns", name="c", uid=uid, node=NODE, inventory=INVENTORY)
+
+
+def test_a_share_of_one_gpu_is_its_consumed_memory_and_cores() -> None:
+    g = grant(claim())
+    (s,) = g.shares
+    assert (s.device, s.uuid, s.memory, s.cores, s.share_id, s.pool, s.request) == \
+        ("gpu-0", "GPU-a", 4096, 30, "s-1", NODE, "gpu")
+    assert g.pods == (PodRef("trainer", "pod-uid-1"),)
+    c = g.container_grant(INVENTORY)
+    assert c.name == "claim:c" and c.devices == (DeviceGrant("GPU-a", 4096, 30),)
+
+
+def test_memory_is_bytes_in_any_quantity_form() -> None:
+    for memory in (str(4 * GIB), "4096Mi", 4 * GIB, "4294967296"):
+        (s,) = grant(claim(result(memory=memory))).shares
+        assert s.memory == 4096, memory
+
+
+def test_a_result_without_consumed_capacity_holds_the_whole_gpu() -> None:
+    (s,) = grant(claim(result(memory=None, cores=None, share=None))).shares
+    assert (s.memory, s.cores, s.share_id) == (24576, 100, None)
+
+
+def test_shares_on_one_gpu_add_up_and_gpus_come_in_index_order() -> None:
+    g = grant(claim(result("gpu-1", "b"), result("gpu-0", "a", memory="1Gi", cores="10"),
+                    result("gpu-0", "c", memory="2Gi", cores="95")))
+    assert g.devices(INVENTORY) == (DeviceGrant("GPU-a", 3072, 100),
+                                    DeviceGrant("GPU-b", 4096, 30))
+
+
+def test_results_of_other_drivers_are_not_ours() -> None:
+    g = grant(claim(result("nic-0", driver="net.example.com"), result("gpu-1")))
+    assert [s.device for s in g.shares] == ["gpu-1"]
+
+
+@pytest.mark.parametrize(("obj", "uid", "message"), [
+    (claim(allocated=False), UID, "ResourceClaim ns/c is not allocated"),
+    (claim(uid="other"), UID, "has uid other, kubelet asked for " + UID),
+    (claim(node="gpu-node-2"), UID, "is allocated on node gpu-node-2, not on gpu-node-1"),
+    (claim(result("gpu-7")), UID, "device 'gpu-7': node gpu-node-1 has no such GPU "
+                                  "(it has gpu-0, gpu-1)"),
+    (claim(result(driver="other.example.com")), UID, "has no device of driver gpu.vgpud.io"),
+    (claim(result(memory="4.5")), UID, "consumedCapacity memory: '4.5' is not a whole number"),
+    (claim(result(memory="100Gi")), UID, "consumes 102400 MiB of memory, more than the "
+                                         "GPU's 24576 MiB"),
+    (claim(result(memory="512Ki")), UID, "less than 1 MiB"),
+    (claim(result(cores="130")), UID, "consumes 130 % of the cores, not 1-100"),
+    (claim(result(cores="0")), UID, "consumes 0 % of the cores"),
+    ({"metadata": {"uid": UID}, "status": {"allocation": {"devices": {"results": 3}}}}, UID,
+     "allocation.devices.results is not a list"),
+])
+def test_a_claim_that_cannot_be_prepared_here_says_why(obj: dict[str, Any], uid: str,
+                                                       message: str) -> None:
+    with pytest.raises(ClaimError, match=None) as e:
+        grant(obj, uid)
+    assert message in str(e.value)
+
+
+def test_the_node_selector_names_nodes_by_name_only() -> None:
+    assert allocated_nodes({"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "zone", "operator": "In", "values": ["a"]}]}]}) is None
+    assert allocated_nodes({"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]}) \
+        == {"n1", "n2"}
+    # a selector that pins no node by name (a label, say) does not refuse this one
+    g = grant_of(claim() | {"status": claim()["status"] | {"allocation": {
+        "devices": {"results": [result()]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": []}]}}}},
+        namespace="ns", name="c", uid=UID, node=NODE, inventory=INVENTORY)
+    assert len(g.shares) == 1
