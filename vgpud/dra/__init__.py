@@ -1,0 +1,1 @@
+"""vgpud's DRA driver: the ResourceSlice publisher and the kubelet plugin."""
