@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from vgpud.core.dra import DRIVER
 from vgpud.core.model import Defaults, Gpu, NodeInventory
 from vgpud.core.slices import (
@@ -220,3 +222,15 @@ def test_a_slice_without_vgpuds_digest_is_rewritten() -> None:
     del m["metadata"]["annotations"]
     (updated,) = plan("n", devs, [published(m)]).updates
     assert updated.generation == 2
+
+
+def test_the_slices_match_the_kubernetes_1_37_schema() -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    gpus = (_gpu(0, links=("GPU-1",)), _gpu(1, links=("GPU-0",), healthy=False),
+            _gpu(2, mig=True), Gpu("MIG-a", 2, "A100", 9856, split=1, profile="1g.10gb",
+                                   parent="GPU-2"))
+    devs = devices(_inv(*gpus), Defaults(default_mem=1000, default_cores=20),
+                   facts={"GPU-0": GpuFacts("00000000:3B:00.0", 108, "8.0")},
+                   driver=DriverFacts("535.104.05", "12.2"))
+    for s in pool("node-a", devs, 1):
+        kv.validate(replace(s, resource_version="9").manifest("uid"), "1.37.0", strict=True)
