@@ -1,0 +1,293 @@
+"""vgpud's ResourceSlices scheduled by the real kube-scheduler (no extender): DRA with
+consumable capacity (KEP-5075, beta and on by default in 1.37: no feature gate to set).
+
+vgpud's publisher (``vgpud.dra.publisher.run_publisher``, in this process, with the token
+of the chart's ``vgpud-dra`` ServiceAccount: the audit check of conftest fails a test on any
+403 to it) publishes a node's GPUs; the chart's DeviceClasses (``dra.enabled=true``) are
+applied as the chart renders them; kube-controller-manager makes claims from
+ResourceClaimTemplates; kube-scheduler allocates them and records what each consumed.
+The node is a Node object (no kubelet: scheduling needs none)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from tests.realkube.api import Obj, wait_for
+from tests.realkube.cluster import TEST_LABEL, Scenario
+from tests.realkube.controlplane import ControlPlane, Proc, free_port
+from tests.realkube.release import NAMESPACE, render
+from tests.standin.quantity import value_of
+from vgpud.core.dra import DRIVER, NODE_MODE_LABEL
+from vgpud.core.model import Gpu
+from vgpud.core.slices import TAINT_UNHEALTHY
+from vgpud.dra.publisher import SlicePublisher, run_publisher
+from vgpud.kube.client import KubeClient
+from vgpud.node.devices import DeviceInfo, HealthEvent, NodeDevices
+
+SCHEDULER = "vgpud-dra-test-scheduler"
+VGPU_CLASS = "vgpu.vgpud.io"
+GIB = 1 << 30
+
+
+@dataclass
+class Dra:
+    cp: ControlPlane
+    scheduler: Proc
+    portal: BlockingPortal
+    publisher_kubeconfig: Path
+
+    def tails(self) -> str:
+        return self.cp.tails() + "\n" + self.scheduler.tail(60)
+
+
+def _kube_scheduler(cp: ControlPlane, work: Path) -> Proc:
+    """A stock kube-scheduler (default plugins, DynamicResources among them) under its
+    own name, with the bootstrap identity ``system:kube-scheduler``."""
+    kc = cp.kubeconfig_for_cert("dra-kube-scheduler", "system:kube-scheduler")
+    cfg = work / "dra-scheduler.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {"leaderElect": False}, "clientConnection": {"kubeconfig": str(kc)},
+        "profiles": [{"schedulerName": SCHEDULER}]}))
+    return Proc("dra-kube-scheduler", [
+        str(cp.bin_dir / "kube-scheduler"), f"--config={cfg}", f"--secure-port={free_port()}",
+        "--bind-address=127.0.0.1", f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}", "--v=2"], work)
+
+
+@pytest.fixture(scope="module")
+def dra(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory,
+        ) -> Iterator[Dra]:
+    cp = control_plane
+    work = tmp_path_factory.mktemp("dra")
+    chart = render(("dra.enabled=true",))
+    objects = [d for d in chart.docs
+               if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "dra"]
+    assert {d["kind"] for d in objects} == {"DeviceClass", "ServiceAccount", "ClusterRole",
+                                            "ClusterRoleBinding"}
+    for doc in objects:  # the real API server validates the chart's classes here
+        cp.admin.apply(doc, manager="helm")
+    cp.start_controller_manager("resourceclaim-controller,garbage-collector-controller")
+    scheduler = _kube_scheduler(cp, work).start()
+    cp.procs.append(scheduler)
+    try:
+        with start_blocking_portal() as portal:
+            yield Dra(cp, scheduler, portal,
+                      cp.kubeconfig_for_service_account(NAMESPACE, "vgpud-dra"))
+    finally:
+        scheduler.stop()
+        cp.procs.remove(scheduler)
+        for doc in objects:
+            if doc["kind"] == "DeviceClass":
+                cp.admin.delete("DeviceClass", doc["metadata"]["name"])
+
+
+class Node:
+    """A fake GPU node: its Node object and the publisher of its slices, running in the
+    portal's event loop until :meth:`close`."""
+
+    def __init__(self, dra: Dra, scenario: Scenario, name: str, gpus: int, memory: int) -> None:
+        self.dra, self.name = dra, f"{scenario.id}-{name}"
+        scenario.cp.add_node(self.name, labels={TEST_LABEL: scenario.id,
+                                                NODE_MODE_LABEL: "dra"})
+        scenario.nodes.append(self.name)
+        found = tuple(DeviceInfo(Gpu(f"GPU-{self.name}-{i}", i, "NVIDIA A16", memory, numa=0),
+                                 minor=i) for i in range(gpus))
+        self.devices: NodeDevices = dra.portal.call(lambda: NodeDevices(
+            found, split=10, memory_scaling=1.0, core_scaling=1.0))
+        self._stack = contextlib.ExitStack()
+        client = self._stack.enter_context(dra.portal.wrap_async_context_manager(
+            KubeClient.connect(dra.publisher_kubeconfig)))
+        publisher: SlicePublisher
+        self.task, publisher = dra.portal.start_task(
+            partial(run_publisher, client, self.name, self.devices, recheck=2.0))
+        self.publisher = publisher
+
+    def slices(self) -> list[Obj]:
+        return self.dra.cp.admin.list(
+            "ResourceSlice", fieldSelector=f"spec.nodeName={self.name},spec.driver={DRIVER}")
+
+    def set_health(self, index: int, healthy: bool) -> None:
+        self.dra.portal.call(self.devices.apply, HealthEvent(
+            f"GPU-{self.name}-{index}", healthy, "set by the test"))
+
+    def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            self.task.result(timeout=10)
+        self._stack.close()
+
+
+@pytest.fixture
+def node_factory(dra: Dra, scenario: Scenario) -> Iterator[Any]:
+    made: list[Node] = []
+
+    def make(name: str = "a", gpus: int = 2, memory: int = 16384) -> Node:
+        n = Node(dra, scenario, name, gpus, memory)
+        made.append(n)
+        return n
+    try:
+        yield make
+    finally:
+        for n in made:
+            n.close()
+
+
+def _template(scenario: Scenario, name: str, requests: dict[str, str]) -> str:
+    scenario.admin.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": scenario.ns},
+        "spec": {"spec": {"devices": {"requests": [{"name": "vgpu", "exactly": {
+            "deviceClassName": VGPU_CLASS, "capacity": {"requests": requests}}}]}}}})
+    return name
+
+
+def _pod(scenario: Scenario, name: str, template: str) -> Obj:
+    return scenario.admin.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": scenario.ns},
+        "spec": {"schedulerName": SCHEDULER, "nodeSelector": {TEST_LABEL: scenario.id},
+                 "terminationGracePeriodSeconds": 0,
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                 "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+
+@dataclass(frozen=True)
+class Allocated:
+    node: str
+    device: str
+    share_id: str
+    consumed: dict[str, Fraction]
+
+
+def _allocated(scenario: Scenario, dra: Dra, pod: str, timeout: float = 60) -> Allocated:
+    """Wait until ``pod`` is bound and its claim allocated; what the claim got."""
+    def done() -> Allocated | None:
+        p = scenario.get(pod)
+        statuses = p.get("status", {}).get("resourceClaimStatuses") or []
+        if not p["spec"].get("nodeName") or not statuses:
+            return None
+        claim = scenario.admin.get("ResourceClaim", statuses[0]["resourceClaimName"],
+                                   scenario.ns)
+        alloc = (claim.get("status") or {}).get("allocation")
+        if not alloc:
+            return None
+        (r,) = alloc["devices"]["results"]
+        assert r["driver"] == DRIVER and r["pool"] == p["spec"]["nodeName"], r
+        return Allocated(p["spec"]["nodeName"], r["device"], r.get("shareID", ""),
+                         {k: value_of(v) for k, v in (r.get("consumedCapacity") or {}).items()})
+    got: Allocated = wait_for(f"pod {pod} bound with its claim allocated", done,
+                              timeout=timeout,
+                              detail=lambda: scenario.describe(pod) + "\n" + dra.tails())
+    return got
+
+
+def _unschedulable(scenario: Scenario, dra: Dra, pod: str, timeout: float = 60) -> str:
+    """Wait for kube-scheduler to mark ``pod`` unschedulable; its message."""
+    def refused() -> str | None:
+        p = scenario.get(pod)
+        assert not p["spec"].get("nodeName"), f"{pod} was bound to {p['spec']['nodeName']}"
+        for c in p.get("status", {}).get("conditions") or []:
+            if c["type"] == "PodScheduled" and c["status"] == "False":
+                assert c["reason"] == "Unschedulable", c
+                return str(c["message"])
+        return None
+    got: str = wait_for(f"pod {pod} to be found unschedulable", refused, timeout=timeout,
+                        detail=lambda: scenario.describe(pod) + "\n" + dra.tails())
+    return got
+
+
+def test_the_publisher_writes_slices_the_real_api_server_accepts(
+        dra: Dra, scenario: Scenario, node_factory: Any) -> None:
+    node = node_factory("a", gpus=2, memory=16384)
+    (s,) = wait_for("the node's ResourceSlice", lambda: node.slices() or None,
+                    detail=dra.tails)
+    spec = s["spec"]
+    assert spec["driver"] == DRIVER and spec["nodeName"] == node.name
+    assert spec["pool"] == {"name": node.name, "generation": 1, "resourceSliceCount": 1}
+    (owner,) = s["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("Node", node.name, True)
+    (d0, d1) = spec["devices"]
+    assert (d0["name"], d1["name"]) == ("gpu-0", "gpu-1")
+    assert d0["allowMultipleAllocations"] is True
+    assert value_of(d0["capacity"]["memory"]["value"]) == 16 * GIB
+    policy = d0["capacity"]["memory"]["requestPolicy"]
+    assert value_of(policy["validRange"]["step"]) == 1 << 20
+    # the API holds what the inventory says: a round finds nothing to write
+    assert not dra.portal.call(node.publisher.sync, node.devices.inventory())
+    assert node.publisher.writes == 1
+
+
+def test_claims_share_a_gpu_by_consumable_capacity_and_a_too_large_one_stays_pending(
+        dra: Dra, scenario: Scenario, node_factory: Any) -> None:
+    node = node_factory("a", gpus=2, memory=16384)
+    wait_for("the node's ResourceSlice", lambda: node.slices() or None, detail=dra.tails)
+    small = _template(scenario, "small", {"memory": "4Gi", "cores": "30"})
+    first = _allocated(scenario, dra, _pod(scenario, "one", small)["metadata"]["name"])
+    second = _allocated(scenario, dra, _pod(scenario, "two", small)["metadata"]["name"])
+    assert first.node == second.node == node.name
+    assert first.device == second.device, (first, second)  # two shares of one GPU
+    assert first.share_id and second.share_id and first.share_id != second.share_id
+    for a in (first, second):
+        assert a.consumed == {"memory": 4 * GIB, "cores": 30, "vgpus": 1}, a
+    # 10 GiB does not fit beside 8 GiB on a 16 GiB GPU: the next one
+    big = _template(scenario, "big", {"memory": "10Gi"})
+    third = _allocated(scenario, dra, _pod(scenario, "three", big)["metadata"]["name"])
+    assert third.node == node.name and third.device != first.device
+    # the policy's defaults fill what the claim leaves out: no cores asked, 0 %
+    assert third.consumed == {"memory": 10 * GIB, "cores": 0, "vgpus": 1}, third
+    # larger than any GPU: kube-scheduler says why, and the pod waits
+    huge = _template(scenario, "huge", {"memory": "20Gi"})
+    message = _unschedulable(scenario, dra, _pod(scenario, "huge", huge)["metadata"]["name"])
+    assert "cannot allocate all claims" in message, message
+
+
+def test_an_unhealthy_gpu_is_tainted_and_takes_no_new_claims(
+        dra: Dra, scenario: Scenario, node_factory: Any) -> None:
+    node = node_factory("a", gpus=2, memory=16384)
+    wait_for("the node's ResourceSlice", lambda: node.slices() or None, detail=dra.tails)
+    node.set_health(0, False)
+
+    def tainted() -> Obj | None:
+        (s,) = node.slices()
+        return s if s["spec"]["pool"]["generation"] == 2 else None
+    s = wait_for("the slice republished with the taint", tainted, detail=dra.tails)
+    d0 = s["spec"]["devices"][0]
+    (taint,) = d0["taints"]
+    assert (taint["key"], taint["effect"]) == (TAINT_UNHEALTHY, "NoSchedule")
+    assert taint.get("timeAdded")  # the API server stamps it
+    big = _template(scenario, "big", {"memory": "10Gi"})
+    a = _allocated(scenario, dra, _pod(scenario, "first", big)["metadata"]["name"])
+    assert a.device == "gpu-1"  # not the tainted one, though it is first
+    message = _unschedulable(scenario, dra, _pod(scenario, "second", big)["metadata"]["name"])
+    assert "cannot allocate all claims" in message, message
+    # healthy again: the taint goes (generation 3) and the waiting pod gets gpu-0
+    node.set_health(0, True)
+    b = _allocated(scenario, dra, "second", timeout=90)
+    assert b.device == "gpu-0"
+
+
+def test_slices_deleted_behind_the_publishers_back_come_back_and_go_with_the_node(
+        dra: Dra, scenario: Scenario, node_factory: Any) -> None:
+    node = node_factory("a", gpus=1, memory=16384)
+    (s,) = wait_for("the node's ResourceSlice", lambda: node.slices() or None,
+                    detail=dra.tails)
+    dra.cp.admin.delete("ResourceSlice", s["metadata"]["name"])
+    (again,) = wait_for("the slice published again after a recheck",
+                        lambda: node.slices() or None, timeout=30, detail=dra.tails)
+    assert again["metadata"]["uid"] != s["metadata"]["uid"]
+    node.close()  # the plugin is gone; the Node goes, and its slices with it (owner)
+    dra.cp.admin.delete("Node", node.name)
+    wait_for("the Node's slices to be garbage-collected", lambda: not node.slices() or None,
+             timeout=60, detail=dra.tails)
