@@ -648,7 +648,13 @@ def test_dra_adds_device_classes_and_a_least_privilege_node_role(helm: Path) -> 
                   if b["metadata"]["name"] == "vgpud-dra"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vgpud-dra",
                                     "namespace": "kube-system"}]
+    (scope,) = [p for p in m.of_kind("ValidatingAdmissionPolicy")
+                if p["metadata"]["name"] == "vgpud-dra-scope"]
+    assert scope["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == [
+        "resourceslices"]
     validate_built_in(m, "1.37.0")
+    assert not [p for p in template(helm, "dra.enabled=true", "grantPolicy.enabled=false")
+                .of_kind("ValidatingAdmissionPolicy") if "dra" in p["metadata"]["name"]]
     bare = template(helm, "dra.enabled=true", "dra.extendedResourceName=")
     assert not any("extendedResourceName" in d["spec"] for d in bare.of_kind("DeviceClass"))
     assert len(bare.of_kind("DeviceClass")) == 3

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from tests.realkube.api import Obj, wait_for
+from tests.realkube.api import ApiError, Obj, wait_for
 from tests.realkube.cluster import TEST_LABEL, Scenario
-from tests.realkube.controlplane import ControlPlane, Proc, free_port
+from tests.realkube.controlplane import ControlPlane, Proc, free_port, kubeconfig
 from tests.realkube.release import NAMESPACE, render
 from tests.standin.quantity import value_of
 from vgpud.core.dra import DRIVER, NODE_MODE_LABEL
@@ -35,6 +35,7 @@ from vgpud.kube.client import KubeClient
 from vgpud.node.devices import DeviceInfo, HealthEvent, NodeDevices
 
 SCHEDULER = "vgpud-dra-test-scheduler"
+DRA_ACCOUNT = "vgpud-dra"
 VGPU_CLASS = "vgpu.vgpud.io"
 GIB = 1 << 30
 
@@ -44,7 +45,17 @@ class Dra:
     cp: ControlPlane
     scheduler: Proc
     portal: BlockingPortal
-    publisher_kubeconfig: Path
+    work: Path
+
+    def driver_token(self, node: str) -> str:
+        """A token of the DRA ServiceAccount bound to a pod of the driver on ``node`` (as
+        the DaemonSet's projected token is): it names the node."""
+        pod = self.cp.admin.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"{node}-dra", "namespace": NAMESPACE}, "spec": {
+            "nodeName": node, "serviceAccountName": DRA_ACCOUNT,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "dra", "image": "registry.invalid/x"}]}})
+        return self.cp.token(NAMESPACE, DRA_ACCOUNT, pod=pod)
 
     def tails(self) -> str:
         return self.cp.tails() + "\n" + self.scheduler.tail(60)
@@ -73,8 +84,9 @@ def dra(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory,
     chart = render(("dra.enabled=true",))
     objects = [d for d in chart.docs
                if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "dra"]
-    assert {d["kind"] for d in objects} == {"DeviceClass", "ServiceAccount", "ClusterRole",
-                                            "ClusterRoleBinding"}
+    assert {d["kind"] for d in objects} == {
+        "DeviceClass", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for doc in objects:  # the real API server validates the chart's classes here
         cp.admin.apply(doc, manager="helm")
     cp.start_controller_manager("resourceclaim-controller,garbage-collector-controller")
@@ -82,14 +94,14 @@ def dra(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory,
     cp.procs.append(scheduler)
     try:
         with start_blocking_portal() as portal:
-            yield Dra(cp, scheduler, portal,
-                      cp.kubeconfig_for_service_account(NAMESPACE, "vgpud-dra"))
+            yield Dra(cp, scheduler, portal, work)
     finally:
         scheduler.stop()
         cp.procs.remove(scheduler)
         for doc in objects:
-            if doc["kind"] == "DeviceClass":
-                cp.admin.delete("DeviceClass", doc["metadata"]["name"])
+            if doc["kind"] in ("DeviceClass", "ValidatingAdmissionPolicyBinding",
+                               "ValidatingAdmissionPolicy"):
+                cp.admin.delete(doc["kind"], doc["metadata"]["name"])
 
 
 class Node:
@@ -105,9 +117,14 @@ class Node:
                                  minor=i) for i in range(gpus))
         self.devices: NodeDevices = dra.portal.call(lambda: NodeDevices(
             found, split=10, memory_scaling=1.0, core_scaling=1.0))
+        self.token = dra.driver_token(self.name)
+        kc = kubeconfig(dra.work / f"{self.name}.kubeconfig", dra.cp.server, dra.cp.pki.ca,
+                        token=self.token, user=f"system:serviceaccount:{NAMESPACE}:{DRA_ACCOUNT}")
         self._stack = contextlib.ExitStack()
+        self._stack.callback(dra.cp.admin.delete, "Pod", f"{self.name}-dra", NAMESPACE,
+                             grace=0)
         client = self._stack.enter_context(dra.portal.wrap_async_context_manager(
-            KubeClient.connect(dra.publisher_kubeconfig)))
+            KubeClient.connect(kc)))
         publisher: SlicePublisher
         self.task, publisher = dra.portal.start_task(
             partial(run_publisher, client, self.name, self.devices, recheck=2.0))
@@ -291,3 +308,52 @@ def test_slices_deleted_behind_the_publishers_back_come_back_and_go_with_the_nod
     dra.cp.admin.delete("Node", node.name)
     wait_for("the Node's slices to be garbage-collected", lambda: not node.slices() or None,
              timeout=60, detail=dra.tails)
+
+
+def test_the_driver_of_one_node_writes_no_other_nodes_slices(
+        dra: Dra, scenario: Scenario, node_factory: Any) -> None:
+    """The chart's scope policy on the real API server: RBAC lets the DRA role write every
+    ResourceSlice; the node-name claim of its pod-bound token narrows it to its node's."""
+    cp = dra.cp
+    mine, other = node_factory("mine", gpus=1), node_factory("other", gpus=1)
+    (theirs,) = wait_for("the other node's slice", lambda: other.slices() or None,
+                         detail=dra.tails)
+    api = cp.admin.as_token(mine.token)
+    forged = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+              "metadata": {"name": f"{other.name}-forged"},
+              "spec": {"driver": DRIVER, "nodeName": other.name,
+                       "pool": {"name": other.name, "generation": 9,
+                                "resourceSliceCount": 1}, "devices": []}}
+    _, start = cp.audit()
+
+    def refused(call: Any, says: str) -> None:
+        try:
+            call()
+        except ApiError as e:
+            assert e.code == 403 and says in e.message, e
+            return
+        raise AssertionError(f"allowed: {call}")
+
+    def in_force() -> bool:  # the policy reaches admission a moment after it is stored
+        try:
+            api.create(forged)
+        except ApiError as e:
+            return e.code == 403
+        api.delete("ResourceSlice", forged["metadata"]["name"])
+        return False
+    wait_for("the DRA scope policy to take effect", in_force, timeout=30)
+    refused(lambda: api.create(forged), f"writes only the {DRIVER} ResourceSlices of that node")
+    refused(lambda: api.delete("ResourceSlice", theirs["metadata"]["name"]),
+            f"of node {other.name}")
+    refused(lambda: api.create(forged | {"spec": {**forged["spec"], "nodeName": mine.name,
+                                                   "driver": "gpu.example.com",
+                                                   "pool": {**forged["spec"]["pool"],
+                                                            "name": mine.name}}}),
+            "writes only")
+    unbound = cp.as_service_account(NAMESPACE, DRA_ACCOUNT)
+    refused(lambda: unbound.create(forged | {"spec": {**forged["spec"],
+                                                       "nodeName": mine.name}}),
+            "names no node")
+    cp.audit_forget(start)  # these refusals were the test's own doing
+    cp.admin.delete("ResourceSlice", forged["metadata"]["name"])  # if the probe made one
+    assert theirs["metadata"]["uid"] in {s["metadata"]["uid"] for s in other.slices()}
