@@ -108,7 +108,8 @@ class Node:
     """A fake GPU node: its Node object and the publisher of its slices, running in the
     portal's event loop until :meth:`close`."""
 
-    def __init__(self, dra: Dra, scenario: Scenario, name: str, gpus: int, memory: int) -> None:
+    def __init__(self, dra: Dra, scenario: Scenario, name: str, gpus: int, memory: int,
+                 split: int = 10, core_scaling: float = 1.0) -> None:
         self.dra, self.name = dra, f"{scenario.id}-{name}"
         scenario.cp.add_node(self.name, labels={TEST_LABEL: scenario.id,
                                                 NODE_MODE_LABEL: "dra"})
@@ -116,7 +117,7 @@ class Node:
         found = tuple(DeviceInfo(Gpu(f"GPU-{self.name}-{i}", i, "NVIDIA A16", memory, numa=0),
                                  minor=i) for i in range(gpus))
         self.devices: NodeDevices = dra.portal.call(lambda: NodeDevices(
-            found, split=10, memory_scaling=1.0, core_scaling=1.0))
+            found, split=split, memory_scaling=1.0, core_scaling=core_scaling))
         self.token = dra.driver_token(self.name)
         kc = kubeconfig(dra.work / f"{self.name}.kubeconfig", dra.cp.server, dra.cp.pki.ca,
                         token=self.token, user=f"system:serviceaccount:{NAMESPACE}:{DRA_ACCOUNT}")
@@ -149,8 +150,8 @@ class Node:
 def node_factory(dra: Dra, scenario: Scenario) -> Iterator[Any]:
     made: list[Node] = []
 
-    def make(name: str = "a", gpus: int = 2, memory: int = 16384) -> Node:
-        n = Node(dra, scenario, name, gpus, memory)
+    def make(name: str = "a", gpus: int = 2, memory: int = 16384, **kw: Any) -> Node:
+        n = Node(dra, scenario, name, gpus, memory, **kw)
         made.append(n)
         return n
     try:
@@ -267,6 +268,29 @@ def test_claims_share_a_gpu_by_consumable_capacity_and_a_too_large_one_stays_pen
     # larger than any GPU: kube-scheduler says why, and the pod waits
     huge = _template(scenario, "huge", {"memory": "20Gi"})
     message = _unschedulable(scenario, dra, _pod(scenario, "huge", huge)["metadata"]["name"])
+    assert "cannot allocate all claims" in message, message
+
+
+def test_the_request_policy_rounds_and_bounds_what_a_claim_consumes(
+        dra: Dra, scenario: Scenario, node_factory: Any) -> None:
+    """vgpud's rules as kube-scheduler applies them: memory in whole MiB (rounded up), a
+    claim's cores at most 100 % even where scaling gives the GPU more, ``split`` claims a
+    GPU at most (each takes one of its ``vgpus``)."""
+    node = node_factory("a", gpus=1, memory=16384, split=2, core_scaling=2.0)
+    wait_for("the node's ResourceSlice", lambda: node.slices() or None, detail=dra.tails)
+    odd = _template(scenario, "odd", {"memory": "1500Ki", "cores": "100"})
+    a = _allocated(scenario, dra, _pod(scenario, "odd", odd)["metadata"]["name"])
+    assert a.consumed == {"memory": 2 << 20, "cores": 100, "vgpus": 1}, a
+    greedy = _template(scenario, "greedy", {"memory": "1Gi", "cores": "150"})
+    message = _unschedulable(scenario, dra, _pod(scenario, "greedy", greedy)["metadata"][
+        "name"])
+    assert "cannot allocate all claims" in message, message
+    # 200 % of cores: a second 100 % claim fits beside the first ...
+    b = _allocated(scenario, dra, _pod(scenario, "second", odd)["metadata"]["name"])
+    assert b.device == a.device
+    # ... but not a third claim of any size: the split (2) is taken
+    tiny = _template(scenario, "tiny", {"memory": "1Mi"})
+    message = _unschedulable(scenario, dra, _pod(scenario, "third", tiny)["metadata"]["name"])
     assert "cannot allocate all claims" in message, message
 
 
