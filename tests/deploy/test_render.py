@@ -630,7 +630,8 @@ def test_dra_adds_device_classes_and_a_least_privilege_node_role(helm: Path) -> 
     role's RBAC; off (the default), neither. The real API server takes the classes in
     tests/realkube/test_dra_scheduling.py, and its audit log proves the role suffices."""
     assert not Manifests.committed().of_kind("DeviceClass")
-    m = template(helm, "dra.enabled=true", "dra.migProfileClasses=true")
+    m = template(helm, "dra.enabled=true", "dra.migProfileClasses=true",
+                 "dra.extendedResourceName=nvidia.com/vgpu-number")
     classes = {d["metadata"]["name"]: d["spec"] for d in m.of_kind("DeviceClass")}
     assert {"vgpu.vgpud.io", "gpu.vgpud.io", "mig.vgpud.io", "mig-1g.10gb.vgpud.io"} <= set(
         classes)
@@ -655,6 +656,6 @@ def test_dra_adds_device_classes_and_a_least_privilege_node_role(helm: Path) -> 
     validate_built_in(m, "1.37.0")
     assert not [p for p in template(helm, "dra.enabled=true", "grantPolicy.enabled=false")
                 .of_kind("ValidatingAdmissionPolicy") if "dra" in p["metadata"]["name"]]
-    bare = template(helm, "dra.enabled=true", "dra.extendedResourceName=")
+    bare = template(helm, "dra.enabled=true")  # no extended resource unless named
     assert not any("extendedResourceName" in d["spec"] for d in bare.of_kind("DeviceClass"))
     assert len(bare.of_kind("DeviceClass")) == 3

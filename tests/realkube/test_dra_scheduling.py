@@ -69,7 +69,10 @@ def _kube_scheduler(cp: ControlPlane, work: Path) -> Proc:
     cfg.write_text(yaml.safe_dump({
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
         "leaderElection": {"leaderElect": False}, "clientConnection": {"kubeconfig": str(kc)},
-        "profiles": [{"schedulerName": SCHEDULER}]}))
+        # as the chart's profile leaves vgpud's memory and cores to the extender
+        "profiles": [{"schedulerName": SCHEDULER, "pluginConfig": [{
+            "name": "NodeResourcesFit", "args": {"ignoredResources": [
+                "nvidia.com/vgpu-memory", "nvidia.com/vgpu-cores"]}}]}]}))
     return Proc("dra-kube-scheduler", [
         str(cp.bin_dir / "kube-scheduler"), f"--config={cfg}", f"--secure-port={free_port()}",
         "--bind-address=127.0.0.1", f"--authentication-kubeconfig={kc}",
@@ -381,3 +384,52 @@ def test_the_driver_of_one_node_writes_no_other_nodes_slices(
     cp.audit_forget(start)  # these refusals were the test's own doing
     cp.admin.delete("ResourceSlice", forged["metadata"]["name"])  # if the probe made one
     assert theirs["metadata"]["uid"] in {s["metadata"]["uid"] for s in other.slices()}
+
+
+def test_a_class_serving_the_vgpu_count_gives_count_only_pods_a_gpu_and_strands_the_others(
+        dra: Dra, scenario: Scenario, node_factory: Any) -> None:
+    """KEP-5004 as kube-scheduler 1.37 does it, and why the chart leaves
+    ``dra.extendedResourceName`` empty: once a class serves ``nvidia.com/vgpu-number``,
+    a pod asking it gets a DRA device where no node advertises the count, but a pod that
+    also asks ``nvidia.com/vgpu-memory`` (no node's allocatable has it: the extender counts
+    it) fits no node at all, device-plugin nodes included."""
+    cp = dra.cp
+    dp = f"{scenario.id}-dp"  # a device-plugin node: the count in allocatable
+    cp.add_node(dp, labels={TEST_LABEL: scenario.id},
+                allocatable={"nvidia.com/vgpu-number": "20"})
+    scenario.nodes.append(dp)
+    node = node_factory("a", gpus=1, memory=16384)
+    wait_for("the node's ResourceSlice", lambda: node.slices() or None, detail=dra.tails)
+
+    def pod(name: str, limits: dict[str, str], where: str | None = None) -> str:
+        spec: Obj = {"schedulerName": SCHEDULER, "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {TEST_LABEL: scenario.id, **(
+                         {"kubernetes.io/hostname": where} if where else {})},
+                     "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
+                                     "resources": {"limits": limits}}]}
+        scenario.admin.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": name, "namespace": scenario.ns}, "spec": spec})
+        return name
+    shared = {"nvidia.com/vgpu-number": "1", "nvidia.com/vgpu-memory": "4000"}
+    before = scenario.wait_bound(pod("before", shared))
+    assert before["spec"]["nodeName"] == dp
+    cls = f"{scenario.id}.vgpud.io"
+    cp.admin.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                     "metadata": {"name": cls}, "spec": {
+                         "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+                         "extendedResourceName": "nvidia.com/vgpu-number"}})
+    scenario.cluster_objects.append(("DeviceClass", cls))
+    # the count alone, on the DRA node: a claim made by kube-scheduler, the defaults consumed
+    counted = scenario.wait_bound(pod("counted", {"nvidia.com/vgpu-number": "1"},
+                                      where=node.name), detail=dra.tails)
+    assert counted["spec"]["nodeName"] == node.name
+    status = wait_for("the pod's extended resource claim", lambda: scenario.get("counted")[
+        "status"].get("extendedResourceClaimStatus"), detail=dra.tails)
+    claim = scenario.admin.get("ResourceClaim", status["resourceClaimName"], scenario.ns)
+    (r,) = claim["status"]["allocation"]["devices"]["results"]
+    assert r["device"] == "gpu-0"
+    assert {k: value_of(v) for k, v in r["consumedCapacity"].items()} == {
+        "memory": 16 * GIB, "cores": 0, "vgpus": 1}
+    # the count and the memory: no node will do, not even the device-plugin node
+    message = _unschedulable(scenario, dra, pod("after", shared))
+    assert "cannot fit resource" in message, message
