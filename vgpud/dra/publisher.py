@@ -96,10 +96,10 @@ class SlicePublisher:
                 pass  # gone already (the kubelet, or the Node's garbage collection)
             self.writes += 1
         if todo:
+            written = todo.creates + todo.updates
             log.info("resource_slices_published", node=self.node, created=len(todo.creates),
                      updated=len(todo.updates), deleted=len(todo.deletes),
-                     generation=(todo.creates + todo.updates)[0].generation
-                     if todo.creates or todo.updates else None)
+                     generation=written[0].generation if written else None)
         return todo
 
 
