@@ -11,6 +11,7 @@ The node is a Node object (no kubelet: scheduling needs none)."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -28,8 +29,8 @@ from tests.realkube.controlplane import ControlPlane, Proc, free_port, kubeconfi
 from tests.realkube.release import NAMESPACE, render
 from tests.standin.quantity import value_of
 from vgpud.core.dra import DRIVER, NODE_MODE_LABEL
-from vgpud.core.model import Gpu
-from vgpud.core.slices import TAINT_UNHEALTHY
+from vgpud.core.model import Defaults, Gpu, NodeInventory
+from vgpud.core.slices import TAINT_UNHEALTHY, DriverFacts, GpuFacts, devices, pool
 from vgpud.dra.publisher import SlicePublisher, run_publisher
 from vgpud.kube.client import KubeClient
 from vgpud.node.devices import DeviceInfo, HealthEvent, NodeDevices
@@ -433,3 +434,36 @@ def test_a_class_serving_the_vgpu_count_gives_count_only_pods_a_gpu_and_strands_
     # the count and the memory: no node will do, not even the device-plugin node
     message = _unschedulable(scenario, dra, pod("after", shared))
     assert "cannot fit resource" in message, message
+
+
+def test_every_kind_of_device_vgpud_publishes_passes_the_api_servers_validation(
+        dra: Dra, scenario: Scenario) -> None:
+    """The real API server is the judge of what core/slices builds beyond the plain GPUs
+    above: MIG instances shared and whole, NVLink groups, the backend's facts, settings'
+    defaults and scalings, a tainted device (server-side dry run; the judge has teeth: a
+    default off the policy's step is refused)."""
+    gpus = (Gpu("GPU-0", 0, "NVIDIA A100-SXM4-80GB", 81920, links=("GPU-1",)),
+            Gpu("GPU-1", 1, "NVIDIA A100-SXM4-80GB", 81920, links=("GPU-0",), healthy=False),
+            Gpu("GPU-2", 2, "NVIDIA A100-SXM4-80GB", 81920, mig=True),
+            Gpu("MIG-a", 2, "NVIDIA A100-SXM4-80GB", 9856, split=3, parent="GPU-2"),
+            Gpu("MIG-b", 2, "NVIDIA A100-SXM4-80GB", 19968, split=1, profile="2g.20gb",
+                parent="GPU-2"),
+            Gpu("GPU-3", 3, "Tesla T4", 15360, numa=-1))
+    inv = NodeInventory(gpus, memory_scaling=1.5, core_scaling=2.0)
+    devs = devices(inv, Defaults(default_mem=3000, default_cores=25),
+                   facts={"GPU-0": GpuFacts("00000000:3B:00.0", 108, "8.0")},
+                   driver=DriverFacts("535.104.05", "12.2"))
+    node = f"{scenario.id}-rich"
+    (s,) = pool(node, devs, 1)
+    body = s.manifest()
+    got = dra.cp.admin.create(body, dryRun="All")
+    assert [d["name"] for d in got["spec"]["devices"]] == [
+        "gpu-0", "gpu-1", "gpu-2-mig-0", "gpu-2-mig-1", "gpu-3"]
+    assert "taints" in got["spec"]["devices"][1]
+    bad = json.loads(json.dumps(body))
+    bad["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] = str(
+        3 * (1 << 19))
+    with pytest.raises(ApiError) as refused:
+        dra.cp.admin.create(bad, dryRun="All")
+    assert refused.value.code == 422 and "multiple of a given step" in refused.value.message, (
+        refused.value)
