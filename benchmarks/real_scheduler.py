@@ -166,12 +166,12 @@ class BindWatch:
 
 
 def baseline_scheduler(cp: ControlPlane, work: Path, flags: list[str],
-                       qps: int | None = None) -> Proc:
-    """A stock kube-scheduler with the chart's ``flags`` (its log level included); ``qps``
-    raises its client's rate limit (default 50/s, burst 100), which otherwise caps its
-    binds."""
+                       qps: int | None = None, name: str = BASELINE) -> Proc:
+    """A stock kube-scheduler with the chart's ``flags`` (its log level included), as the
+    scheduler ``name``; ``qps`` raises its client's rate limit (default 50/s, burst 100),
+    which otherwise caps its binds."""
     kc = cp.kubeconfig_for_cert("baseline-scheduler", "system:kube-scheduler")
-    cfg = work / f"baseline-config-{qps}.yaml"
+    cfg = work / f"{name}-config-{qps}.yaml"
     client: dict[str, Any] = {"kubeconfig": str(kc)}
     if qps:
         client |= {"qps": qps, "burst": 2 * qps}
@@ -179,10 +179,10 @@ def baseline_scheduler(cp: ControlPlane, work: Path, flags: list[str],
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
         "leaderElection": {"leaderElect": False},
         "clientConnection": client,
-        "profiles": [{"schedulerName": BASELINE, "pluginConfig": [{
+        "profiles": [{"schedulerName": name, "pluginConfig": [{
             "name": "NodeResourcesFit",
             "args": {"ignoredResources": ["nvidia.com/vgpu-memory"]}}]}]}))
-    return Proc(f"baseline-kube-scheduler-{qps or 'default'}", [
+    return Proc(f"{name}-kube-scheduler-{qps or 'default'}", [
         str(cp.bin_dir / "kube-scheduler"), *flags, f"--config={cfg}",
         f"--secure-port={free_port()}",
         "--bind-address=127.0.0.1", f"--authentication-kubeconfig={kc}",
@@ -204,11 +204,16 @@ class Result:
 
 
 def run(cp: ControlPlane, ns: str, pods: int, scheduler: str, start: Callable[[], Any],
-        procs: Callable[[], dict[str, Proc]], timeout: float) -> Result:
+        procs: Callable[[], dict[str, Proc]], timeout: float,
+        create: Callable[[], Any] | None = None) -> Result:
     """Place ``pods`` new pods with the scheduler that ``start()`` starts; ``procs()``
-    names the components whose CPU is counted (asked at the first bind and the last)."""
+    names the components whose CPU is counted (asked at the first bind and the last).
+    ``create()`` makes the pods (default: ``pods`` of 1 vGPU for ``scheduler``)."""
     cp.namespace(ns)
-    create_pods(cp.admin, ns, pods, scheduler)
+    if create is None:
+        create_pods(cp.admin, ns, pods, scheduler)
+    else:
+        create()
     watch = BindWatch(cp.admin, ns, pods, procs)
     start()
     rate, span = watch.rate(timeout)
@@ -221,6 +226,37 @@ def empty(cp: ControlPlane, ns: str) -> None:
                      query={"gracePeriodSeconds": "0"}, timeout=600)
     wait_for(f"the pods of {ns} to go", lambda: not cp.admin.list("Pod", ns, limit="1"),
              timeout=300)
+
+
+def baseline_run(cp: ControlPlane, work: Path, release: Release, pods: int, qps: int | None,
+                 cpus: str | None, control: dict[str, Proc]) -> Result:
+    """``pods`` placed by a stock kube-scheduler (the chart's flags, client ``qps``) by the
+    extended-resource count; the namespace is emptied after."""
+    baseline = baseline_scheduler(cp, work, release.kube_scheduler_flags(), qps)
+    baseline.cpus = cpus
+    cp.procs.append(baseline)
+    ns = f"bench-baseline-{qps or 'default'}"
+    got = run(cp, ns, pods, BASELINE, baseline.start, timeout=900,
+              procs=functools.partial(dict, control, **{"kube-scheduler": baseline}))
+    baseline.stop()
+    empty(cp, ns)
+    return got
+
+
+def extender_run(cp: ControlPlane, release: Release, pods: int, cpus: str | None,
+                 control: dict[str, Proc]) -> Result:
+    """``pods`` placed by kube-scheduler and ``vgpud scheduler`` as the chart runs them (in
+    the namespace bench-vgpud, left as it is)."""
+    release.apply_objects(webhooks=False)  # pods are made as admitted
+    release.cpus = cpus
+    extender = release.start_extender()
+
+    def ours() -> dict[str, Proc]:
+        ks = release.kube_scheduler
+        return {**control, **({"kube-scheduler": ks} if ks else {}),
+                "vgpud scheduler": extender}
+    return run(cp, "bench-vgpud", pods, "vgpu-scheduler", release.start_kube_scheduler,
+               procs=ours, timeout=900)
 
 
 def main() -> int:
@@ -262,28 +298,11 @@ def main() -> int:
             control = {"etcd": cp.etcd, "kube-apiserver": cp.apiserver}
             rates = {}
             for qps in (None, KUBE_QPS):
-                baseline = baseline_scheduler(cp, work, release.kube_scheduler_flags(), qps)
-                baseline.cpus = schedulers
-                cp.procs.append(baseline)
-                ns = f"bench-baseline-{qps or 'default'}"
-                got = run(cp, ns, pods, BASELINE, baseline.start, timeout=900,
-                          procs=functools.partial(dict, control, **{"kube-scheduler": baseline}))
-                baseline.stop()
+                got = baseline_run(cp, work, release, pods, qps, schedulers, control)
                 rates[qps] = got.rate
                 client = f"client {qps}/s" if qps else "default client 50/s"
                 print(f"kube-scheduler alone ({client + '):':<21} {got}")
-                empty(cp, ns)
-
-            release.apply_objects(webhooks=False)  # pods are made as admitted
-            release.cpus = schedulers
-            extender = release.start_extender()
-
-            def ours() -> dict[str, Proc]:
-                ks = release.kube_scheduler
-                return {**control, **({"kube-scheduler": ks} if ks else {}),
-                        "vgpud scheduler": extender}
-            got = run(cp, "bench-vgpud", pods, "vgpu-scheduler", release.start_kube_scheduler,
-                      procs=ours, timeout=900)
+            got = extender_run(cp, release, pods, schedulers, control)
             ours_rate = got.rate
             print(f"kube-scheduler + vgpud (as the chart):      {got}")
             placed = sum(1 for p in cp.admin.list("Pod", "bench-vgpud")

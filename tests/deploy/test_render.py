@@ -623,3 +623,39 @@ def test_listen_addresses_follow_their_values(helm: Path) -> None:
     from vgpud.process import parse_listen
 
     assert parse_listen(sched["metrics_listen"]) == ("::", 9395)
+
+
+def test_dra_adds_device_classes_and_a_least_privilege_node_role(helm: Path) -> None:
+    """dra.enabled: the DeviceClasses (resource.k8s.io/v1, schema of 1.37) and the DRA node
+    role's RBAC; off (the default), neither. The real API server takes the classes in
+    tests/realkube/test_dra_scheduling.py, and its audit log proves the role suffices."""
+    assert not Manifests.committed().of_kind("DeviceClass")
+    m = template(helm, "dra.enabled=true", "dra.migProfileClasses=true",
+                 "dra.extendedResourceName=nvidia.com/vgpu-number")
+    classes = {d["metadata"]["name"]: d["spec"] for d in m.of_kind("DeviceClass")}
+    assert {"vgpu.vgpud.io", "gpu.vgpud.io", "mig.vgpud.io", "mig-1g.10gb.vgpud.io"} <= set(
+        classes)
+    assert classes["vgpu.vgpud.io"]["extendedResourceName"] == "nvidia.com/vgpu-number"
+    assert [n for n, s in classes.items() if "extendedResourceName" in s] == ["vgpu.vgpud.io"]
+    for spec in classes.values():
+        (sel,) = spec["selectors"]
+        assert sel["cel"]["expression"].startswith('device.driver == "gpu.vgpud.io"')
+    assert m.rules("ClusterRole", "vgpud-dra") == {
+        ("", "nodes", ()): {"get"},
+        ("resource.k8s.io", "resourceslices", ()): {"list", "create", "update", "delete"},
+        ("resource.k8s.io", "resourceclaims", ()): {"get"},
+    }
+    (binding,) = [b for b in m.of_kind("ClusterRoleBinding")
+                  if b["metadata"]["name"] == "vgpud-dra"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vgpud-dra",
+                                    "namespace": "kube-system"}]
+    (scope,) = [p for p in m.of_kind("ValidatingAdmissionPolicy")
+                if p["metadata"]["name"] == "vgpud-dra-scope"]
+    assert scope["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == [
+        "resourceslices"]
+    validate_built_in(m, "1.37.0")
+    assert not [p for p in template(helm, "dra.enabled=true", "grantPolicy.enabled=false")
+                .of_kind("ValidatingAdmissionPolicy") if "dra" in p["metadata"]["name"]]
+    bare = template(helm, "dra.enabled=true")  # no extended resource unless named
+    assert not any("extendedResourceName" in d["spec"] for d in bare.of_kind("DeviceClass"))
+    assert len(bare.of_kind("DeviceClass")) == 3

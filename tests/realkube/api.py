@@ -40,6 +40,10 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
     "ReplicaSet": ("/apis/apps/v1", "replicasets", True),
+    "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
+    "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
+    "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
+    "ResourceClaimTemplate": ("/apis/resource.k8s.io/v1", "resourceclaimtemplates", True),
     "MutatingWebhookConfiguration": (
         "/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", False),
     "ValidatingWebhookConfiguration": (

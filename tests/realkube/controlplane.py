@@ -133,6 +133,7 @@ class ControlPlane:
     etcd: Proc = field(init=False)
     apiserver: Proc = field(init=False)
     controller_manager: Proc | None = None
+    controllers: set[str] = field(default_factory=set)  # what the controller manager runs
     procs: list[Proc] = field(default_factory=list)
     audit_checked: int = 0  # the audit log's offset up to which refusals were expected
 
@@ -262,9 +263,17 @@ class ControlPlane:
     # -- components a test may add -----------------------------------------------------
 
     def start_controller_manager(self, controllers: str) -> Proc:
-        """kube-controller-manager running ``controllers`` (comma list, as its flag)."""
+        """kube-controller-manager running ``controllers`` (comma list, as its flag) and
+        those earlier callers asked for: one that runs fewer is restarted with all."""
+        wanted = set(filter(None, controllers.split(",")))
         if self.controller_manager is not None:
-            return self.controller_manager
+            if wanted <= self.controllers:
+                return self.controller_manager
+            self.controller_manager.stop()
+            self.procs.remove(self.controller_manager)
+            self.controller_manager = None
+        self.controllers |= wanted
+        controllers = ",".join(sorted(self.controllers))
         kc = self.kubeconfig_for_cert("kube-controller-manager",
                                       "system:kube-controller-manager")
         p = Proc("kube-controller-manager", [

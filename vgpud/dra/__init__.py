@@ -12,5 +12,6 @@ Modules, pure decisions in :mod:`vgpud.core.claims` first: ``cdi`` (the CDI spec
 prepared claim), ``prepare`` (prepare and unprepare over the node's allocation store, and
 their checkpoint), ``service`` (the two gRPC servicers), ``kubelet`` (the registration
 socket and the plugin socket), ``run`` (the node runtime with this adapter over it) and
-``command``. ``_pb`` is generated code (``protos/generate.py``).
+``command``; ``publisher`` keeps this node's ResourceSlices (:mod:`vgpud.core.slices`) in
+the API while the plugin is registered. ``_pb`` is generated code (``protos/generate.py``).
 """

@@ -9,6 +9,7 @@
 
 {{- define "vgpud.scheduler" -}}{{ include "vgpud.fullname" . }}-scheduler{{- end -}}
 {{- define "vgpud.plugin" -}}{{ include "vgpud.fullname" . }}-plugin{{- end -}}
+{{- define "vgpud.dra" -}}{{ include "vgpud.fullname" . }}-dra{{- end -}}
 {{- define "vgpud.settings" -}}{{ include "vgpud.fullname" . }}-settings{{- end -}}
 {{- define "vgpud.webhook" -}}{{ include "vgpud.fullname" . }}-webhook{{- end -}}
 {{/* The Secret with the webhook's serving certificate (bootstrap: the webhook writes it;
