@@ -231,6 +231,17 @@ def test_the_real_kubelet_prepares_a_claim_through_vgpud_dra_and_unprepares_it_a
     # kubelet took the registration: the endpoint it dials is the plugin socket
     assert (kubelet.root_dir / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
     assert (kubelet.root_dir / "plugins" / DRIVER / "dra.sock").exists()
+    # once registered, vgpud dra publishes the node's GPUs as its ResourceSlices (kubelet
+    # wiped the node's slices when it started, and wipes a driver's when it goes away)
+
+    def slices() -> list[Obj] | None:
+        got = [s for s in scenario.admin.list("ResourceSlice")
+               if s["spec"].get("nodeName") == kubelet.name and s["spec"]["driver"] == DRIVER]
+        return got or None
+
+    (published,) = wait_for("vgpud dra to publish the node's ResourceSlice", slices,
+                            timeout=60, detail=plugin.tails)
+    assert {d["name"] for d in published["spec"]["devices"]} >= {"gpu-0"}
     cls = device_class(scenario)
     claim = resource_claim(scenario, "slice", cls)
     uid = claim["metadata"]["uid"]

@@ -4,7 +4,9 @@
 the allocations, the shim, the registrar, watchdog, arbiter, health, inventory, metrics),
 tells it that the driver's allocations are the adapter's to remove (:meth:`Node.own`: a
 claim lives until kubelet unprepares it), reads the checkpoint of prepared claims, and
-serves the DRA service and its registration (:func:`vgpud.dra.kubelet.serve_sockets`).
+serves the DRA service and its registration (:func:`vgpud.dra.kubelet.serve_sockets`),
+and, given an API client, keeps this node's ResourceSlices in the API
+(:func:`vgpud.dra.publisher.run_publisher`) while kubelet holds the plugin registered.
 ``task_status.started`` hands back a :class:`Running` once kubelet has accepted the
 registration. Cancelling the scope stops everything; the files of running containers
 (allocations, CDI specs, the checkpoint) stay where they are.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -24,6 +27,7 @@ from anyio.abc import TaskStatus
 from vgpud.core.dra import DRIVER
 from vgpud.dra.kubelet import plugin_socket, registry_socket, serve_sockets
 from vgpud.dra.prepare import ClaimReader, KubeClaims, Preparer
+from vgpud.dra.publisher import run_publisher
 from vgpud.dra.service import DraService, DraServiceV1beta1, RegistrationService
 from vgpud.kube.client import KubeClient
 from vgpud.node.cluster import ClusterApi, KubeCluster
@@ -74,6 +78,7 @@ async def run_dra(
     cluster: ClusterApi,
     claims: ClaimReader,
     *,
+    kube: KubeClient | None = None,
     task_status: TaskStatus[Running] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     node: Node | None = None
@@ -94,6 +99,10 @@ async def run_dra(
                 opts.plugin_socket, opts.registry_socket, poll=opts.kubelet_poll,
                 task_status=task_status))
             await registration.registered.wait()
+            if kube is not None:  # the slices once kubelet has the plugin (it wipes them else)
+                await tg.start(partial(run_publisher, kube, node.name, node.devices,
+                                       defaults=settings.defaults(),
+                                       registered=registration.registered.is_set))
             node.serving()
             task_status.started(Running(node, preparer, registration, opts.plugin_socket,
                                         opts.registry_socket))
@@ -115,7 +124,8 @@ async def main(opts: DraOptions, kubeconfig: str | None, fake_devices: str | Non
                 anyio.create_task_group() as tg:
             tg.start_soon(cancel_on_signals, tg.cancel_scope, "dra_stopping")
             try:
-                await run_dra(opts, backend(fake_devices), KubeCluster(kube), KubeClaims(kube))
+                await run_dra(opts, backend(fake_devices), KubeCluster(kube), KubeClaims(kube),
+                              kube=kube)
             finally:
                 tg.cancel_scope.cancel()
     except ExceptionGroup as e:  # one error (the node did not start): as it is
