@@ -56,8 +56,16 @@ typedef struct vg_state_slot {
     uint64_t used[VG_MAX_DEVICES];       /*  24 device bytes charged to this process */
     uint64_t context[VG_MAX_DEVICES];    /* 152 of which context memory */
     uint64_t spilled[VG_MAX_DEVICES];    /* 280 managed bytes spilled */
-    unsigned char pad[VG_SLOT_SIZE - 408];
+    uint32_t flags;                      /* 408 VG_SLOT_LOCKED: alive while its lock byte is held */
+    unsigned char pad[VG_SLOT_SIZE - 412];
 } vg_state_slot;
+
+/* A slot's process holds an OFD write lock on byte VG_SLOT_LOCK_BASE + its index of the
+ * file for as long as it lives (the kernel drops it when the process is gone): liveness
+ * that holds across PID namespaces, where two containers sharing one state (a DRA claim's)
+ * each run as PID 1. Slots without the flag (an older shim) are judged by PID. */
+#define VG_SLOT_LOCKED 1u
+#define VG_SLOT_LOCK_BASE 1
 
 typedef struct vg_state_file {
     vg_state_header header;

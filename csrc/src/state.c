@@ -89,10 +89,48 @@ static uint64_t proc_start_time(int pid, int *zombie)
     return p ? strtoull(p, NULL, 10) : 0;
 }
 
-static int slot_dead(const vg_state_slot *s)
+/* This process's own description of the state file, holding its slot's lock byte (-1:
+ * none, slots judged by PID alone); a forked child opens its own (lock_fd_pid). */
+static int lock_fd = -1;
+static int lock_fd_pid;
+static char state_path[600];
+
+static int lock_byte(int fd, int slot, short type, int cmd, struct flock *out)
+{
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET,
+                       .l_start = VG_SLOT_LOCK_BASE + slot, .l_len = 1};
+    int r = fcntl(fd, cmd, &fl);
+    if (out) *out = fl;
+    return r;
+}
+
+/* the lock fd of this process (opened again in a forked child: a description shared with
+ * the parent would keep the parent's slot alive while the child lives, and the child's
+ * lock would be the parent's too) */
+static int own_lock_fd(void)
+{
+    int me = getpid();
+    if (lock_fd >= 0 && lock_fd_pid == me) return lock_fd;
+    if (!st_shared || !state_path[0]) return -1;
+    if (lock_fd >= 0) close(lock_fd); /* the parent's description, inherited: not ours */
+    lock_fd = open(state_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    lock_fd_pid = me;
+    return lock_fd;
+}
+
+static int slot_dead(const vg_state_slot *s, int index)
 {
     int pid = A_LOAD(&s->pid);
     if (pid <= 0) return 0;
+    if (index == my_slot && pid == my_pid) return 0; /* us */
+    if (A_LOAD(&s->flags) & VG_SLOT_LOCKED) {
+        /* alive while someone holds its byte; our own description's locks never conflict
+         * (F_OFD_GETLK), so a slot we hold reads as free: only ours is that, checked above */
+        struct flock fl;
+        int fd = own_lock_fd();
+        if (fd >= 0 && lock_byte(fd, index, F_WRLCK, F_OFD_GETLK, &fl) == 0)
+            return fl.l_type == F_UNLCK;
+    }
     if (pid == my_pid) { /* us, or a dead process of an earlier run with our PID */
         uint64_t rec = A_LOAD(&s->start_time);
         return rec && my_start && rec != my_start;
@@ -119,6 +157,7 @@ static void release_slot_locked(vg_state_slot *s)
     }
     A_STORE(&s->host_pid, 0);
     A_STORE(&s->start_time, 0);
+    A_STORE(&s->flags, 0);
     A_STORE(&s->pid, 0);
     A_ADD(&st->header.generation, 1);
 }
@@ -128,7 +167,7 @@ static int reclaim_locked(void)
     int n = 0;
     for (int i = 0; i < VG_MAX_SLOTS; i++) {
         vg_state_slot *s = &st->slots[i];
-        if (A_LOAD(&s->pid) > 0 && slot_dead(s)) {
+        if (A_LOAD(&s->pid) > 0 && slot_dead(s, i)) {
             VG_INFO("reclaiming usage of dead process %d", A_LOAD(&s->pid));
             release_slot_locked(s);
             n++;
@@ -219,6 +258,7 @@ static vg_state_file *map_shared(const char *dir)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/%s", dir, VG_STATE_FILE);
+    snprintf(state_path, sizeof state_path, "%s", path);
     /* the container can write here: a link (to anywhere, or to a file of its own per
      * process), a FIFO or a directory in the file's place is refused, not followed */
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
@@ -272,6 +312,7 @@ static void on_exit_release(void)
         release_slot_locked(&st->slots[my_slot]);
         unlock_state();
     }
+    if (lock_fd >= 0 && lock_fd_pid == my_pid) lock_byte(lock_fd, my_slot, F_UNLCK, F_OFD_SETLK, NULL);
     my_slot = -1;
 }
 
@@ -289,15 +330,21 @@ static void take_slot(void)
     vg_lock(&slot_mu);
     if (my_slot < 0 && lock_state() == 0) {
         reclaim_locked();
+        int fd = own_lock_fd();
         for (int i = 0; i < VG_MAX_SLOTS; i++) {
             vg_state_slot *s = &st->slots[i];
             if (A_LOAD(&s->pid) != 0) continue;
+            /* its byte: held by someone alive means a slot freed under a live process
+             * (written by hand): not ours to take */
+            int locked = fd >= 0 && lock_byte(fd, i, F_WRLCK, F_OFD_SETLK, NULL) == 0;
+            if (fd >= 0 && !locked) continue;
             memset(s->used, 0, sizeof s->used);
             memset(s->context, 0, sizeof s->context);
             memset(s->spilled, 0, sizeof s->spilled);
             A_STORE(&s->start_time, my_start);
             A_STORE(&s->last_seen, seen_ns());
             A_STORE(&s->host_pid, 0);
+            A_STORE(&s->flags, locked ? VG_SLOT_LOCKED : 0u);
             A_STORE(&s->pid, my_pid);
             A_ADD(&st->header.generation, 1);
             my_slot = i;

@@ -372,14 +372,6 @@ def test_a_container_of_a_claim_is_held_to_its_slice_and_registers(
         result="accepted") == 1, timeout=30, detail=dra_node.tails)
 
 
-@pytest.mark.xfail(reason=(
-    "the shim's usage state assumes one PID namespace: each container's program is PID 1 "
-    "in its own, and csrc/src/state.c slot_dead() takes a slot whose PID equals its own but "
-    "whose start time differs for a dead process of an earlier run, so a charge that does "
-    "not fit (and a process attaching) reclaims the other container's live usage ('vgpud[1] "
-    "INFO reclaiming usage of dead process 1'): a container then fits more than the claim "
-    "alone or together; it holds only when both started in the same clock tick"),
-    strict=False)
 def test_two_containers_sharing_a_claim_are_held_to_it_together(
         dra_node: DraPlugin, scenario: Scenario, node: Node, built: None) -> None:  # noqa: F811
     """Both containers of the pod run, each sees the claim's 4 GiB, and what they allocate
