@@ -641,10 +641,29 @@ def test_dra_adds_device_classes_and_a_least_privilege_node_role(helm: Path) -> 
         (sel,) = spec["selectors"]
         assert sel["cel"]["expression"].startswith('device.driver == "gpu.vgpud.io"')
     assert m.rules("ClusterRole", "vgpud-dra") == {
-        ("", "nodes", ()): {"get"},
+        ("", "nodes", ()): {"get", "patch"},  # the node runtime's, as the plugin's
+        ("", "pods", ()): {"get", "list", "watch"},
+        ("", "events", ()): {"create", "patch"},
         ("resource.k8s.io", "resourceslices", ()): {"list", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims", ()): {"get"},
     }
+    # `vgpud dra` runs on the DRA nodes only, the device plugin everywhere else
+    (ds,) = [d for d in m.of_kind("DaemonSet") if d["metadata"]["name"] == "vgpud-dra"]
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "vgpud-dra"
+    assert pod["nodeSelector"] == {"vgpud.io/node-mode": "dra"}
+    assert pod["containers"][0]["args"][:1] == ["dra"]
+    assert {"--kubelet-dir=/var/lib/kubelet", "--cdi-dir=/var/run/cdi"} <= set(
+        pod["containers"][0]["args"])
+    (plugin,) = [d for d in m.of_kind("DaemonSet") if d["metadata"]["name"] == "vgpud-plugin"]
+    (term,) = plugin["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "vgpud.io/node-mode", "operator": "NotIn", "values": ["dra"]}]
+    # its writes to nodes and pods are held to its own node, as the plugin's are
+    (plugin_scope,) = [p for p in m.of_kind("ValidatingAdmissionPolicy")
+                       if p["metadata"]["name"] == "vgpud-plugin-scope"]
+    assert "vgpud-dra'" in plugin_scope["spec"]["matchConditions"][0]["expression"]
     (binding,) = [b for b in m.of_kind("ClusterRoleBinding")
                   if b["metadata"]["name"] == "vgpud-dra"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vgpud-dra",
