@@ -74,6 +74,16 @@ def test_shares_on_one_gpu_add_up_and_gpus_come_in_index_order() -> None:
                                     DeviceGrant("GPU-b", 4096, 30))
 
 
+def test_a_share_of_no_cores_has_no_sm_limit_and_lifts_its_gpus() -> None:
+    """0 %: what kube-scheduler records for a claim that asks no cores where the slices'
+    policy defaults to ``defaultCores`` 0; in the limits file, no SM limit."""
+    (s,) = grant(claim(result(memory="10Gi", cores="0"))).shares
+    assert s.cores == 0
+    g = grant(claim(result("gpu-0", "a", memory="1Gi", cores="30"),
+                    result("gpu-0", "c", memory="1Gi", cores="0")))
+    assert g.devices(INVENTORY) == (DeviceGrant("GPU-a", 2048, 0),)
+
+
 def test_results_of_other_drivers_are_not_ours() -> None:
     g = grant(claim(result("nic-0", driver="net.example.com"), result("gpu-1")))
     assert [s.device for s in g.shares] == ["gpu-1"]
@@ -90,8 +100,8 @@ def test_results_of_other_drivers_are_not_ours() -> None:
     (claim(result(memory="100Gi")), UID, "consumes 102400 MiB of memory, more than the "
                                          "GPU's 24576 MiB"),
     (claim(result(memory="512Ki")), UID, "less than 1 MiB"),
-    (claim(result(cores="130")), UID, "consumes 130 % of the cores, not 1-100"),
-    (claim(result(cores="0")), UID, "consumes 0 % of the cores"),
+    (claim(result(cores="130")), UID, "consumes 130 % of the cores, not 0-100"),
+    (claim(result(cores="-1")), UID, "consumedCapacity cores: '-1' is negative"),
     ({"metadata": {"uid": UID}, "status": {"allocation": {"devices": {"results": 3}}}}, UID,
      "allocation.devices.results is not a list"),
 ])

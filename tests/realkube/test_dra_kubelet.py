@@ -14,6 +14,7 @@ plugin runs with an admin client certificate: the chart has no role for it yet.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import urllib.request
@@ -114,19 +115,28 @@ def _shim_built() -> None:
     subprocess.run(["make", "-s", "-C", str(ROOT / "csrc")], check=True)
 
 
-@pytest.fixture
-def dra_node(control_plane: ControlPlane, scenario: Scenario) -> Iterator[DraPlugin]:
-    kubelet = Kubelet(control_plane, f"{scenario.id}-node",
+@contextlib.contextmanager
+def running_dra_node(cp: ControlPlane, scenario: Scenario, **plugin: Any,
+                     ) -> Iterator[DraPlugin]:
+    """A real kubelet labelled for ``scenario`` (and ``vgpud.io/node-mode=dra``) with
+    ``vgpud dra`` registered with it (``plugin``: :class:`DraPlugin`'s fields)."""
+    kubelet = Kubelet(cp, f"{scenario.id}-node",
                       {TEST_LABEL: scenario.id, "vgpud.io/node-mode": "dra"})
-    plugin: DraPlugin | None = None
+    running: DraPlugin | None = None
     try:
         kubelet.start()
-        plugin = DraPlugin(control_plane, kubelet).start()
-        yield plugin
+        running = DraPlugin(cp, kubelet, **plugin).start()
+        yield running
     finally:
-        if plugin is not None:
-            plugin.stop()
+        if running is not None:
+            running.stop()
         kubelet.close()
+
+
+@pytest.fixture
+def dra_node(control_plane: ControlPlane, scenario: Scenario) -> Iterator[DraPlugin]:
+    with running_dra_node(control_plane, scenario) as plugin:
+        yield plugin
 
 
 def device_class(scenario: Scenario) -> str:

@@ -176,14 +176,21 @@ def _template(scenario: Scenario, name: str, requests: dict[str, str]) -> str:
     return name
 
 
-def _pod(scenario: Scenario, name: str, template: str) -> Obj:
+def _pod(scenario: Scenario, name: str, template: str,
+         env: dict[str, str] | None = None) -> Obj:
+    """A pod of one container ``main`` (with ``env``) using a claim made from
+    ``template``, for kube-scheduler to place on a node of the scenario."""
     return scenario.admin.create({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": scenario.ns},
         "spec": {"schedulerName": SCHEDULER, "nodeSelector": {TEST_LABEL: scenario.id},
                  "terminationGracePeriodSeconds": 0,
+                 # where a real kubelet starts it (test_dra_end_to_end): nothing to mount
+                 "automountServiceAccountToken": False, "enableServiceLinks": False,
                  "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
                  "containers": [{"name": "main", "image": "registry.invalid/cuda:12",
+                                 "env": [{"name": k, "value": v}
+                                         for k, v in (env or {}).items()],
                                  "resources": {"claims": [{"name": "gpu"}]}}]}})
 
 

@@ -44,7 +44,7 @@ class Share:
     device: str  # the ResourceSlice device name, gpu-<index>
     uuid: str
     memory: int  # MiB
-    cores: int  # percent of the GPU's SMs, 1-100
+    cores: int  # percent of the GPU's SMs, 0-100; 0: no SM limit (the slices' policy)
     share_id: str | None  # the allocation's shareID (consumable capacity), if any
 
 
@@ -72,13 +72,15 @@ class ClaimGrant:
 
     def devices(self, inventory: NodeInventory) -> tuple[DeviceGrant, ...]:
         """One grant per GPU, in the node's index order: the shares on it added up (cores
-        at most 100)."""
+        at most 100; a share with no SM limit, 0, leaves the GPU's without one)."""
         index = {g.uuid: g.index for g in inventory.devices}
         memory: dict[str, int] = {}
         cores: dict[str, int] = {}
         for s in self.shares:
             memory[s.uuid] = memory.get(s.uuid, 0) + s.memory
-            cores[s.uuid] = min(100, cores.get(s.uuid, 0) + s.cores)
+            before = cores.get(s.uuid)
+            cores[s.uuid] = 0 if s.cores == 0 or before == 0 else min(
+                100, (before or 0) + s.cores)
         return tuple(DeviceGrant(u, memory[u], cores[u])
                      for u in sorted(memory, key=lambda u: index.get(u, 1 << 30)))
 
@@ -182,8 +184,8 @@ def grant_of(claim: Mapping[str, Any], *, namespace: str, name: str, uid: str, n
         if memory > whole.memory:
             raise ClaimError(f"{at}: consumes {memory} MiB of memory, more than the GPU's "
                              f"{whole.memory} MiB")
-        if not 1 <= cores <= 100:
-            raise ClaimError(f"{at}: consumes {cores} % of the cores, not 1-100")
+        if not 0 <= cores <= 100:  # 0: the policy's default of defaultCores 0, no SM limit
+            raise ClaimError(f"{at}: consumes {cores} % of the cores, not 0-100")
         share_id = r.get("shareID")
         shares.append(Share(request=str(r.get("request", "")), pool=str(r.get("pool", "")),
                             device=device, uuid=gpu.uuid, memory=memory, cores=cores,

@@ -1,0 +1,179 @@
+"""DRA end to end, nothing done by hand: a real kubelet (the fake container runtime) with
+``vgpud dra`` registered on its node; the plugin publishes the node's GPUs as
+ResourceSlices; the chart's DeviceClasses are applied as the chart renders them; a pod asks
+a share of a GPU through a ResourceClaimTemplate; kube-controller-manager makes the claim,
+the stock kube-scheduler allocates it from vgpud's slices (consumable capacity) and binds
+the pod to the kubelet's node; the kubelet calls ``NodePrepareResources`` and hands the
+CDI device the plugin answered to the runtime; the recorded container, with the CDI spec
+applied as a container runtime would, runs in runc where the shim (on the fake CUDA
+driver) holds it to the claim's 4 GiB, and its limits file says 30 % of the cores.
+
+The fixtures are those of the two halves: ``dra`` (the chart's DRA objects, the controller
+manager, kube-scheduler) from ``test_dra_scheduling``, the kubelet with ``vgpud dra`` from
+``test_dra_kubelet``. The plugin runs with an admin client certificate, as there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.node.conftest import FAKES, built  # noqa: F401 (fixture)
+from tests.oci.conftest import node, runc  # noqa: F401 (fixtures)
+from tests.oci.runtime import Node
+from tests.realkube.api import Obj, wait_for
+from tests.realkube.cluster import Scenario
+from tests.realkube.controlplane import ControlPlane
+from tests.realkube.kubelet import fake_gpu_uuid
+from tests.realkube.test_dra_kubelet import (  # noqa: F401 (fixture)
+    INTERP,
+    OOM,
+    DraPlugin,
+    _shim_built,
+    cdi_names,
+    metric,
+    running_dra_node,
+    with_cdi,
+)
+from tests.realkube.test_dra_scheduling import (  # noqa: F401 (fixture)
+    Allocated,
+    Dra,
+    _allocated,
+    _pod,
+    _template,
+    dra,
+)
+from vgpud.core.dra import DRIVER
+from vgpud.core.limits import DeviceLimits, parse
+from vgpud.dra.cdi import KIND, spec_path
+
+GIB = 1 << 30
+MEMORY = 16384  # MiB of each of the node's two fake GPUs
+# what the pod's image brings with the fake driver: the node's GPUs, no context cost
+FAKE_GPU_ENV = {"FAKECUDA_DEVICES": f"{MEMORY},{MEMORY}", "FAKECUDA_CTX_MIB": "0"}
+
+
+@pytest.fixture
+def dra_kubelet(dra: Dra, control_plane: ControlPlane,  # noqa: F811
+                scenario: Scenario) -> Iterator[DraPlugin]:
+    """The kubelet's node with ``vgpud dra``: two GPUs of 16 GiB. ``dra`` first: its
+    kube-scheduler and controller manager outlive the node."""
+    with running_dra_node(control_plane, scenario, memory=MEMORY) as plugin:
+        yield plugin
+
+
+class Prepared:
+    """A pod placed by kube-scheduler and started by the kubelet: its claim as allocated,
+    the CreateContainer request of ``main`` and the CDI device the plugin prepared."""
+
+    def __init__(self, scenario: Scenario, plugin: DraPlugin, dra: Dra,  # noqa: F811
+                 name: str, template: str) -> None:
+        kubelet = plugin.kubelet
+        pod = _pod(scenario, name, template, env=FAKE_GPU_ENV)
+        self.allocated: Allocated = _allocated(scenario, dra, name)
+        statuses = scenario.get(name)["status"]["resourceClaimStatuses"]
+        self.claim: Obj = scenario.admin.get("ResourceClaim", statuses[0]["resourceClaimName"],
+                                             scenario.ns)
+        # made by kube-controller-manager from the template, reserved for the pod by
+        # kube-scheduler
+        (owner,) = self.claim["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("Pod", pod["metadata"]["uid"]), owner
+        (reserved,) = self.claim["status"]["reservedFor"]
+        assert reserved["uid"] == pod["metadata"]["uid"], reserved
+        self.uid = self.claim["metadata"]["uid"]
+        self.request: Obj = wait_for(
+            f"kubelet to create the container of {name}",
+            lambda: (kubelet.created_for(pod["metadata"]["uid"], "main") or [None])[0],
+            timeout=60, detail=lambda: scenario.describe(name) + "\n" + plugin.tails())
+        self.cdi_id = f"{KIND}={self.uid}-{self.allocated.device}"
+        assert cdi_names(self.request) == [self.cdi_id], self.request["config"].get(
+            "CDI_devices")
+        spec = json.loads(spec_path(plugin.cdi_dir, self.uid).read_text())
+        (self.device,) = spec["devices"]
+        assert f"{spec['kind']}={self.device['name']}" == self.cdi_id
+
+    @property
+    def gpu(self) -> int:
+        """The index of the GPU whose device node the CDI spec gives the container."""
+        (n,) = [d["path"] for d in self.device["containerEdits"]["deviceNodes"]
+                if d["path"].removeprefix("/dev/nvidia").isdigit()]
+        return int(n.removeprefix("/dev/nvidia"))
+
+    def limits(self) -> DeviceLimits:
+        """The limits file the CDI spec mounts at ``/etc/vgpud``: its one device."""
+        mounts = {m["containerPath"]: m for m in self.device["containerEdits"]["mounts"]}
+        config = Path(mounts["/etc/vgpud"]["hostPath"]) / "config"
+        (d,) = parse(config.read_text()).devices
+        return d
+
+
+def test_a_claim_from_a_template_is_scheduled_prepared_by_the_kubelet_and_held_to_its_slice(
+        dra: Dra, dra_kubelet: DraPlugin, scenario: Scenario, node: Node,  # noqa: F811
+        built: None) -> None:  # noqa: F811
+    plugin, kubelet = dra_kubelet, dra_kubelet.kubelet
+
+    def slices() -> list[Obj] | None:
+        got = [s for s in scenario.admin.list("ResourceSlice")
+               if s["spec"].get("nodeName") == kubelet.name and s["spec"]["driver"] == DRIVER]
+        return got or None
+    # the kubelet wiped the node's slices when it started; vgpud dra publishes them once
+    # registered
+    (published,) = wait_for("vgpud dra to publish the node's ResourceSlice", slices,
+                            timeout=60, detail=plugin.tails)
+    assert [d["name"] for d in published["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+
+    small = _template(scenario, "small", {"memory": "4Gi", "cores": "30"})
+    first = Prepared(scenario, plugin, dra, "one", small)
+    assert first.allocated.node == kubelet.name
+    assert first.allocated.consumed == {"memory": 4 * GIB, "cores": 30, "vgpus": 1}, first
+    assert "dra_prepared" in plugin.log()  # NodePrepareResources, before the sandbox
+    # the claim's limits file: 4 GiB and 30 % of the GPU kube-scheduler allocated
+    gpu = first.gpu
+    assert first.allocated.device == f"gpu-{gpu}"
+    limits = first.limits()
+    assert (limits.uuid, limits.memory_limit, limits.core_limit) == (
+        fake_gpu_uuid(gpu), 4 * GIB, 30)
+
+    # the recorded container, with the CDI spec applied, in runc: the shim, preloaded
+    # through the spec's /etc/ld.so.preload, shows it the claim's 4 GiB and holds it there
+    r = first.request
+    c = node.container(r["config"]["metadata"]["name"], INTERP,
+                       allocate=with_cdi(r, plugin.cdi_dir),
+                       pod_uid=r["sandbox_config"]["metadata"]["uid"], driver=FAKES,
+                       # the NVIDIA runtime's part: only the GPU of the device node
+                       image_env={"CUDA_VISIBLE_DEVICES": fake_gpu_uuid(gpu)})
+    p = c.start(interactive=True)
+    assert p.ask_json("use 0", timeout=30)["rc"] == 0
+    assert p.ask_json("info", timeout=30)["total"] == 4 * GIB
+    assert p.ask_json("alloc 0 3g", timeout=30)["rc"] == 0
+    assert p.ask_json("alloc 0 2g", timeout=30)["rc"] == OOM
+    assert p.ask_json("alloc 0 1g", timeout=30)["rc"] == 0  # exactly the claim's 4 GiB
+    assert p.ask_json("alloc 0 1", timeout=30)["rc"] == OOM  # and not a byte more
+    wait_for("the container's process to register", lambda: metric(
+        plugin.metrics_port, "vgpud_container_process_registrations_total",
+        result="accepted") == 1, timeout=30, detail=plugin.tails)
+
+    # consumable capacity: a second 4 GiB / 30 % claim shares the GPU, with its own limits
+    second = Prepared(scenario, plugin, dra, "two", small)
+    assert (second.allocated.node, second.allocated.device) == (kubelet.name,
+                                                                first.allocated.device)
+    assert second.allocated.share_id != first.allocated.share_id
+    assert second.uid != first.uid
+    limits = second.limits()
+    assert (limits.uuid, limits.memory_limit, limits.core_limit) == (
+        fake_gpu_uuid(gpu), 4 * GIB, 30)
+    # 10 GiB does not fit beside 8 GiB on a 16 GiB GPU: the other one
+    big = _template(scenario, "big", {"memory": "10Gi"})
+    third = Prepared(scenario, plugin, dra, "three", big)
+    assert third.allocated.node == kubelet.name
+    assert third.allocated.device != first.allocated.device
+    limits = third.limits()
+    # it asked no cores: the policy's default (defaultCores 0), no SM limit
+    assert (limits.uuid, limits.memory_limit, limits.core_limit) == (
+        fake_gpu_uuid(third.gpu), 10 * GIB, 0)
+    assert third.gpu != gpu
+    assert plugin.log().count("dra_prepared") == 3
+
