@@ -24,11 +24,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vgpud.core.dra import DRIVER
 from vgpud.node.allocations import write_atomic
 from vgpud.node.edits import ContainerEdits
 
 CDI_VERSION = "0.6.0"  # env, deviceNodes, mounts: every runtime with CDI reads it
-VENDOR = "gpu.vgpud.io"
+VENDOR = DRIVER  # the CDI vendor is the driver's name
 CLASS = "claim"
 KIND = f"{VENDOR}/{CLASS}"
 
