@@ -76,6 +76,7 @@ int vg_sm_any_limited;
 #define SPAN_LAUNCHES 4             /* calibrate over at least 4 launches ... */
 #define SPAN_MIN_NS 150000000ull    /* ... and 150 ms, */
 #define SPAN_MAX_NS 2000000000ull   /* or 2 s whatever was launched */
+#define PERIOD_MAX_NS 1000000000ull /* NVML samples at least every second */
 #define STEP_MAX 1000.0             /* the largest step up, over a whole span */
 #define FIRST_STEP_MAX 1000000.0    /* ... and the first one, from the starting estimate */
 #define WHOLE_STEPS 3               /* the first steps are whole, whatever the ratio */
@@ -99,6 +100,7 @@ typedef struct sm_dev {
     uint64_t span_seen, span_charged, span_launches, span_ns; /* calibration's evidence */
     unsigned long long last_seen_us;/* NVML: the end of the interval measured last */
     int misses;                     /* consecutive ticks of NOT_FOUND while charging */
+    uint64_t period_ns;             /* NVML's sample period, as the last two samples showed */
     int calibrated;                 /* steps taken from INITIAL_PS, up to WHOLE_STEPS */
 } sm_dev;
 
@@ -373,8 +375,16 @@ static void tick(int d, int host_pid)
         return;
     }
     if (r == NVML_ERROR_NOT_FOUND) { /* nobody ran kernels since: were we charged much? */
+        /* only charges older than two of NVML's sample periods count: a sample covers
+         * the period before it, so until then NOT_FOUND only means "not yet". With 200 ms
+         * samples and a 50 ms tick, two ticks' margin counted the launches of the period
+         * being sampled: three such misses cut the estimate four-fold, and a 40 %
+         * container of four processes ran at 100 % (with 300 ms samples every period,
+         * with 200 ms ones whenever the ticks drifted to a fourth miss) */
+        uint64_t settle = 2 * s->period_ns > 2 * TICK_NS ? 2 * s->period_ns : 2 * TICK_NS;
         uint64_t since = (uint64_t)s->last_seen_us * 1000 + mono - real;
-        if (host_pid > 0 && charged_between(s, since, mono - 2 * TICK_NS, NULL) > 2 * TICK_NS / 100 &&
+        if (host_pid > 0 && mono > settle &&
+            charged_between(s, since, mono - settle, NULL) > 2 * TICK_NS / 100 &&
             ++s->misses >= 3) {
             calibrate(s, 0, 1 << 30); /* the GPU saw nothing of it: far too high */
             s->misses = 0;
@@ -402,6 +412,7 @@ static void tick(int d, int host_pid)
     uint64_t t0 = (uint64_t)s->last_seen_us * 1000 + mono - real;
     uint64_t t1 = (uint64_t)newest * 1000 + mono - real;
     s->last_seen_us = newest;
+    s->period_ns = t1 - t0 < PERIOD_MAX_NS ? t1 - t0 : PERIOD_MAX_NS; /* idle gaps too */
     if (total > 100) total = 100;
     if (host_pid > 0) { /* our share of the interval, as the GPU saw it, vs what we charged */
         uint64_t nl = 0, ch = charged_between(s, t0, t1, &nl);

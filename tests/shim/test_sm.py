@@ -28,6 +28,8 @@ RUN_S = 3.0
 # name -> (blocks, work ns per block per wave): with 128 threads a block, 1728 blocks a
 # wave on the fake's 108 SMs; 100 + 6 x 166650 ns ~ 1 ms
 KERNELS = {"100ns": (1, 0), "10us": (100, 9900), "1ms": (10000, 166650)}
+# 7 waves of 14.3 us: 100 us, the kernel of the campaign's scenario that ran away
+MID_KERNELS = {"100us": (12096, 14271)}
 # kernels longer than a sampling window (finding 10 of issue 22): 6 waves of 8.3 / 16.7 ms
 LONG_KERNELS = {"50ms": (10000, 8333317), "100ms": (10000, 16666650)}
 
@@ -48,7 +50,7 @@ class Container:
 
     def start(self, kernel: str = "10us", kind: str = "kernel",
               seconds: float = RUN_S) -> subprocess.Popen[str]:
-        blocks, ns = (KERNELS | LONG_KERNELS)[kernel]
+        blocks, ns = (KERNELS | MID_KERNELS | LONG_KERNELS)[kernel]
         return subprocess.Popen(
             self.shim.cmd("ctx", "launch", blocks, seconds, kind, ns, via="proc"),
             env=self.shim.env(self.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -276,6 +278,27 @@ def test_processes_sharing_a_limit_with_long_kernels_are_held_together(
           f"{statistics.mean(late):.1f}")
     assert statistics.mean(late) <= 21 + 3.0 + one_kernel, total
     assert statistics.mean(late) >= 21 - 3.0 - 2 * one_kernel, total
+
+
+def test_samples_slower_than_the_tick_are_not_taken_for_an_idle_gpu(
+        built: Built, tmp_path: Path, gpu: Path) -> None:
+    """NVML samples every 300 ms, the controller looks every 50 ms: between two samples
+    NOT_FOUND only means "not sampled yet". The controller took three such answers, while
+    the process had been charged, for a GPU that saw nothing of it and cut its estimate
+    four-fold each time, so four processes of a 40 % container ran at 100 % (with 200 ms
+    samples it happened whenever the ticks drifted to a fourth miss: the SM campaign's
+    scenario, 100 us kernels, got 70-91 % in four runs of six). Now a charge counts as
+    unseen only once two sample periods have passed it. Judged on the second half of the
+    run: the mean within 3 points, no 400 ms window over 10 points above."""
+    a = Container(built, tmp_path, "a", gpu, device__0__core_limit="40")
+    a.env["FAKECUDA_NVML_SAMPLE_MS"] = "300"
+    ps = [a.start("100us", seconds=6.0) for _ in range(4)]
+    shares = [a.share(p) for p in ps]
+    total = [sum(w) for w in zip(*shares, strict=False)]
+    late = total[len(total) // 2:]
+    print(f"4 x 100us fixed 40, 300 ms samples: {[round(t, 1) for t in total]}")
+    assert abs(statistics.mean(late) - 40) <= 3.0, total
+    assert max(late) <= 50, total
 
 
 @pytest.mark.parametrize("kind", ["graph", "nested", "nested3"])

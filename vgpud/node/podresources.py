@@ -13,6 +13,11 @@ A client keeps one connection to kubelet's socket for its calls (a new one per c
 cost a connection set-up on every GetPreferredAllocation and PreStartContainer); a call
 that fails on it is made once more on a new connection, so a kubelet restart costs no
 failed call.
+
+A reply is decoded a pod at a time, and a pod whose bytes are those of the call before
+is not decoded again (:class:`PodDecoder`): between two of the plugin's calls kubelet's
+list changes by the pod it admits, and decoding every pod (betterproto2 is pure Python,
+about 80 µs a pod here) cost 16 ms a call on a node of 200 pods.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from betterproto2 import parse_fields
 from grpclib.client import Channel
+from grpclib.const import Cardinality
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from vgpud.node._pb import v1 as pr
@@ -47,12 +54,50 @@ class Held:
     ids: frozenset[str]
 
 
+LIST = "/v1.PodResourcesLister/List"
+_POD_RESOURCES = 1  # ListPodResourcesResponse.pod_resources: repeated, length-delimited
+
+
+class Reply(bytes):
+    """A reply's bytes as they came: grpclib's codec hands them to ``FromString``."""
+
+    @classmethod
+    def FromString(cls, data: bytes) -> Reply:  # noqa: N802 - the codec's name
+        return cls(data)
+
+
+class PodDecoder:
+    """Decodes a ``ListPodResourcesResponse`` pod by pod, keeping the pods of the reply
+    before: a pod whose encoding is unchanged is the same message (any other field of
+    the reply, unknown to this version, is skipped as a decoder skips it)."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, pr.PodResources] = {}
+        self.decoded = 0  # pods decoded, not found in the reply before
+
+    def __call__(self, data: bytes) -> tuple[pr.PodResources, ...]:
+        known: dict[bytes, pr.PodResources] = {}
+        out = []
+        for f in parse_fields(data):
+            if f.number != _POD_RESOURCES or not isinstance(f.value, bytes):
+                continue
+            pod = self._known.get(f.value)
+            if pod is None:
+                pod = pr.PodResources.FromString(f.value)
+                self.decoded += 1
+            known[f.value] = pod
+            out.append(pod)
+        self._known = known  # only the pods of this reply: bounded by the node's pods
+        return tuple(out)
+
+
 class PodResourcesClient:
     def __init__(self, socket: str, resource: str, *, timeout: float = 10.0) -> None:
         self.socket = socket
         self.resource = resource
         self.timeout = timeout
         self._channel: Channel | None = None
+        self._decode = PodDecoder()
 
     async def list(self) -> list[Held]:
         """Every container of every active pod, with its IDs of ``resource``."""
@@ -107,9 +152,13 @@ class PodResourcesClient:
                 f"cannot list pod resources from kubelet at {self.socket}: {e}") from None
 
     async def _list(self, channel: Channel) -> tuple[pr.PodResources, ...]:
-        reply = await pr.PodResourcesListerStub(channel).list(
-            pr.ListPodResourcesRequest(), timeout=self.timeout)
-        return tuple(reply.pod_resources)
+        async with channel.request(LIST, Cardinality.UNARY_UNARY, pr.ListPodResourcesRequest,
+                                   Reply, timeout=self.timeout) as stream:
+            await stream.send_message(pr.ListPodResourcesRequest(), end=True)
+            reply = await stream.recv_message()
+        if reply is None:
+            raise StreamTerminatedError("kubelet ended the List call without a reply")
+        return self._decode(reply)
 
 
 def find_owner(held: Iterable[Held], ids: Iterable[str]) -> Held | None:
