@@ -8,6 +8,8 @@ kube-apiserver does, in the :mod:`vgpud.kube.errors` it is mapped to:
   the extender's writer.
 - :class:`MemoryCluster` is :class:`vgpud.node.cluster.ClusterApi`: the plugin's and the
   node's reads and writes.
+- :class:`LivePods` is the informer's reads over a :class:`MemoryCluster`'s pods, with no
+  lag (wrap it in :class:`vgpud.node.pods.NodePods`).
 - :class:`MemoryKube` is the one method of :class:`vgpud.kube.client.KubeClient` the pod
   writers use (``request``: GET and merge-PATCH a pod, POST its binding), so that the real
   ``PodBinder``, ``PodWriter`` and ``KubeCluster`` run over the same pods.
@@ -416,3 +418,24 @@ class MemoryKube:
 
         op = f"{method} pods" + (f"/{sub}" if sub else "")
         return await self.faults.around(op, apply)
+
+
+class LivePods:
+    """The node-pods informer's reads (``get``, ``snapshot``, ``subscribe``), always up to
+    date with ``api``'s pods bound to ``node`` (a watch with no lag: the plugin's wait for
+    its own rewrite to show returns at once)."""
+
+    def __init__(self, api: MemoryCluster, node: str) -> None:
+        self.api = api
+        self.node = node
+
+    def get(self, key: str) -> PodView | None:
+        pod = self.api.objects.pods.get(key)
+        return None if pod is None else view(pod)
+
+    def snapshot(self) -> dict[str, PodView]:
+        return {k: view(p) for k, p in self.api.objects.pods.items()
+                if (p.get("spec") or {}).get("nodeName") == self.node}
+
+    def subscribe(self, callback: Any) -> Any:
+        return lambda: None

@@ -10,8 +10,8 @@ import pytest
 from grpclib.client import Channel
 
 from tests.fakekubelet import FakeKubelet
-from vgpud.node._pb import v1 as pr
 from tests.fakekubelet.protos import load
+from vgpud.node._pb import v1 as pr
 from vgpud.node.podresources import PodDecoder, PodResourcesClient, PodResourcesError
 
 

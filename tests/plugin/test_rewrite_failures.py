@@ -11,11 +11,10 @@ failure is refused with the API's words; a rewrite that went through is announce
 
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 
-from tests.doubles import MemoryCluster, forbidden, modified
+from tests.doubles import LivePods, MemoryCluster, forbidden, modified
 from tests.plugin.harness import NODE, placement, uuid_of
 from vgpud.core.codec import ASSIGNMENT, decode_assignment, encode_assignment
 from vgpud.core.model import Gpu
@@ -34,25 +33,6 @@ NS = "default"
 WHERE = f"pod {NS}/p container 'main'"
 
 
-class LiveCache:
-    """The informer's reads, always up to date with the in-memory API (a watch with no
-    lag: the plugin's wait for its own rewrite to show returns at once)."""
-
-    def __init__(self, api: MemoryCluster) -> None:
-        self.api = api
-
-    def get(self, key: str) -> PodView | None:
-        pod = self.api.objects.pods.get(key)
-        return None if pod is None else view(pod)
-
-    def snapshot(self) -> dict[str, PodView]:
-        return {k: view(p) for k, p in self.api.objects.pods.items()
-                if (p.get("spec") or {}).get("nodeName") == NODE}
-
-    def subscribe(self, callback: Any) -> Any:
-        return lambda: None
-
-
 def setup() -> tuple[PluginService, MemoryCluster, PodView]:
     """A pod assigned GPU 0; kubelet will choose GPU 1 (free)."""
     api = MemoryCluster()
@@ -61,7 +41,7 @@ def setup() -> tuple[PluginService, MemoryCluster, PodView]:
     service = PluginService(
         resource=served("vgpu-manager", split=4)[0], node=NODE, devices=devices,
         store=None, podresources=None, gpus=None,  # type: ignore[arg-type]  # not asked
-        cluster=api, pods=NodePods(LiveCache(api), api.get_pod),  # type: ignore[arg-type]
+        cluster=api, pods=NodePods(LivePods(api, NODE), api.get_pod),  # type: ignore[arg-type]
         rewrite_wait=0.01)
     pod = api.objects.add_pod({
         "apiVersion": "v1", "kind": "Pod",

@@ -106,12 +106,15 @@ def write_atomic(path: Path, text: str, mode: int = 0o644, *, durable: bool = Tr
     an idle disk, tens under write load)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
+        try:
+            data = text.encode()
+            while data:
+                data = data[os.write(fd, data):]
+            os.fchmod(fd, mode)
             if durable:
-                os.fsync(f.fileno())
-        Path(tmp).chmod(mode)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         Path(tmp).replace(path)
     except BaseException:
         try:
@@ -127,6 +130,9 @@ class AllocationStore:
     def __init__(self, state_dir: str | Path) -> None:
         self.root = Path(state_dir) / "allocations"
         self._configured: dict[str, Allocation] = {}
+        # every record this store wrote or read, owned or not: configure finds the
+        # directory Allocate prepared without reading its record back
+        self._records: dict[str, Allocation] = {}
 
     def configured(self) -> list[Allocation]:
         """The allocations this store has configured or loaded with an owner."""
@@ -167,7 +173,9 @@ class AllocationStore:
                   priority: int = 0, policy: str = "fixed") -> Allocation:
         """Write the limits file, the owner and what was granted. A new owner gets a
         fresh state directory."""
-        alloc = self.prepare(ids, resource)
+        alloc = self._records.get(allocation_key(ids, resource))
+        if alloc is None:
+            alloc = self.prepare(ids, resource)
         if alloc.owner is not None and alloc.owner != owner:
             # the IDs were freed and taken by another container: forget the old usage
             for child in alloc.state.iterdir():
@@ -200,6 +208,7 @@ class AllocationStore:
         return a
 
     def _index(self, a: Allocation) -> None:
+        self._records[a.key] = a
         if a.owner is not None:
             self._configured[a.key] = a
         else:
@@ -246,5 +255,6 @@ class AllocationStore:
     def remove(self, key: str) -> None:
         d = self.root / key
         self._configured.pop(key, None)
+        self._records.pop(key, None)
         if d.parent == self.root and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)

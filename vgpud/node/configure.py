@@ -3,9 +3,11 @@
 device IDs (the device plugin learns it from kubelet's PodResources).
 
 :meth:`Configurer.configure` reads the pod (one GET: the limits are written from the
-API's current pod, never from a cache that may still show a namesake it replaced),
-believes its assignment only when vgpud's scheduler can have made it
-(:meth:`Configurer.granted`), takes the node's compute policy for a pod that names none,
+API's current pod, never from a cache that may still show a namesake it replaced; the
+adapter may hand in the pod read ahead, once kubelet's call began), believes its
+assignment only when vgpud's scheduler can have made it (:meth:`Configurer.granted`),
+takes the node's compute policy for a pod that names none (the node read at most every
+``policy_max_age`` seconds),
 and carries out what :func:`~vgpud.node.startup.plan` decides: write the limits file
 atomically (after rewriting the assignment when kubelet chose other GPUs with room:
 :meth:`Configurer.reconcile`, the neighbours from the watched pods), or fail that one
@@ -31,6 +33,7 @@ from vgpud.core.requests import (
     parse_pod,
     preset_of,
 )
+from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Conflict, KubeError, NotFound
 from vgpud.node import edits
 from vgpud.node.allocations import (
@@ -79,8 +82,17 @@ class Configurer:
         defaults: Defaults | None = None,
         reconcile_lock: anyio.Lock | None = None,
         rewrite_wait: float = 2.0,
+        clock: Clock = SYSTEM_CLOCK,
+        policy_max_age: float = 10.0,
     ) -> None:
         self.node = node
+        self.clock = clock
+        # the node's compute policy as last read, and when (a GET of the node on every
+        # container start cost the API a read and the start a round trip, for an
+        # annotation an operator sets once): a change reaches the containers started
+        # ``policy_max_age`` seconds later at most
+        self.policy_max_age = policy_max_age
+        self._policy: tuple[float, str | None] | None = None
         self.devices = devices
         self.store = store
         self.cluster = cluster
@@ -100,10 +112,11 @@ class Configurer:
     async def configure(self, namespace: str, name: str, container: str, ids: list[str],
                         chosen: list[str], *, resource: str = DEFAULT_RESOURCE,
                         per_gpu: int = VGPU_IDS, listed: set[PodKey] | frozenset[PodKey]
-                        = frozenset()) -> Allocation:
+                        = frozenset(), read: PodView | None = None) -> Allocation:
         """Write the limits file of ``container`` of pod ``namespace/name``, which holds
         ``ids`` of ``resource`` (``chosen``: their GPUs, one per ID); ``listed``: the
-        pods kubelet lists, read from the API when the cache does not show them in full."""
+        pods kubelet lists, read from the API when the cache does not show them in full;
+        ``read``: the pod as the API gave it since kubelet's call began (else one GET)."""
         where = f"pod {namespace}/{name} container {container!r}"
         # the pod and the node's policy, read at once (two API round trips, one wait),
         # unless the watched pod names a policy of its own (which wins)
@@ -114,7 +127,8 @@ class Configurer:
             if cached is None or COMPUTE_POLICY not in cached.annotations:
                 tg.start_soon(self._read_policy, raw_policy)
             try:  # raised from here, not out of the task group (as a group)
-                pod = await self.pod(namespace, name, where)
+                pod = (read if read is not None and (read.namespace, read.name)
+                       == (namespace, name) else await self.pod(namespace, name, where))
             except AllocationFailed as e:
                 refused = e
                 tg.cancel_scope.cancel()  # a refusal waits for no node read
@@ -182,12 +196,20 @@ class Configurer:
         return pod
 
     async def _read_policy(self, into: list[str | None]) -> None:
-        """Append the node's policy annotation (None: none, or the node unreadable)."""
+        """Append the node's policy annotation (None: none, or the node unreadable), as
+        read at most ``policy_max_age`` seconds ago."""
+        now = self.clock.now()
+        if self._policy is not None and now - self._policy[0] < self.policy_max_age:
+            into.append(self._policy[1])
+            return
         try:
-            into.append(await self.cluster.node_annotation(self.node, COMPUTE_POLICY))
-        except KubeError as e:
+            value = await self.cluster.node_annotation(self.node, COMPUTE_POLICY)
+        except KubeError as e:  # not kept: the next start asks again
             log.warning("node_policy_unread", node=self.node, error=str(e))
             into.append(None)
+            return
+        self._policy = (now, value)
+        into.append(value)
 
     def policy_of(self, pod: PodView, raw: str | None) -> ComputePolicy | None:
         """The node's ``nvidia.com/vgpu-compute-policy`` (``raw``) for a pod that names

@@ -62,7 +62,7 @@ class Reply(bytes):
     """A reply's bytes as they came: grpclib's codec hands them to ``FromString``."""
 
     @classmethod
-    def FromString(cls, data: bytes) -> Reply:  # noqa: N802 - the codec's name
+    def FromString(cls, data: bytes) -> Reply:  # the name grpclib's codec calls
         return cls(data)
 
 

@@ -18,7 +18,8 @@ the resources apart), the API and the registrar.
   kubelet's response by :func:`_response`.
 - **PreStartContainer** (``pre_start_required``) learns the owner from PodResources
   (a regular init container, which PodResources does not list, from the active pods'
-  assignments and statuses) and hands it to the node's
+  assignments and statuses; the pod GetPreferredAllocation last saw admitted is read from
+  the API meanwhile, the likely owner) and hands it to the node's
   :class:`~vgpud.node.configure.Configurer`, which reads its ``vgpud.io/assignment``
   and carries out what :func:`vgpud.node.startup.plan` decides: write the limits file
   atomically (after rewriting the assignment when kubelet chose other GPUs with room),
@@ -42,6 +43,7 @@ from grpclib.const import Status
 from vgpud.core.model import Defaults
 from vgpud.kube.backoff import Backoff
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
+from vgpud.kube.errors import KubeError
 from vgpud.node import edits
 from vgpud.node.allocations import DEFAULT_RESOURCE, Allocation, AllocationStore
 from vgpud.node.cluster import ClusterApi, PodView
@@ -129,7 +131,11 @@ class PluginService(pb.DevicePluginBase):
         self.configurer = Configurer(
             node=node, devices=devices, store=store, cluster=cluster, pods=lambda: self.pods,
             registrar=registrar, arbiter=arbiter, scheduler_name=scheduler_name,
-            defaults=defaults, reconcile_lock=reconcile_lock, rewrite_wait=rewrite_wait)
+            defaults=defaults, reconcile_lock=reconcile_lock, rewrite_wait=rewrite_wait,
+            clock=clock)
+        # the pod GetPreferredAllocation last found kubelet admitting, alone: the likely
+        # owner of the next PreStartContainer, read while PodResources is asked
+        self._admitting: tuple[str, str] | None = None
 
     @property
     def pods(self) -> NodePods:
@@ -254,6 +260,7 @@ class PluginService(pb.DevicePluginBase):
         # admitted (one with waiting containers, or one kubelet has not reported yet)
         admitting = [k for k in dict.fromkeys((h.namespace, h.pod) for h in held)
                      if k in waiting or (k in by_key and not by_key[k].reported)]
+        self._admitting = next(iter(waiting)) if len(waiting) == 1 else None
         return wanted(waiting, {k: p.assignment for k, p in by_key.items()}, size,
                       self.resource.per_gpu, init_waiting=admitting)
 
@@ -307,15 +314,46 @@ class PluginService(pb.DevicePluginBase):
         return Held(namespace, pod, container, frozenset(ids))
 
     async def configure(self, ids: list[str]) -> Allocation:
-        """Identify the container holding ``ids`` and write its limits file."""
+        """Identify the container holding ``ids`` and write its limits file.
+
+        The pod GetPreferredAllocation last saw admitted is read from the API while
+        PodResources is asked who holds ``ids`` (kubelet starts containers soon after
+        admitting their pod): when it is the owner, its GET cost no wait of its own;
+        when not, the owner is read as before. Either read is made after kubelet's call
+        began, so either shows the pod kubelet is starting."""
         try:
             chosen = gpus_of(ids)
         except ReplicaIdError as e:
             raise AllocationFailed(str(e)) from None
-        h, held = await self._owner(ids)
+        guess, self._admitting = self._admitting, None
+        ahead: list[PodView] = []
+        found: tuple[Held, list[Held]] | AllocationFailed
+        async with anyio.create_task_group() as tg:
+            if guess is not None:
+                tg.start_soon(self._read_ahead, guess, ahead)
+            try:  # raised from here, not out of the task group (as a group)
+                found = await self._owner(ids)
+            except AllocationFailed as e:
+                found = e
+            if isinstance(found, AllocationFailed) or (
+                    found[0].namespace, found[0].pod) != guess:
+                tg.cancel_scope.cancel()  # not the owner: no wait for its read
+        if isinstance(found, AllocationFailed):
+            raise found
+        h, held = found
         return await self.configurer.configure(
             h.namespace, h.pod, h.container, ids, chosen, resource=self.resource.name,
-            per_gpu=self.resource.per_gpu, listed={(x.namespace, x.pod) for x in held})
+            per_gpu=self.resource.per_gpu, listed={(x.namespace, x.pod) for x in held},
+            read=ahead[0] if ahead else None)
+
+    async def _read_ahead(self, key: tuple[str, str], into: list[PodView]) -> None:
+        """The pod ``key`` from the API, if it has it (a failure: the owner is read again)."""
+        try:
+            pod = await self.cluster.get_pod(*key)
+        except KubeError:
+            return
+        if pod is not None:
+            into.append(pod)
 
     async def listen(self, alloc: Allocation) -> None:
         """Serve the allocation's registration socket (after Allocate, and on restart)."""
