@@ -116,6 +116,16 @@ class SchedulerSettings(_Model):
     rescheduleQPS: float = Field(default=1.0, gt=0, le=100)  # deletions/recreations per s
 
 
+class DraSettings(_Model):
+    """The webhook's side of DRA (vgpud/core/translate.py): which vGPU pods it rewrites
+    into ResourceClaims for kube-scheduler, and the chart's DeviceClass names."""
+
+    # off | selected (pods whose nodeSelector names vgpud.io/node-mode: dra) | always
+    translate: Literal["off", "selected", "always"] = "off"
+    vgpuClass: str = Field(default="vgpu.vgpud.io", min_length=1)
+    gpuClass: str = Field(default="gpu.vgpud.io", min_length=1)
+
+
 class OpsSettings(_Model):
     """The ops ports (vgpud/ops.py): the scheduler's status page, its JSON API and /metrics,
     the plugin's and the webhook's /metrics. /healthz and /readyz are always open (kubelet's
@@ -196,6 +206,7 @@ class Settings(_Model):
     nodeConfigs: tuple[NodeConfig, ...] = ()
     plugin: PluginSettings = PluginSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
+    dra: DraSettings = DraSettings()
     ops: OpsSettings = OpsSettings()
 
     @field_validator("resourcePreset")

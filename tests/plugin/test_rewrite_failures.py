@@ -11,7 +11,6 @@ failure is refused with the API's words; a rewrite that went through is announce
 
 from __future__ import annotations
 
-
 import pytest
 
 from tests.doubles import LivePods, MemoryCluster, forbidden, modified

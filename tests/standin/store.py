@@ -108,6 +108,8 @@ KINDS: tuple[Kind, ...] = (
          has_status=True),
     Kind("", "v1", "resourcequotas", "ResourceQuota", namespaced=True, has_status=True),
     Kind("apps", "v1", "replicasets", "ReplicaSet", namespaced=True, has_status=True),
+    Kind("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate",
+         namespaced=True),
 )
 
 

@@ -34,9 +34,9 @@ def kubeconfig_for(url: str, path: Path) -> Path:
 
 
 def review(obj: Any, *, operation: str = "CREATE", kind: str = "Pod", group: str = "",
-           namespace: str = "team") -> dict[str, Any]:
+           namespace: str = "team", dry_run: bool = False) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": str(uuidlib.uuid4()),
+            "request": {"uid": str(uuidlib.uuid4()), "dryRun": dry_run,
                         "kind": {"group": group, "version": "v1", "kind": kind},
                         "resource": {"group": group, "version": "v1", "resource": "pods"},
                         "namespace": namespace, "operation": operation, "object": obj,

@@ -340,3 +340,50 @@ def test_the_command_refuses_missing_certificates_with_a_message(tmp_path: Path)
     proc = subprocess.run([sys.executable, "-m", "vgpud", "webhook", "--listen", "nowhere"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "HOST:PORT" in proc.stderr
+
+
+DRA_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"},
+           "spec": {"nodeSelector": {"vgpud.io/node-mode": "dra"}, "containers": [{
+               "name": "main", "image": "cuda", "resources": {"limits": {
+                   "nvidia.com/vgpu-number": 1, "nvidia.com/vgpu-memory": 4096,
+                   "nvidia.com/vgpu-cores": 30}}}]}}
+TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates"
+
+
+async def test_a_pod_headed_to_dra_nodes_gets_claims_and_its_template_is_made(
+        webhook_factory: Any) -> None:
+    """Issue 26, item 3: with dra.translate on, the webhook rewrites the vGPU asks into a
+    claim from a template of the ask's shape, which it makes in the pod's namespace (once:
+    a second pod of that shape finds it); a dry run makes nothing."""
+    w = await webhook_factory({"dra": {"translate": "selected"}})
+    dry = await w.admit("/mutate", DRA_POD, dry_run=True)
+    assert dry["allowed"] is True
+    assert w.api.get("resourceclaimtemplates", "vgpud-1x4096mi-30c", "team") is None
+    out = jsonpatch.apply_patch(DRA_POD, await w.patch_of(DRA_POD))
+    assert out["spec"]["resourceClaims"] == [
+        {"name": "vgpud-main", "resourceClaimTemplateName": "vgpud-1x4096mi-30c"}]
+    assert out["spec"]["containers"][0]["resources"] == {"limits": {},
+                                                         "claims": [{"name": "vgpud-main"}]}
+    made = w.api.get("resourceclaimtemplates", "vgpud-1x4096mi-30c", "team")
+    assert made is not None
+    assert made["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {
+        "requests": {"memory": "4096Mi", "cores": "30"}}
+    assert await w.patch_of(DRA_POD)  # the template found: the same answer
+    # without the DRA label, the device-plugin path's patch
+    plain = {**DRA_POD, "spec": {**DRA_POD["spec"], "nodeSelector": {}}}
+    ops = await w.patch_of(plain)
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "vgpu-scheduler"} in ops
+
+
+async def test_a_template_of_that_name_with_another_request_is_refused_not_used(
+        webhook_factory: Any) -> None:
+    w = await webhook_factory({"dra": {"translate": "always"}})
+    w.api.create("resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "vgpud-1x4096mi-30c", "namespace": "team"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "vgpu", "exactly": {
+            "deviceClassName": "vgpu.vgpud.io", "capacity": {"requests": {
+                "memory": "16Gi", "cores": "100"}}}}]}}}}, "team")
+    resp = await w.admit("/mutate", DRA_POD)
+    assert resp["allowed"] is False
+    assert "team/vgpud-1x4096mi-30c exists with another request" in resp["status"]["message"]

@@ -46,6 +46,7 @@ from vgpud.core.requests import (
     parse_quantity,
     preset_of,
 )
+from vgpud.core.translate import Classes, Shape, headed_to_dra, translate
 
 PatchOp = dict[str, Any]
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -61,6 +62,8 @@ class AdmissionPolicy:
     defaults: Defaults = field(default_factory=Defaults)
     scheduler_name: str = "vgpu-scheduler"
     allow_privileged: bool = False
+    dra_mode: str = "off"  # vgpud.core.translate.MODES: which pods become DRA claims
+    dra_classes: Classes = field(default_factory=Classes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +268,22 @@ def admit(pod: object, policy: AdmissionPolicy) -> tuple[Verdict, list[PatchOp]]
         except RequestError as e:
             return Verdict(False, str(e)), []
     return Verdict(True), mutate(pod, policy)
+
+
+def admit_for_dra(pod: object, policy: AdmissionPolicy,
+                  ) -> tuple[Verdict, list[PatchOp], tuple[Shape, ...]] | None:
+    """The mutating webhook's answer for a GPU pod headed to DRA nodes
+    (``policy.dra_mode``, :func:`vgpud.core.translate.headed_to_dra`): its asks as
+    claims, with the ResourceClaimTemplates to make first, or a denial saying why an ask
+    has no claim to become. None for any other pod (:func:`admit` answers it)."""
+    if (policy.dra_mode == "off" or unreadable(pod) or not isinstance(pod, Mapping)
+            or not is_gpu_pod(pod, policy.defaults) or not headed_to_dra(pod, policy.dra_mode)):
+        return None
+    try:
+        t = translate(pod, policy.defaults, policy.dra_classes)
+    except RequestError as e:
+        return Verdict(False, f"vgpud: this pod is headed to DRA nodes: {e}"), [], ()
+    return Verdict(True), list(t.ops), t.shapes
 
 
 def mutate(pod: object, policy: AdmissionPolicy) -> list[PatchOp]:

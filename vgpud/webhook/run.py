@@ -23,13 +23,15 @@ from vgpud.config import Settings
 from vgpud.core.admission import AdmissionPolicy, Catalogue, profile
 from vgpud.core.codec import NODE_DEVICES, CodecError, decode_node_devices
 from vgpud.core.model import GpuUsage
+from vgpud.core.translate import Classes, Shape
 from vgpud.kube.cache import Added, Deleted, Event, Informer, Modified
 from vgpud.kube.client import KubeClient
+from vgpud.kube.errors import AlreadyExists, KubeError, NotFound
 from vgpud.kube.resources import NODES
 from vgpud.ops import Guard
 from vgpud.process import cancel_on_signals, parse_listen, serve
 from vgpud.webhook.bootstrap import Bootstrap, service_names
-from vgpud.webhook.server import Metrics, make_app
+from vgpud.webhook.server import Metrics, TemplateError, make_app
 from vgpud.webhook.tls import TlsFiles
 
 log = structlog.get_logger(__name__)
@@ -77,6 +79,42 @@ class Gpus:
         self.metrics.gpu_nodes.set(sum(self._count.values()))
 
 
+class ClaimTemplates:
+    """Makes the ResourceClaimTemplates of pods headed to DRA nodes
+    (:mod:`vgpud.core.translate`): one GET when the template is there, else a create; a
+    template of that name whose request is not the shape's (made by someone else) is
+    refused, never used."""
+
+    def __init__(self, kube: KubeClient, classes: Classes) -> None:
+        self.kube = kube
+        self.classes = classes
+
+    async def __call__(self, namespace: str, shapes: tuple[Shape, ...]) -> None:
+        for shape in shapes:
+            await self._one(namespace, shape)
+
+    async def _one(self, namespace: str, shape: Shape) -> None:
+        want = shape.template(namespace, self.classes)
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        try:
+            try:
+                have = await self.kube.request("GET", f"{path}/{shape.template_name}")
+            except NotFound:
+                try:
+                    await self.kube.request("POST", path, body=want)
+                    log.info("claim_template_created", namespace=namespace,
+                             name=shape.template_name)
+                    return
+                except AlreadyExists:  # made meanwhile (another replica, another pod)
+                    have = await self.kube.request("GET", f"{path}/{shape.template_name}")
+        except KubeError as e:
+            raise TemplateError(f"{namespace}/{shape.template_name}: {e}") from None
+        if have.get("spec") != want["spec"]:
+            raise TemplateError(
+                f"{namespace}/{shape.template_name} exists with another request than vgpud "
+                f"makes for this shape; delete it (vgpud makes it again) or rename it")
+
+
 @dataclass(frozen=True)
 class BootstrapOptions:
     secret: str
@@ -102,8 +140,10 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
     host, port = parse_listen(listen)
     ops_at = parse_listen(metrics_listen, "--metrics-listen") if metrics_listen else None
     guard = Guard.from_settings(settings.ops)  # a bad token file stops the start here
+    classes = Classes(vgpu=settings.dra.vgpuClass, gpu=settings.dra.gpuClass)
     policy = AdmissionPolicy(settings.defaults(), settings.schedulerName,
-                             settings.allowPrivilegedGPUPods)
+                             settings.allowPrivilegedGPUPods, dra_mode=settings.dra.translate,
+                             dra_classes=classes)
     metrics = Metrics()
     gpus = Gpus(metrics)
     async with KubeClient.connect(kubeconfig, qps=settings.kubeQPS,
@@ -125,7 +165,8 @@ async def run_webhook(settings: Settings, *, kubeconfig: str | None, listen: str
         def ready() -> bool:
             return True  # the certificate loaded before the servers started
 
-        apps = [make_app(policy, catalogue, metrics, ready, ops=ops_at is None, guard=guard)]
+        apps = [make_app(policy, catalogue, metrics, ready, ops=ops_at is None, guard=guard,
+                         templates=ClaimTemplates(kube, classes))]
         if ops_at is not None:
             apps.append(make_app(policy, catalogue, metrics, ready, reviews=False, guard=guard))
         async with anyio.create_task_group() as tg:

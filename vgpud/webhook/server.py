@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import structlog
@@ -34,7 +34,15 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from vgpud.core.admission import AdmissionPolicy, Catalogue, Verdict, admit, validate
+from vgpud.core.admission import (
+    AdmissionPolicy,
+    Catalogue,
+    Verdict,
+    admit,
+    admit_for_dra,
+    validate,
+)
+from vgpud.core.translate import Shape
 from vgpud.ops import Guard
 from vgpud.process import BadBody, add_probes, read_body
 from vgpud.webhook.wire import Review, WireError, answer, parse_review
@@ -86,10 +94,34 @@ class Metrics:
                 self.reviews.labels(endpoint, outcome)
 
 
-def _review(r: Review, endpoint: str, policy: AdmissionPolicy,
-            catalogue: Callable[[], Catalogue]) -> tuple[dict[str, Any], str]:
+# makes the ResourceClaimTemplates a pod headed to DRA nodes names, in its namespace (run.py:
+# ClaimTemplates); raises TemplateError with the reason when it cannot
+Templates = Callable[[str, tuple[Shape, ...]], Awaitable[None]]
+
+
+class TemplateError(Exception):
+    """A claim template could not be made; ``str()`` says why, for the user."""
+
+
+async def _review(r: Review, endpoint: str, policy: AdmissionPolicy,
+                  catalogue: Callable[[], Catalogue], templates: Templates | None,
+                  ) -> tuple[dict[str, Any], str]:
     if not r.is_pod_create:
         return answer(r.uid, Verdict(True)), "skipped"
+    dra = admit_for_dra(r.obj, policy) if endpoint == "mutate" else None
+    if dra is not None:
+        verdict, ops, shapes = dra
+        if verdict.allowed and shapes and not r.dry_run:
+            try:
+                if templates is None:
+                    raise TemplateError("this webhook has no API client to make them with")
+                await templates(r.namespace, shapes)
+            except TemplateError as e:
+                verdict, ops = Verdict(False, f"vgpud: the pod's ResourceClaimTemplates "
+                                              f"cannot be made: {e}"), []
+        if not verdict.allowed:
+            return answer(r.uid, verdict), "denied"
+        return answer(r.uid, verdict, ops), "patched"
     if endpoint == "mutate":
         verdict, ops = admit(r.obj, policy)
         if not verdict.allowed:
@@ -101,7 +133,8 @@ def _review(r: Review, endpoint: str, policy: AdmissionPolicy,
 
 def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metrics: Metrics,
              ready: Callable[[], bool], *, reviews: bool = True,
-             ops: bool = True, guard: Guard | None = None) -> web.Application:
+             ops: bool = True, guard: Guard | None = None,
+             templates: Templates | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     if guard is not None and ops:  # /metrics; the reviews never (the API server sends no token)
         guard.install(app, exempt=("/mutate", "/validate") if reviews else ())
@@ -113,7 +146,7 @@ def make_app(policy: AdmissionPolicy, catalogue: Callable[[], Catalogue], metric
             try:
                 review = parse_review(await read_body(request, MAX_BODY))
                 try:
-                    doc, outcome = _review(review, name, policy, catalogue)
+                    doc, outcome = await _review(review, name, policy, catalogue, templates)
                 except Exception as e:  # a bug must not become a 5xx and a blocked pod
                     log.exception("webhook_review_failed", endpoint=name, uid=review.uid)
                     doc = answer(review.uid, Verdict(False, (

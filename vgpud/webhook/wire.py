@@ -37,6 +37,7 @@ class Review:
     kind: str
     namespace: str
     obj: Mapping[str, Any] | None
+    dry_run: bool = False  # the API server persists nothing: side effects are skipped
 
     @property
     def is_pod_create(self) -> bool:
@@ -70,7 +71,8 @@ def parse_review(raw: bytes) -> Review:
     if obj is not None and not isinstance(obj, dict):
         raise WireError("request.object is not an object")
     review = Review(uid=uid, operation=operation, group=str(kind.get("group") or ""),
-                    kind=kind["kind"], namespace=str(req.get("namespace") or ""), obj=obj)
+                    kind=kind["kind"], namespace=str(req.get("namespace") or ""), obj=obj,
+                    dry_run=req.get("dryRun") is True)
     if review.is_pod_create and obj is None:
         raise WireError("request.object is null for a Pod CREATE")
     return review

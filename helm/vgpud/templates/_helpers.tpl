@@ -56,6 +56,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The daemons' settings: the values' config, with the token file of opsAuth. */}}
 {{- define "vgpud.config" -}}
 {{- $config := deepCopy .Values.config -}}
+{{- if .Values.dra.enabled -}}
+{{- $_ := set $config "dra" (dict "translate" .Values.dra.translate "vgpuClass" .Values.dra.deviceClasses.vgpu "gpuClass" .Values.dra.deviceClasses.gpu) -}}
+{{- end -}}
 {{- if .Values.opsAuth.enabled -}}
 {{- $_ := set $config.ops "tokenFile" (include "vgpud.opsTokenFile" .) -}}
 {{- end -}}
