@@ -112,3 +112,20 @@ def test_which_pods_are_translated(mode: str, dra: bool, expected: bool) -> None
     # a pod asking no vGPU is never the DRA path's
     assert admit_for_dra(pod([{"name": "x", "image": "y"}], dra=dra),
                          AdmissionPolicy(dra_mode=mode)) is None
+
+
+def test_a_stored_template_is_recognised_by_value_not_by_spelling() -> None:
+    shape = Shape(1, 4096, 30)
+    stored = shape.template("team", Classes())
+    exactly = stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    exactly["capacity"]["requests"]["memory"] = "4Gi"  # as kube-apiserver stores 4096Mi
+    assert shape.made(stored, Classes())
+    exactly["capacity"]["requests"]["memory"] = "16Gi"
+    assert not shape.made(stored, Classes())
+    exactly["capacity"]["requests"]["memory"] = "4Gi"
+    exactly["deviceClassName"] = "gpu.vgpud.io"
+    assert not shape.made(stored, Classes())
+    exactly["deviceClassName"] = "vgpu.vgpud.io"
+    exactly["selectors"] = [{"cel": {"expression": "true"}}]
+    assert not shape.made(stored, Classes())
+    assert not shape.made({"spec": "junk"}, Classes())

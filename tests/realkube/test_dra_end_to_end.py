@@ -25,9 +25,10 @@ from tests.node.conftest import FAKES, built  # noqa: F401 (fixture)
 from tests.oci.conftest import node, runc  # noqa: F401 (fixtures)
 from tests.oci.runtime import Node
 from tests.realkube.api import Obj, wait_for
-from tests.realkube.cluster import Scenario
+from tests.realkube.cluster import TEST_LABEL, Scenario
 from tests.realkube.controlplane import ControlPlane
 from tests.realkube.kubelet import fake_gpu_uuid
+from tests.realkube.release import Release
 from tests.realkube.test_dra_kubelet import (  # noqa: F401 (fixture)
     INTERP,
     OOM,
@@ -39,6 +40,7 @@ from tests.realkube.test_dra_kubelet import (  # noqa: F401 (fixture)
     with_cdi,
 )
 from tests.realkube.test_dra_scheduling import (  # noqa: F401 (fixture)
+    SCHEDULER,
     Allocated,
     Dra,
     _allocated,
@@ -46,7 +48,8 @@ from tests.realkube.test_dra_scheduling import (  # noqa: F401 (fixture)
     _template,
     dra,
 )
-from vgpud.core.dra import DRIVER
+from tests.standin.quantity import value_of
+from vgpud.core.dra import DRIVER, NODE_MODE_LABEL
 from vgpud.core.limits import DeviceLimits, parse
 from vgpud.dra.cdi import KIND, spec_path
 
@@ -70,9 +73,11 @@ class Prepared:
     the CreateContainer request of ``main`` and the CDI device the plugin prepared."""
 
     def __init__(self, scenario: Scenario, plugin: DraPlugin, dra: Dra,  # noqa: F811
-                 name: str, template: str) -> None:
+                 name: str, template: str | None, pod: Obj | None = None) -> None:
         kubelet = plugin.kubelet
-        pod = _pod(scenario, name, template, env=FAKE_GPU_ENV)
+        if pod is None:  # else created already (through the webhook)
+            assert template is not None
+            pod = _pod(scenario, name, template, env=FAKE_GPU_ENV)
         self.allocated: Allocated = _allocated(scenario, dra, name)
         statuses = scenario.get(name)["status"]["resourceClaimStatuses"]
         self.claim: Obj = scenario.admin.get("ResourceClaim", statuses[0]["resourceClaimName"],
@@ -177,3 +182,57 @@ def test_a_claim_from_a_template_is_scheduled_prepared_by_the_kubelet_and_held_t
     assert third.gpu != gpu
     assert plugin.log().count("dra_prepared") == 3
 
+
+def test_a_vgpu_pod_through_the_webhook_gets_a_claim_and_the_same_limits(
+        dra: Dra, dra_kubelet: DraPlugin, scenario: Scenario,  # noqa: F811
+        control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 26: a pod asking ``nvidia.com/vgpu-number``, ``-memory`` and ``-cores`` as
+    on a device-plugin node, headed to a DRA node, is rewritten by the chart's webhook
+    (``dra.translate``, run with its own ServiceAccount: the autouse audit check fails
+    the test on any 403 to it) into a claim from a template the webhook makes; the claim
+    is allocated by kube-scheduler and prepared by the kubelet with the limits of the
+    device-plugin path: 4 GiB and 30 % of the GPU."""
+    plugin = dra_kubelet
+    rel = Release(control_plane, tmp_path_factory.mktemp("dra-translate"),
+                  ("dra.enabled=true", "dra.translate=selected"))
+    rel.apply_objects()
+    rel.start_webhook()
+    try:
+        def asking(name: str, where: str) -> Obj:
+            return scenario.admin.create({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": scenario.ns},
+                "spec": {"schedulerName": SCHEDULER, "terminationGracePeriodSeconds": 0,
+                         "nodeSelector": {TEST_LABEL: where, NODE_MODE_LABEL: "dra"},
+                         "automountServiceAccountToken": False, "enableServiceLinks": False,
+                         "containers": [{
+                             "name": "main", "image": "registry.invalid/cuda:12",
+                             "env": [{"name": k, "value": v} for k, v in FAKE_GPU_ENV.items()],
+                             "resources": {"limits": {"nvidia.com/vgpu-number": "1",
+                                                      "nvidia.com/vgpu-memory": "4096",
+                                                      "nvidia.com/vgpu-cores": "30"}}}]}})
+
+        pod = asking("asks-vgpus", scenario.id)
+        # as the API server stored it: the webhook's patch applied
+        assert pod["spec"]["resourceClaims"] == [
+            {"name": "vgpud-main", "resourceClaimTemplateName": "vgpud-1x4096mi-30c"}]
+        main = pod["spec"]["containers"][0]["resources"]
+        assert main.get("claims") == [{"name": "vgpud-main"}], main
+        assert not any(n.startswith("nvidia.com/") for n in main.get("limits") or {}), main
+        template = scenario.admin.get("ResourceClaimTemplate", "vgpud-1x4096mi-30c",
+                                      scenario.ns)
+        asked = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
+        assert {k: value_of(v) for k, v in asked["requests"].items()} == {
+            "memory": 4 * GIB, "cores": 30}, asked  # the server writes 4096Mi as 4Gi
+        # a second pod of that shape finds the template the server stored (4Gi for
+        # 4096Mi) and is admitted: the template's request compared by value
+        again = asking("asks-again", "nowhere")  # placed nowhere: only admitted
+        assert again["spec"]["resourceClaims"] == pod["spec"]["resourceClaims"]
+        got = Prepared(scenario, plugin, dra, "asks-vgpus", None, pod=pod)
+        assert got.allocated.node == plugin.kubelet.name
+        assert got.allocated.consumed == {"memory": 4 * GIB, "cores": 30, "vgpus": 1}, got
+        limits = got.limits()
+        assert (limits.uuid, limits.memory_limit, limits.core_limit) == (
+            fake_gpu_uuid(got.gpu), 4 * GIB, 30)
+    finally:
+        rel.uninstall()

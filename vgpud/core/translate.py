@@ -32,7 +32,13 @@ from typing import Any
 
 from vgpud.core.dra import MODE_DRA, NODE_MODE_LABEL
 from vgpud.core.model import ContainerRequest, Defaults
-from vgpud.core.requests import RequestError, enabled_presets, parse_pod, preset_of
+from vgpud.core.requests import (
+    RequestError,
+    enabled_presets,
+    parse_pod,
+    parse_quantity,
+    preset_of,
+)
 
 PatchOp = dict[str, Any]
 MODES = ("off", "selected", "always")
@@ -79,6 +85,26 @@ class Shape:
                              "labels": {"app.kubernetes.io/managed-by": "vgpud-webhook"}},
                 "spec": {"spec": {"devices": {"requests": [{"name": "vgpu",
                                                             "exactly": exactly}]}}}}
+
+
+    def made(self, template: Mapping[str, Any], classes: Classes) -> bool:
+        """Whether a stored template is this shape's: its one request asks what
+        :meth:`template` asks (quantities compared by value: the API server stores
+        ``4096Mi`` as ``4Gi``; fields it defaults are not compared)."""
+        def essence(doc: Mapping[str, Any]) -> tuple[Any, ...] | None:
+            try:
+                (req,) = doc["spec"]["spec"]["devices"]["requests"]
+                exactly = req["exactly"]
+                capacity = (exactly.get("capacity") or {}).get("requests") or {}
+                amounts = tuple(sorted((k, parse_quantity(v, k)) for k, v in capacity.items()))
+                return (req.get("name"), exactly.get("deviceClassName"),
+                        exactly.get("allocationMode", "ExactCount"), exactly.get("count", 1),
+                        amounts, bool(exactly.get("selectors")),
+                        bool(exactly.get("adminAccess")))
+            except (KeyError, TypeError, ValueError, AttributeError, RequestError):
+                return None
+        want = essence(self.template("", classes))
+        return want is not None and essence(template) == want
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,7 +109,7 @@ class ClaimTemplates:
                     have = await self.kube.request("GET", f"{path}/{shape.template_name}")
         except KubeError as e:
             raise TemplateError(f"{namespace}/{shape.template_name}: {e}") from None
-        if have.get("spec") != want["spec"]:
+        if not shape.made(have, self.classes):
             raise TemplateError(
                 f"{namespace}/{shape.template_name} exists with another request than vgpud "
                 f"makes for this shape; delete it (vgpud makes it again) or rename it")
