@@ -39,6 +39,7 @@ from vgpud.core.model import (
     NodeInventory,
     Preset,
 )
+from vgpud.core.patch import PatchOp, pointer
 from vgpud.core.requests import (
     RequestError,
     enabled_presets,
@@ -48,7 +49,6 @@ from vgpud.core.requests import (
 )
 from vgpud.core.translate import Classes, Shape, headed_to_dra, translate
 
-PatchOp = dict[str, Any]
 DEFAULT_SCHEDULER = "default-scheduler"
 NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 # The rule a GPU fails whatever else runs on it, for its size alone.
@@ -185,11 +185,6 @@ def is_gpu_pod(pod: object, defaults: Defaults) -> bool:
             if values and preset_of(values, presets) is not None:
                 return True
     return False
-
-
-def pointer(*parts: object) -> str:
-    """An RFC 6901 JSON pointer (``/`` and ``~`` in resource names escaped)."""
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
 # -- mutate ---------------------------------------------------------------------------------------

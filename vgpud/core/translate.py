@@ -32,6 +32,7 @@ from typing import Any
 
 from vgpud.core.dra import MODE_DRA, NODE_MODE_LABEL
 from vgpud.core.model import ContainerRequest, Defaults
+from vgpud.core.patch import PatchOp, pointer
 from vgpud.core.requests import (
     RequestError,
     enabled_presets,
@@ -40,7 +41,6 @@ from vgpud.core.requests import (
     preset_of,
 )
 
-PatchOp = dict[str, Any]
 MODES = ("off", "selected", "always")
 TEMPLATE_API = "resource.k8s.io/v1"
 WHOLE = 100  # cores of a whole GPU
@@ -139,10 +139,6 @@ def shape_of(c: ContainerRequest) -> Shape:
         f"100% for a whole GPU")
 
 
-def _pointer(*parts: object) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
-
-
 def translate(pod: Mapping[str, Any], defaults: Defaults, classes: Classes = Classes(),
               ) -> Translation:
     """The patch turning a vGPU pod's asks into claims, and the shapes it names; raises
@@ -167,9 +163,9 @@ def translate(pod: Mapping[str, Any], defaults: Defaults, classes: Classes = Cla
             resources = c.get("resources")
             for part in ("requests", "limits"):
                 amounts = resources.get(part) if isinstance(resources, Mapping) else None
-                ops += [{"op": "remove", "path": _pointer("spec", kind, i, "resources", part, n)}
+                ops += [{"op": "remove", "path": pointer("spec", kind, i, "resources", part, n)}
                         for n in (amounts or {}) if preset_of([n], presets) is not None]
-            at = _pointer("spec", kind, i, "resources")
+            at = pointer("spec", kind, i, "resources")
             if not isinstance(resources, Mapping):
                 ops.append({"op": "add", "path": at, "value": {"claims": [{"name": claim}]}})
             elif isinstance(resources.get("claims"), list):

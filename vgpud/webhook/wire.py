@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vgpud.core.admission import PatchOp, Verdict
+from vgpud.core.admission import Verdict
 from vgpud.core.codec import CodecError, load_json
+from vgpud.core.patch import PatchOp
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
