@@ -43,6 +43,7 @@ def test_open_maps_the_exporters_memory_in_another_process(fake: Fake, prog: str
     o1 = b.ok(f"ipcopen {h}")
     o2 = b.ok(f"ipcopen {h} 1")
     assert o1["ptr"] == o2["ptr"]  # opened twice: the same address
+    assert b.do(f"ipcget {o1['ptr']}")["rc"] == INVALID_VALUE  # not this process's allocation
     assert a.used() == 2 * CTX + 64 * MIB  # the same memory, not a copy
     assert procs(nv) == {str(a.pid): CTX + 64 * MIB, str(b.pid): CTX}
     b.ok(f"ipcclose {o1['id']}")
