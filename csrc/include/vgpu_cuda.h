@@ -37,6 +37,7 @@ typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUipcMemHandle_st { char reserved[64]; } CUipcMemHandle; /* CU_IPC_HANDLE_SIZE */
 
 typedef struct CUuuid_st {
     char bytes[16];

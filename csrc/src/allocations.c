@@ -46,6 +46,20 @@ int vg_peek(int table, uint64_t key, vg_alloc *out)
     return r;
 }
 
+int vg_mark(int table, uint64_t key, int32_t flags)
+{
+    vg_alloc_table *t = &tables[table];
+    vg_alloc a;
+    vg_lock(&table_mu);
+    int found = vg_table_peek(t, key, &a);
+    if (found && (a.flags & flags) != flags) {
+        a.flags |= flags;
+        vg_table_put(t, a); /* the same key: replaced in place */
+    }
+    vg_unlock(&table_mu);
+    return found;
+}
+
 void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg)
 {
     /* a snapshot: fn may call back into the tables */

@@ -97,6 +97,17 @@ static void charge_untracked(int dev)
     vg_unlock(&ctx_mu);
 }
 
+/* A free the driver may not honour at once (an IPC-exported allocation another process
+ * still has open stays allocated, and NVML counts it for this process): measure right
+ * after it, not at most every 100 ms, so the allocation that follows cannot take the
+ * limit's room a second time. */
+void vg_context_untracked_now(int dev)
+{
+    if (dev < 0 || dev >= VG_MAX_DEVICES) return;
+    __atomic_store_n(&untracked_next[dev], 0, __ATOMIC_RELEASE);
+    charge_untracked(dev);
+}
+
 void vg_context_charge(int dev)
 {
     if (dev < 0 || dev >= VG_MAX_DEVICES) return;

@@ -228,6 +228,7 @@ CUresult vg_impl_cuMemFree_v2(CUdeviceptr dptr)
     }
     vg_release(&a);
     if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev); /* freed and synchronised */
+    if (a.flags & VG_F_EXPORTED) vg_context_untracked_now(a.dev); /* an opener may keep it */
     return r;
 }
 
@@ -237,8 +238,24 @@ CUresult vg_impl_cuMemFree(unsigned int dptr)
     int known = vg_forget(VG_T_PTR, dptr, &a);
     CUresult r = vg_real.cuMemFree(dptr);
     if (!known) return r;
-    if (r != CUDA_SUCCESS) vg_remember(VG_T_PTR, a);
-    else vg_release(&a);
+    if (r != CUDA_SUCCESS) {
+        vg_remember(VG_T_PTR, a);
+        return r;
+    }
+    vg_release(&a);
+    if (a.flags & VG_F_EXPORTED) vg_context_untracked_now(a.dev);
+    return r;
+}
+
+/* Legacy IPC: another process that opens the handle maps this allocation, and a real
+ * driver keeps it allocated while it is open there, even after this process frees it
+ * (NVML still counts it for this process). The record is marked so that its free
+ * measures the untracked memory at once (contexts.c); the opener's mapping is not charged
+ * again: NVML counts it for the exporter only. */
+CUresult vg_impl_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    CUresult r = vg_real.cuIpcGetMemHandle(pHandle, dptr);
+    if (r == CUDA_SUCCESS) vg_mark(VG_T_PTR, dptr, VG_F_EXPORTED);
     return r;
 }
 

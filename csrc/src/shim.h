@@ -134,6 +134,7 @@ typedef struct vg_alloc {
 #define VG_F_RELEASED 1 /* a VMM handle released while still mapped */
 #define VG_F_PENDING 2  /* a context whose memory is not measured yet */
 #define VG_F_PRIMARY 4  /* a primary context */
+#define VG_F_EXPORTED 8 /* a pointer cuIpcGetMemHandle exported: other processes may keep it */
 typedef struct vg_alloc_table { vg_alloc *slots; size_t cap; size_t len; } vg_alloc_table;
 int vg_table_put(vg_alloc_table *t, vg_alloc a);     /* 0, or -1 when out of memory */
 int vg_table_take(vg_alloc_table *t, uint64_t key, vg_alloc *out); /* 1 found+removed */
@@ -176,6 +177,7 @@ enum { VG_T_PTR, VG_T_ARRAY, VG_T_HANDLE, VG_T_MAP, VG_T_POOL, VG_T_CTX, VG_T_GR
 int vg_remember(int table, vg_alloc a); /* 0, or -1 (logged) when it cannot be kept */
 int vg_forget(int table, uint64_t key, vg_alloc *out);
 int vg_peek(int table, uint64_t key, vg_alloc *out);
+int vg_mark(int table, uint64_t key, int32_t flags); /* flags OR-ed into a record: 1 found */
 /* Call fn on (a copy of) every record of a table; fn returns 1 to remove the record. */
 void vg_each(int table, int (*fn)(vg_alloc *a, void *arg), void *arg);
 uint64_t vg_current_ctx(void);
@@ -189,6 +191,7 @@ int vg_oversubscribed(int dev);
 
 /* ---- contexts.c: the memory contexts (and the driver, outside the hooks) take ---- */
 void vg_context_charge(int dev);             /* measure contexts still pending on dev */
+void vg_context_untracked_now(int dev);      /* measure untracked memory now (see contexts.c) */
 void vg_context_created(CUcontext ctx, CUdevice ordinal, int primary);
 int vg_context_gone(CUcontext ctx);          /* its charge given back; its device or -1 */
 CUcontext vg_context_primary(CUdevice ordinal); /* the primary context known, or NULL */

@@ -354,6 +354,79 @@ def test_vmm_memory_another_handle_keeps_stays_charged(
         p.wait()
 
 
+# Finding 19 (IPC): legacy CUDA IPC. Another process of the container that opens an
+# exported allocation keeps it allocated after the exporter frees it (the real driver;
+# the fake models it: tests/fakes_selftest/test_ipc.py), and NVML keeps counting it for
+# the exporter.
+def _spawned(shim: Shim, n: int, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    procs = [shim.spawn(prog="viaproc", env=env) for _ in range(n)]
+    for p in procs:
+        assert ask(p, "use 0")["rc"] == 0  # each context (100 MiB) measured first
+    return procs
+
+
+def _ipc_env(shim: Shim, registration: Registration) -> dict[str, str]:
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    return {"FAKECUDA_CTX_MIB": "100", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+
+
+def test_ipc_memory_freed_while_another_process_has_it_open_stays_charged(
+        shim: Shim, registration: Registration) -> None:
+    """A allocates 600 MiB, exports it, B opens it, A frees it and allocates 600 MiB
+    again: the first 600 MiB stay allocated through B, and the shim, which gave their
+    charge back at the free, let the second 600 MiB in beside them (1.4 GiB under a
+    1 GiB limit) whenever the free came within 100 ms of A's last measurement of
+    untracked memory. A free of an exported pointer now measures at once: NVML still
+    shows the memory for A, it is charged as untracked, and the allocation is refused."""
+    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    try:
+        ask(a, "sleep 150")  # the next call measures; the steps below come within 100 ms
+        x = ask(a, "alloc 0 600m")
+        assert x["rc"] == 0, x
+        h = ask(a, f"ipcget {x['id']}")["handle"]
+        o = ask(b, f"ipcopen {h}")
+        assert o["rc"] == 0, o
+        assert ask(a, f"free {x['id']}")["rc"] == 0
+        assert ask(a, "fake_device_used_bytes 0")["value"] == 800 * MIB  # still allocated
+        assert ask(a, "alloc 0 600m")["rc"] == OOM
+        assert ask(a, "fake_device_used_bytes 0")["value"] == 800 * MIB  # never past 1 GiB
+        assert ask(a, "info")["free"] == GIB - 800 * MIB
+        assert ask(a, "alloc 0 200m")["rc"] == 0  # what is left still fits
+        assert ask(b, f"ipcclose {o['id']}")["rc"] == 0  # the last opener: the memory goes
+        ask(a, "sleep 150")
+        assert ask(a, "info")["free"] == GIB - 400 * MIB  # given back as NVML's figure falls
+        assert ask(a, "alloc 0 600m")["rc"] == 0
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_ipc_memory_an_exporter_leaves_open_is_charged_to_the_opener(
+        shim: Shim, registration: Registration) -> None:
+    """The exporter exits while B holds its exported allocation open: the memory stays,
+    and NVML counts it for B from then on; B's next measurement charges it."""
+    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    try:
+        x = ask(a, "alloc 0 600m")
+        h = ask(a, f"ipcget {x['id']}")["handle"]
+        assert ask(b, f"ipcopen {h}")["rc"] == 0
+        a.kill()
+        a.wait()
+        ask(b, "sleep 150")
+        # A's own charges go when an allocation would fail (its slot is reclaimed), the
+        # 600 MiB B now holds stay: 100 + 600 + 400 MiB do not fit, 100 + 600 + 300 do
+        assert ask(b, "alloc 0 400m")["rc"] == OOM
+        assert ask(b, "alloc 0 300m")["rc"] == 0
+        assert ask(b, "info")["free"] == GIB - 1000 * MIB
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
 def test_a_graph_launch_stays_charged_until_its_memory_is_mapped(shim: Shim) -> None:
     """Finding 2 (the graph pool settled on return): a driver may map a launch's graph
     memory only when the work runs (the fake does with FAKECUDA_GRAPHMEM_LAZY). The

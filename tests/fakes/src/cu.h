@@ -33,6 +33,7 @@ void fc_handle_free(const void *handle);
 enum fc_akind {
     A_DEVICE = 1, A_DEVICE32, A_ARRAY, A_MIPMAP, A_MANAGED, A_HOST, A_VMM, A_VA,
     A_GRAPHVA, /* the address of a graph mem alloc node (cu_graph.c) */
+    A_IPC,     /* another process's allocation opened by cuIpcOpenMemHandle (refs: opens) */
 };
 struct fc_alloc {
     uint64_t key;
@@ -49,6 +50,8 @@ struct fc_alloc {
     void *vmm;        /* A_VMM: struct fc_vmm_phys*, the physical memory the handle names */
     int live;         /* A_GRAPHVA: mapped by a launch, not freed yet */
     int freed_in_graph; /* A_GRAPHVA: a free node for it exists (in its own graph or another) */
+    int ipc_index;    /* A_DEVICE exported by cuIpcGetMemHandle (ipc_id != 0), A_IPC: the */
+    uint64_t ipc_id;  /* shared state's export entry (state.c, struct fc_ipc) */
 };
 void fc_alloc_put(struct fc_alloc *a);
 struct fc_alloc *fc_alloc_get(uint64_t key);

@@ -58,9 +58,12 @@ void fc_free_record(struct fc_alloc *a) {
     case A_MIPMAP:
         if (a->pool)
             fc_pool_give(a->pool, a->size); /* back to the pool: still reserved */
+        else if (a->ipc_id && fc_ipc_exporter_free(a->ipc_index, a->ipc_id))
+            ; /* exported and open elsewhere: the memory stays, still charged here */
         else if (a->dev >= 0)
             fc_uncharge(a->dev, a->size);
         break;
+    case A_IPC: fc_ipc_close(a->ipc_index, a->ipc_id); break;
     case A_GRAPHVA:
         if (a->live) fc_graphmem_free(a->dev, a->size);
         break;
@@ -413,7 +416,8 @@ struct range_q {
 
 static void range_one(struct fc_alloc *a, void *arg) {
     struct range_q *q = arg;
-    if (a->kind != A_DEVICE && a->kind != A_DEVICE32 && a->kind != A_MANAGED) return;
+    if (a->kind != A_DEVICE && a->kind != A_DEVICE32 && a->kind != A_MANAGED && a->kind != A_IPC)
+        return;
     if (q->p >= a->key && q->p + q->n <= a->key + a->size) q->found = 1;
 }
 
@@ -967,5 +971,131 @@ FC_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *handle = h;
+    return CUDA_SUCCESS;
+}
+
+/* ---- legacy CUDA IPC (README.md "Legacy CUDA IPC"): the export lives in the shared
+ * state (state.c); the handle names its entry ---- */
+#define IPC_MAGIC "fakeipc1"
+struct ipc_handle { /* the 64 bytes of a CUipcMemHandle */
+    char magic[8];
+    int32_t index;
+    int32_t dev;
+    uint64_t id;
+    uint64_t size;
+    int32_t pid; /* the exporter's, for the curious; the entry is what counts */
+    char pad[CU_IPC_HANDLE_SIZE - 36];
+};
+_Static_assert(sizeof(struct ipc_handle) == CU_IPC_HANDLE_SIZE, "CUipcMemHandle is 64 bytes");
+
+FC_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!pHandle) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fc_obj_mutex);
+    struct fc_alloc *a = fc_alloc_get(dptr);
+    /* the base of a cuMemAlloc allocation (not a pool's: the real driver refuses those) */
+    if (!a || (a->kind != A_DEVICE && a->kind != A_DEVICE32) || a->pool) {
+        pthread_mutex_unlock(&fc_obj_mutex);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!a->ipc_id && fc_ipc_export(a->dev, a->size, &a->ipc_index, &a->ipc_id) < 0) {
+        pthread_mutex_unlock(&fc_obj_mutex);
+        return CUDA_ERROR_OUT_OF_MEMORY; /* the export table is full */
+    }
+    struct ipc_handle h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, IPC_MAGIC, sizeof h.magic);
+    h.index = a->ipc_index;
+    h.dev = a->dev;
+    h.id = a->ipc_id;
+    h.size = a->size;
+    h.pid = (int32_t)getpid();
+    pthread_mutex_unlock(&fc_obj_mutex); /* the same handle each time for one allocation */
+    memcpy(pHandle, &h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
+struct ipc_q {
+    uint64_t id;
+    struct fc_alloc *found;
+};
+
+static void ipc_one(struct fc_alloc *a, void *arg) {
+    struct ipc_q *q = arg;
+    if (a->kind == A_IPC && a->ipc_id == q->id) q->found = a;
+}
+
+FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!pdptr || (flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct ipc_handle h;
+    memcpy(&h, &handle, sizeof h);
+    if (memcmp(h.magic, IPC_MAGIC, sizeof h.magic) != 0) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&fc_obj_mutex);
+    struct ipc_q q = {h.id, NULL};
+    fc_alloc_each(ipc_one, &q);
+    if (q.found) { /* opened here already: the same address, one more reference */
+        q.found->refs++;
+        *pdptr = q.found->key;
+        pthread_mutex_unlock(&fc_obj_mutex);
+        return CUDA_SUCCESS;
+    }
+    int dev;
+    uint64_t size;
+    int o = fc_ipc_open(h.index, h.id, &dev, &size);
+    if (o < 0) {
+        pthread_mutex_unlock(&fc_obj_mutex);
+        return o == -2 ? CUDA_ERROR_INVALID_CONTEXT
+               : o == -3 ? CUDA_ERROR_TOO_MANY_PEERS
+                         : CUDA_ERROR_INVALID_HANDLE;
+    }
+    struct fc_alloc *a = calloc(1, sizeof *a);
+    if (a) a->key = fc_addr_new(size, size >= GRANULARITY ? GRANULARITY : 512, 0);
+    if (!a || !a->key) {
+        pthread_mutex_unlock(&fc_obj_mutex);
+        free(a);
+        fc_ipc_close(h.index, h.id);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->size = size;
+    a->kind = A_IPC;
+    a->dev = dev;
+    a->ctx = c;
+    a->refs = 1;
+    a->ipc_index = h.index;
+    a->ipc_id = h.id;
+    fc_alloc_put(a);
+    *pdptr = a->key;
+    pthread_mutex_unlock(&fc_obj_mutex);
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+    return cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+}
+
+FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    pthread_mutex_lock(&fc_obj_mutex);
+    struct fc_alloc *a = fc_alloc_get(dptr);
+    if (!a || a->kind != A_IPC) {
+        pthread_mutex_unlock(&fc_obj_mutex);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (--a->refs > 0) a = NULL;
+    else fc_alloc_take(dptr);
+    pthread_mutex_unlock(&fc_obj_mutex);
+    if (a) {
+        uint64_t key = a->key, size = a->size;
+        fc_free_record(a);
+        fc_addr_free(key, size, 0);
+    }
     return CUDA_SUCCESS;
 }

@@ -100,6 +100,10 @@
     X(cuMemRetainAllocationHandle, 11000, 0, cuMemRetainAllocationHandle) \
     X(cuMemExportToShareableHandle, 10020, 0, cuMemExportToShareableHandle) \
     X(cuMemImportFromShareableHandle, 10020, 0, cuMemImportFromShareableHandle) \
+    X(cuIpcGetMemHandle, 4010, 0, cuIpcGetMemHandle)                    \
+    X(cuIpcOpenMemHandle, 4010, 0, cuIpcOpenMemHandle)                  \
+    X(cuIpcOpenMemHandle, 11000, 0, cuIpcOpenMemHandle_v2)              \
+    X(cuIpcCloseMemHandle, 4010, 0, cuIpcCloseMemHandle)                \
     X(cuMemGetAllocationPropertiesFromHandle, 10020, 0, cuMemGetAllocationPropertiesFromHandle) \
     X(cuStreamCreate, 2000, 0, cuStreamCreate)                          \
     X(cuStreamCreateWithPriority, 5050, 0, cuStreamCreateWithPriority)  \

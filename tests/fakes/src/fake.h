@@ -16,6 +16,8 @@
 #define FC_MIG_GI 15 /* GPU instance ids 0..14: the A100's partition (swizzle) ids */
 #define FC_MIG_CI 8  /* compute instance ids per GPU instance */
 #define FC_ACCT 4000 /* accounting records per device (the real default buffer size) */
+#define FC_IPC 256        /* legacy CUDA IPC exports live at once, all processes */
+#define FC_IPC_OPENERS 16 /* processes that may hold one export open at once */
 
 /* ---- knobs (knobs.c) ---- */
 struct fc_knobs {
@@ -178,8 +180,22 @@ struct fc_dev {
     struct fc_seg seg[FC_SEGS];
 };
 
+/* Legacy CUDA IPC (cuIpcGetMemHandle / cuIpcOpenMemHandle): one export of a linear
+ * allocation, shared by every process.  The physical memory lives while the exporter's
+ * allocation does or any opener holds it open; it is charged to one process's slot
+ * (owner): the exporter while it lives, then an opener. */
+struct fc_ipc {
+    uint64_t id;      /* 0: a free entry; else unique over the state's life (stale handles) */
+    uint64_t size;
+    int32_t dev;      /* physical device */
+    int32_t exporter; /* the exporting process's slot; -1 once it exited */
+    int32_t owner;    /* the slot the memory is charged to */
+    uint32_t freed;   /* the exporter freed its allocation (or exited): openers keep it */
+    int32_t opener[FC_IPC_OPENERS]; /* slots holding it open (-1: none) */
+};
+
 #define FC_MAGIC 0x46414b43u /* "FAKC" */
-#define FC_VERSION 6u
+#define FC_VERSION 7u
 
 struct fc_shared {
     uint32_t magic, version, ndev, reserved;
@@ -187,6 +203,8 @@ struct fc_shared {
     uint64_t sample_ns; /* the sampling window of the process that made the state */
     uint64_t lock_storage[8]; /* a robust, process-shared pthread mutex */
     struct fc_proc procs[FC_MAX_PROCS];
+    uint64_t ipc_next_id;
+    struct fc_ipc ipc[FC_IPC];
     struct fc_dev dev[];
 };
 
@@ -217,6 +235,18 @@ int fc_charge(int dev, uint64_t bytes);
 void fc_uncharge(int dev, uint64_t bytes);
 void fc_managed(int64_t delta);
 void fc_ctx_count(int dev, int delta);
+/* Legacy IPC (state.c; README.md "Legacy CUDA IPC").  Export: a new entry for this
+ * process's allocation of size bytes on dev (already charged to it): 0 and *index, *id,
+ * or -1 (table full).  Open: this process becomes an opener of (index, id): 0 (*dev,
+ * *size set), -1 (no such live export: INVALID_HANDLE), -2 (this process exported it:
+ * INVALID_CONTEXT), -3 (no room for another opener: TOO_MANY_PEERS).
+ * Close: this process stops holding it; the memory goes with the last opener once the
+ * exporter freed it.  Exporter free: 1 when openers keep the memory (still charged: do not
+ * uncharge), 0 when the caller gives it back as usual (the entry is gone). */
+int fc_ipc_export(int dev, uint64_t size, int *index, uint64_t *id);
+int fc_ipc_open(int index, uint64_t id, int *dev, uint64_t *size);
+void fc_ipc_close(int index, uint64_t id);
+int fc_ipc_exporter_free(int index, uint64_t id);
 /* Puts a kernel of dur ns on dev's timeline; returns its end time. */
 uint64_t fc_enqueue(int dev, uint64_t dur_ns);
 uint64_t fc_busy_locked(int dev, long host_pid, uint64_t t0, uint64_t t1);

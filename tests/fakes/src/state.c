@@ -290,9 +290,146 @@ static int proc_stat(pid_t pid, uint64_t *st) {
 
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
+/* ---- legacy CUDA IPC (README.md "Legacy CUDA IPC") ---- */
+static void ipc_uncharge_slot(int slot, int dev, uint64_t bytes) {
+    struct fc_dev *dv = &shm->dev[dev];
+    dv->used -= min64(dv->used, bytes);
+    uint64_t *u = &shm->procs[slot].used[dev];
+    *u -= min64(*u, bytes);
+}
+
+static int ipc_openers(const struct fc_ipc *e) {
+    int n = 0;
+    for (int j = 0; j < FC_IPC_OPENERS; j++) n += e->opener[j] >= 0;
+    return n;
+}
+
+/* Moves the charge of e from its owner to another opener (the owner goes). */
+static void ipc_reattribute(struct fc_ipc *e) {
+    for (int j = 0; j < FC_IPC_OPENERS; j++) {
+        int o = e->opener[j];
+        if (o < 0 || o == e->owner) continue;
+        ipc_uncharge_slot(e->owner, e->dev, e->size);
+        shm->dev[e->dev].used += e->size;
+        shm->procs[o].used[e->dev] += e->size;
+        struct fc_acct *a = fc_acct_locked(o, e->dev);
+        if (a && a->max_used < shm->procs[o].used[e->dev]) a->max_used = shm->procs[o].used[e->dev];
+        e->owner = o;
+        return;
+    }
+}
+
+/* Slot i goes (its process exited): it stops holding what it opened; what it exported
+ * stays for its openers, charged to one of them. */
+static void ipc_slot_gone(int i) {
+    for (int k = 0; k < FC_IPC; k++) {
+        struct fc_ipc *e = &shm->ipc[k];
+        if (!e->id) continue;
+        for (int j = 0; j < FC_IPC_OPENERS; j++)
+            if (e->opener[j] == i) e->opener[j] = -1;
+        if (e->exporter == i) {
+            e->exporter = -1;
+            e->freed = 1; /* its allocation goes with it */
+        }
+        int left = ipc_openers(e);
+        if (e->owner == i) {
+            if (left) ipc_reattribute(e); /* else clear_slot gives the memory back */
+            else e->id = 0;
+        } else if (e->freed && !left) {
+            ipc_uncharge_slot(e->owner, e->dev, e->size);
+            e->id = 0;
+        }
+    }
+}
+
+int fc_ipc_export(int dev, uint64_t size, int *index, uint64_t *id) {
+    fc_lock();
+    int slot = fc_self_slot_locked(), r = -1;
+    for (int k = 0; slot >= 0 && k < FC_IPC; k++) {
+        struct fc_ipc *e = &shm->ipc[k];
+        if (e->id) continue;
+        memset(e, 0, sizeof *e);
+        e->id = ++shm->ipc_next_id;
+        e->size = size;
+        e->dev = dev;
+        e->exporter = e->owner = slot;
+        for (int j = 0; j < FC_IPC_OPENERS; j++) e->opener[j] = -1;
+        *index = k;
+        *id = e->id;
+        r = 0;
+        break;
+    }
+    fc_unlock();
+    return r;
+}
+
+static struct fc_ipc *ipc_find_locked(int index, uint64_t id) {
+    if (index < 0 || index >= FC_IPC || !id || shm->ipc[index].id != id) return NULL;
+    return &shm->ipc[index];
+}
+
+int fc_ipc_open(int index, uint64_t id, int *dev, uint64_t *size) {
+    fc_lock();
+    fc_reap_locked(); /* an exporter that exited with no opener took its exports along */
+    int slot = fc_self_slot_locked(), r = 0;
+    struct fc_ipc *e = slot >= 0 ? ipc_find_locked(index, id) : NULL;
+    if (!e || (e->freed && !ipc_openers(e))) {
+        r = -1;
+    } else if (e->exporter == slot) {
+        r = -2;
+    } else {
+        int j, free_j = -1;
+        for (j = 0; j < FC_IPC_OPENERS && e->opener[j] != slot; j++)
+            if (e->opener[j] < 0 && free_j < 0) free_j = j;
+        if (j == FC_IPC_OPENERS) {
+            if (free_j < 0) r = -3;
+            else e->opener[free_j] = slot;
+        }
+        if (!r) {
+            *dev = e->dev;
+            *size = e->size;
+            fc_acct_locked(slot, e->dev);
+        }
+    }
+    fc_unlock();
+    return r;
+}
+
+void fc_ipc_close(int index, uint64_t id) {
+    fc_lock();
+    int slot = fc_self_slot_locked();
+    struct fc_ipc *e = slot >= 0 ? ipc_find_locked(index, id) : NULL;
+    if (e) {
+        for (int j = 0; j < FC_IPC_OPENERS; j++)
+            if (e->opener[j] == slot) e->opener[j] = -1;
+        if (e->freed && !ipc_openers(e)) {
+            ipc_uncharge_slot(e->owner, e->dev, e->size);
+            e->id = 0;
+        } else if (e->owner == slot && e->freed) {
+            ipc_reattribute(e);
+        }
+    }
+    fc_unlock();
+}
+
+int fc_ipc_exporter_free(int index, uint64_t id) {
+    fc_lock();
+    struct fc_ipc *e = ipc_find_locked(index, id);
+    int kept = 0;
+    if (e) {
+        fc_reap_locked(); /* openers that exited hold nothing */
+        kept = ipc_openers(e) > 0;
+        if (kept) e->freed = 1;
+        else e->id = 0;
+    }
+    fc_unlock();
+    return kept;
+}
+
 static void clear_slot(int i) {
     struct fc_proc *pr = &shm->procs[i];
     uint64_t now = fc_now();
+    ipc_slot_gone(i);
     for (uint32_t d = 0; d < shm->ndev && d < FC_MAX_DEV; d++) {
         if (!pr->acct[d] || pr->acct[d] > FC_ACCT) continue;
         struct fc_acct *a = &shm->dev[d].acct[pr->acct[d] - 1];

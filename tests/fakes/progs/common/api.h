@@ -90,6 +90,10 @@
       (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
     X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 0,                     \
       (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))                   \
+    X(cuIpcGetMemHandle, cuIpcGetMemHandle, 0, (CUipcMemHandle *, CUdeviceptr))              \
+    X(cuIpcOpenMemHandle_v2, cuIpcOpenMemHandle, 0, (CUdeviceptr *, CUipcMemHandle, unsigned int)) \
+    X(cuIpcOpenMemHandle, cuIpcOpenMemHandle, 10000, (CUdeviceptr *, CUipcMemHandle, unsigned int)) \
+    X(cuIpcCloseMemHandle, cuIpcCloseMemHandle, 0, (CUdeviceptr))                            \
     X(cuStreamCreate, cuStreamCreate, 0, (CUstream *, unsigned int))                         \
     X(cuStreamDestroy_v2, cuStreamDestroy, 0, (CUstream))                                    \
     X(cuStreamSynchronize, cuStreamSynchronize, 0, (CUstream))                               \

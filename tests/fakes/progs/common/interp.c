@@ -29,7 +29,7 @@ static unsigned threads_per_block = 128;     /* "threads T" */
 #define MAX_IDS 65536
 enum rkind {
     R_FREE = 0, R_ALLOC, R_ALLOC32, R_ARRAY, R_MIPMAP, R_MANAGED, R_HOST, R_ASYNC, R_VMM,
-    R_HANDLE, R_POOL, R_STREAM, R_CTX, R_GRAPH, R_MODULE, R_LIBRARY, R_GREEN
+    R_HANDLE, R_POOL, R_STREAM, R_CTX, R_GRAPH, R_MODULE, R_LIBRARY, R_GREEN, R_IPC
 };
 struct rec {
     int kind;
@@ -347,6 +347,7 @@ static int free_rec(struct rec *r) {
         if (!rc) rc = CALL(cuGraphDestroy, r->graph);
         break;
     case R_HANDLE: rc = CALL(cuMemRelease, r->handle); break;
+    case R_IPC: rc = CALL(cuIpcCloseMemHandle, r->ptr); break;
     case R_POOL: rc = CALL(cuMemPoolDestroy, r->pool); break;
     case R_STREAM: rc = CALL(cuStreamDestroy_v2, r->stream); break;
     case R_CTX:
@@ -944,6 +945,63 @@ static void op_import(char **a) {
     emit("import", rc, "\"id\":%d,\"handle\":\"0x%llx\"", id, (unsigned long long)h);
 }
 
+/* ipcget ID: cuIpcGetMemHandle of an alloc id's address (or of 0xADDR); the 64 bytes as
+ * 128 hex digits */
+static void op_ipcget(char **a) {
+    int rc = ensure(cur_dev);
+    uint64_t p = 0;
+    if (a[0] && !strncmp(a[0], "0x", 2)) {
+        p = strtoull(a[0], NULL, 16);
+    } else {
+        struct rec *r = get_id(a[0]);
+        p = r ? r->ptr : 0;
+    }
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    if (!rc) rc = CALL(cuIpcGetMemHandle, &h, p);
+    char hex[2 * CU_IPC_HANDLE_SIZE + 1];
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
+        snprintf(hex + 2 * i, 3, "%02x", (unsigned char)h.reserved[i]);
+    emit("ipcget", rc, "\"handle\":\"%s\"", rc ? "" : hex);
+}
+
+/* ipcopen HEX [FLAGS [v1]]: cuIpcOpenMemHandle_v2 (v1: the legacy name) of a handle given
+ * as hex digits (missing ones are 0); a new ipc id ("ipcclose" or "free" it) */
+static void op_ipcopen(char **a) {
+    int rc = ensure(cur_dev);
+    CUipcMemHandle h;
+    memset(&h, 0, sizeof h);
+    const char *s = a[0] ? a[0] : "";
+    for (int i = 0; i < CU_IPC_HANDLE_SIZE && s[2 * i] && s[2 * i + 1]; i++) {
+        char b[3] = {s[2 * i], s[2 * i + 1], 0};
+        h.reserved[i] = (char)strtoul(b, NULL, 16);
+    }
+    unsigned flags = a[0] && a[1] ? (unsigned)strtoul(a[1], NULL, 0) : CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS;
+    int v1 = a[0] && a[1] && a[2] && !strcmp(a[2], "v1");
+    CUdeviceptr p = 0;
+    if (!rc) rc = v1 ? CALL(cuIpcOpenMemHandle, &p, h, flags) : CALL(cuIpcOpenMemHandle_v2, &p, h, flags);
+    int id = -1;
+    if (!rc) id = new_id((struct rec){.kind = R_IPC, .ptr = p});
+    emit("ipcopen", rc, "\"id\":%d,\"ptr\":\"0x%llx\"", id, (unsigned long long)p);
+}
+
+/* ipcclose ID | ipcclose 0xADDR: cuIpcCloseMemHandle (an id is forgotten at its last close:
+ * one "ipcclose" per "ipcopen" that returned the same address, each with its own id) */
+static void op_ipcclose(char **a) {
+    int rc = ensure(cur_dev);
+    struct rec *r = NULL;
+    uint64_t p = 0;
+    if (a[0] && !strncmp(a[0], "0x", 2)) {
+        p = strtoull(a[0], NULL, 16);
+    } else {
+        r = get_id(a[0]);
+        p = r ? r->ptr : 0;
+    }
+    if (!rc) rc = CALL(cuIpcCloseMemHandle, p);
+    if (!rc && r) r->kind = R_FREE;
+    emit("ipcclose", rc, NULL);
+}
+
 /* map ID SIZE [D]: AddressReserve + Map + SetAccess (device D) of a handle id (memcreate,
  * retain, import); it becomes a vmm id */
 static void op_map(char **a) {
@@ -1448,6 +1506,12 @@ static void run_line(char *line) {
         op_import(a);
     } else if (!strcmp(op, "map")) {
         op_map(a);
+    } else if (!strcmp(op, "ipcget")) {
+        op_ipcget(a);
+    } else if (!strcmp(op, "ipcopen")) {
+        op_ipcopen(a);
+    } else if (!strcmp(op, "ipcclose")) {
+        op_ipcclose(a);
     } else if (!strcmp(op, "closefd")) {
         rc = a[0] ? close(atoi(a[0])) : -1;
         emit(op, rc ? CUDA_ERROR_INVALID_VALUE : 0, NULL);
