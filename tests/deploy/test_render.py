@@ -89,6 +89,27 @@ def test_reschedule_settings_grant_pod_delete_and_create_only_then(helm: Path) -
     assert not {"delete", "create"} & pod_verbs(off)
 
 
+def test_dra_translation_grants_claim_templates_and_side_effects_only_then(helm: Path) -> None:
+    def webhook(m: Manifests) -> tuple[set[str], str, str]:
+        templates = m.rules("ClusterRole", "vgpud-webhook").get(
+            ("resource.k8s.io", "resourceclaimtemplates", ()), set())
+        (mutating,) = m.of_kind("MutatingWebhookConfiguration")
+        settings = parse_settings(yaml.safe_load(m.configmap_file("vgpud-settings",
+                                                                  "vgpud.yaml")))
+        return templates, mutating["webhooks"][0]["sideEffects"], settings.dra.translate
+
+    assert webhook(template(helm)) == (set(), "None", "off")
+    assert webhook(template(helm, "dra.enabled=true")) == (set(), "None", "off")
+    assert webhook(template(helm, "dra.translate=always")) == (set(), "None", "off")  # no DRA
+    on = template(helm, "dra.enabled=true", "dra.translate=selected",
+                  "dra.deviceClasses.vgpu=share.example.com")
+    assert webhook(on) == ({"get", "create"}, "NoneOnDryRun", "selected")
+    settings = parse_settings(yaml.safe_load(on.configmap_file("vgpud-settings", "vgpud.yaml")))
+    assert settings.dra.vgpuClass == "share.example.com"
+    (validating,) = on.of_kind("ValidatingWebhookConfiguration")
+    assert validating["webhooks"][0]["sideEffects"] == "None"
+
+
 def test_kill_on_over_limit_is_the_default_and_grants_the_kill_capability_only_then(
         helm: Path) -> None:
     """Issue 22, finding 16: a hard limit kills by default; `warn` is the opt-out."""

@@ -46,6 +46,8 @@ RESOURCEQUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota", namespace
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
 RESOURCECLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim",
                           namespaced=True)
+CLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates",
+                          "ResourceClaimTemplate", namespaced=True)
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

@@ -27,7 +27,7 @@ from vgpud.core.translate import Classes, Shape
 from vgpud.kube.cache import Added, Deleted, Event, Informer, Modified
 from vgpud.kube.client import KubeClient
 from vgpud.kube.errors import AlreadyExists, KubeError, NotFound
-from vgpud.kube.resources import NODES
+from vgpud.kube.resources import CLAIMTEMPLATES, NODES
 from vgpud.ops import Guard
 from vgpud.process import cancel_on_signals, parse_listen, serve
 from vgpud.webhook.bootstrap import Bootstrap, service_names
@@ -95,18 +95,20 @@ class ClaimTemplates:
 
     async def _one(self, namespace: str, shape: Shape) -> None:
         want = shape.template(namespace, self.classes)
-        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
+        name = shape.template_name
         try:
             try:
-                have = await self.kube.request("GET", f"{path}/{shape.template_name}")
+                have = await self.kube.request(
+                    "GET", CLAIMTEMPLATES.object_path(name, namespace))
             except NotFound:
                 try:
-                    await self.kube.request("POST", path, body=want)
-                    log.info("claim_template_created", namespace=namespace,
-                             name=shape.template_name)
+                    await self.kube.request(
+                        "POST", CLAIMTEMPLATES.collection_path(namespace), body=want)
+                    log.info("claim_template_created", namespace=namespace, name=name)
                     return
                 except AlreadyExists:  # made meanwhile (another replica, another pod)
-                    have = await self.kube.request("GET", f"{path}/{shape.template_name}")
+                    have = await self.kube.request(
+                        "GET", CLAIMTEMPLATES.object_path(name, namespace))
         except KubeError as e:
             raise TemplateError(f"{namespace}/{shape.template_name}: {e}") from None
         if not shape.made(have, self.classes):

@@ -56,9 +56,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{/* The daemons' settings: the values' config, with the token file of opsAuth. */}}
 {{- define "vgpud.config" -}}
 {{- $config := deepCopy .Values.config -}}
-{{- if .Values.dra.enabled -}}
-{{- $_ := set $config "dra" (dict "translate" .Values.dra.translate "vgpuClass" .Values.dra.deviceClasses.vgpu "gpuClass" .Values.dra.deviceClasses.gpu) -}}
-{{- end -}}
+{{- /* the webhook's DRA translation: off unless DRA is on; the classes are the chart's */ -}}
+{{- $translate := ternary .Values.dra.translate "off" .Values.dra.enabled -}}
+{{- $_ := set $config "dra" (dict "translate" $translate "vgpuClass" .Values.dra.deviceClasses.vgpu "gpuClass" .Values.dra.deviceClasses.gpu) -}}
 {{- if .Values.opsAuth.enabled -}}
 {{- $_ := set $config.ops "tokenFile" (include "vgpud.opsTokenFile" .) -}}
 {{- end -}}
