@@ -316,7 +316,7 @@ static void adjust_rate(int d, unsigned total_util, unsigned container_util)
     int saturated = total_util >= 95;
     if (c->core_policy == VG_POLICY_BALANCE) {
         if (total_util < 90) rate += (90 - total_util) * 10.0 / 2;
-        else if (saturated && rate > target) rate = target + (rate - target) * 0.5;
+        else if (saturated && rate > target) rate = target + (rate - target) * 0.25;
         if (rate < target) rate = target;
     } else { /* fixed: the limit, alone or shared */
         rate = target;
