@@ -9,6 +9,7 @@ import pytest
 from vgpud.core.claims import ClaimError, PodRef, allocated_nodes, grant_of
 from vgpud.core.dra import DRIVER
 from vgpud.core.model import DeviceGrant, Gpu, NodeInventory
+from vgpud.core.slices import devices
 
 NODE = "gpu-node-1"
 UID = "0f4a1c2e-0000-4000-8000-000000000001"
@@ -125,3 +126,86 @@ def test_the_node_selector_names_nodes_by_name_only() -> None:
         "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": []}]}}}},
         namespace="ns", name="c", uid=UID, node=NODE, inventory=INVENTORY)
     assert len(g.shares) == 1
+
+
+# -- MIG instances: the names the slices publish are the devices a claim gets ----------------
+
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def mixed_node(*, whole: bool = True) -> NodeInventory:
+    """GPU 0 whole, GPU 1 in MIG mode with three instances (offered whole, ``mixed``, or
+    shared like GPUs, ``single``), GPU 2 whole; the instances listed out of uuid order."""
+    def inst(uuid: str, profile: str, mib: int) -> Gpu:
+        return Gpu(uuid, 1, f"{A100} MIG {profile}", mib, split=1 if whole else 4,
+                   profile=profile if whole else "", parent="GPU-m")
+    return NodeInventory((Gpu("GPU-a", 0, A100, 81920), Gpu("GPU-m", 1, A100, 81920, mig=True),
+                          inst("MIG-z", "3g.40gb", 39424), inst("MIG-x", "1g.10gb", 9856),
+                          inst("MIG-y", "2g.20gb", 19968), Gpu("GPU-c", 2, A100, 81920)))
+
+
+def mig_grant(obj: dict[str, Any], inventory: NodeInventory | None = None) -> Any:
+    return grant_of(obj, namespace="ns", name="c", uid=UID, node=NODE,
+                    inventory=inventory or mixed_node())
+
+
+def test_a_claim_on_a_mig_instance_is_granted_that_instance() -> None:
+    # gpu-1-mig-1: the second of GPU 1's instances in uuid order (x, y, z)
+    (s,) = mig_grant(claim(result("gpu-1-mig-1", memory=None, cores=None))).shares
+    assert (s.device, s.uuid, s.memory, s.cores) == ("gpu-1-mig-1", "MIG-y", 19968, 100)
+    # the claim's consumed capacity, where it asks less than the instance
+    (s,) = mig_grant(claim(result("gpu-1-mig-0", memory="4Gi", cores="50"))).shares
+    assert (s.uuid, s.memory, s.cores) == ("MIG-x", 4096, 50)
+    g = mig_grant(claim(result("gpu-1-mig-2", "a", memory=None, cores=None),
+                        result("gpu-0", "b")))
+    assert g.devices(mixed_node()) == (DeviceGrant("GPU-a", 4096, 30),
+                                       DeviceGrant("MIG-z", 39424, 100))
+    with pytest.raises(ClaimError, match="consumes 20480 MiB of memory, more than the MIG "
+                                         "instance's 9856 MiB"):
+        mig_grant(claim(result("gpu-1-mig-0", memory="20Gi")))
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_every_device_the_slices_publish_is_the_device_a_claim_on_it_gets(whole: bool) -> None:
+    """For each inventory entry the slices offer, the claim naming it is granted exactly
+    it, whatever order the inventory lists the entries in."""
+    inv = mixed_node(whole=whole)
+    published = devices(inv)
+    assert [d.name for d in published] == ["gpu-0", "gpu-1-mig-2", "gpu-1-mig-0",
+                                           "gpu-1-mig-1", "gpu-2"]
+    assert {d.uuid for d in published} == {g.uuid for g in inv.devices if not g.mig}
+    backwards = NodeInventory(inv.devices[::-1])
+    assert {d.name: d.uuid for d in devices(backwards)} == {d.name: d.uuid for d in published}
+    for d in published:
+        for node in (inv, backwards):
+            (s,) = mig_grant(claim(result(d.name, memory=None, cores=None)), node).shares
+            assert (s.device, s.uuid) == (d.name, d.uuid)
+            assert s.memory == node.capacity(next(g for g in node.devices
+                                                  if g.uuid == d.uuid)).memory
+
+
+@pytest.mark.parametrize(("device", "message"), [
+    ("gpu-1", "node gpu-node-1 has GPU 1 in MIG mode: a claim is given one of its MIG "
+              "instances (gpu-1-mig-0, gpu-1-mig-1, gpu-1-mig-2), never the whole GPU"),
+    ("gpu-1-mig-3", "node gpu-node-1 has no MIG instance gpu-1-mig-3: GPU 1's instances are "
+                    "gpu-1-mig-0, gpu-1-mig-1, gpu-1-mig-2; the instance was removed, or the "
+                    "GPU's MIG layout changed, since the claim was allocated"),
+    ("gpu-0-mig-0", "node gpu-node-1 has no MIG instance gpu-0-mig-0: GPU 0 is not in MIG "
+                    "mode (its device is gpu-0)"),
+    ("gpu-7-mig-0", "node gpu-node-1 has no such MIG instance: no GPU 7 (it has gpu-0, "
+                    "gpu-1-mig-2, gpu-1-mig-0, gpu-1-mig-1, gpu-2)"),
+    ("gpu-7", "node gpu-node-1 has no such GPU (it has gpu-0, gpu-1-mig-2, gpu-1-mig-0, "
+              "gpu-1-mig-1, gpu-2)"),
+    ("gpu-01", "node gpu-node-1 has no device 'gpu-01': the devices of gpu.vgpud.io are "
+               "named gpu-<index>, and gpu-<index>-mig-<k> for the MIG instances of a GPU "
+               "in MIG mode"),
+    ("GPU-a", "has no device 'GPU-a'"),
+    ("gpu-1-mig-", "has no device 'gpu-1-mig-'"),
+    ("", "has no device ''"),
+])
+def test_a_device_the_node_does_not_have_is_refused_saying_why(device: str,
+                                                               message: str) -> None:
+    with pytest.raises(ClaimError) as e:
+        mig_grant(claim(result(device)))
+    assert f"ResourceClaim ns/c: request 'gpu' device {device!r}: " in str(e.value)
+    assert message in str(e.value)

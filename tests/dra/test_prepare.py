@@ -16,13 +16,22 @@ import pytest
 from grpclib.client import Channel
 
 from tests.core.test_claims import claim, result
-from tests.dra.conftest import NODE, REF, UID, MemoryClaims, named, preparer
+from tests.dra.conftest import (
+    NODE,
+    REF,
+    UID,
+    MemoryClaims,
+    mig_node,
+    named,
+    preparer,
+)
 from vgpud.core.dra import DRIVER
 from vgpud.core.limits import parse
 from vgpud.dra import cdi
 from vgpud.dra._pb import pluginregistration as reg
 from vgpud.dra._pb.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 from vgpud.dra.kubelet import plugin_socket, registry_socket, serve_sockets
+from vgpud.dra.prepare import ClaimRef, PrepareFailed
 from vgpud.dra.service import DraService, DraServiceV1beta1, RegistrationService
 from vgpud.kube.errors import ServerError
 from vgpud.node.runtime import collect
@@ -80,6 +89,84 @@ async def test_a_claim_on_two_gpus_has_a_cdi_device_per_gpu_and_one_limits_file(
     nodes = {d["name"]: {n["path"] for n in d["containerEdits"]["deviceNodes"]}
              for d in spec["devices"]}
     assert "/dev/nvidia1" in nodes[f"{UID}-gpu-1"] and "/dev/nvidia1" not in nodes[f"{UID}-gpu-0"]
+
+
+def _nodes(spec: dict[str, Any]) -> dict[str, set[str]]:
+    return {d["name"]: {n["path"] for n in d["containerEdits"]["deviceNodes"]}
+            for d in spec["devices"]}
+
+
+async def test_a_claim_on_a_mig_instance_gets_that_instance(tmp_path: Path,
+                                                            gpus: Nvidia) -> None:
+    """A device the slices name ``gpu-1-mig-1`` (the second of GPU 1's instances in uuid
+    order) is that instance: its uuid in the limits file with all of its memory when the
+    claim consumed none, its GPU's device node and its own access devices, nothing of the
+    GPU's other instances nor of the whole GPU beside it."""
+    p = await preparer(tmp_path, gpus, MemoryClaims(claim(
+        result("gpu-1-mig-1", memory=None, cores=None, share=None),
+        result("gpu-0", "b", memory="8Gi", cores="50"))), found=mig_node(), mig="mixed")
+    got = await p.prepare(REF)
+    assert [(d.device, d.cdi_ids) for d in got.devices] == [
+        ("gpu-1-mig-1", (f"gpu.vgpud.io/claim={UID}-gpu-1-mig-1",)),
+        ("gpu-0", (f"gpu.vgpud.io/claim={UID}-gpu-0",))]
+    limits = parse((p.store.root / got.key / "etc" / "config").read_text())
+    assert [(d.uuid, d.memory_limit, d.core_limit) for d in limits.devices] == \
+        [("GPU-0", 8 * GIB, 50), ("MIG-b", 9856 << 20, 100)]
+    nodes = _nodes(json.loads(cdi.spec_path(tmp_path / "cdi", UID).read_text()))
+    mig = nodes[f"{UID}-gpu-1-mig-1"]
+    assert {"/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22",
+            "/dev/nvidiactl"} <= mig
+    assert not mig & {"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12",
+                      "/dev/nvidia-caps/nvidia-cap30"}
+    assert "/dev/nvidia0" in nodes[f"{UID}-gpu-0"]
+    # the claim asked less than the instance: that much; the SM share it consumed
+    q = await preparer(tmp_path / "q", gpus, MemoryClaims(claim(
+        result("gpu-1-mig-2", memory="4Gi", cores="60"))), found=mig_node(), mig="mixed")
+    (d,) = parse((q.store.root / (await q.prepare(REF)).key / "etc" / "config")
+                 .read_text()).devices
+    assert (d.uuid, d.memory_limit, d.core_limit) == ("MIG-c", 4 * GIB, 60)
+
+
+async def test_a_mig_instance_shared_like_a_gpu_takes_claims_like_one(
+        tmp_path: Path, gpus: Nvidia) -> None:
+    """``migStrategy: single``: the instances are shared in vGPUs; a claim's share of one
+    is what it consumed, as on a GPU."""
+    p = await preparer(tmp_path, gpus, MemoryClaims(claim(result("gpu-1-mig-0", memory="2Gi",
+                                                                 cores="25"))),
+                       found=mig_node(), mig="single")
+    (d,) = parse((p.store.root / (await p.prepare(REF)).key / "etc" / "config")
+                 .read_text()).devices
+    assert (d.uuid, d.memory_limit, d.core_limit) == ("MIG-a", 2 * GIB, 25)
+
+
+async def test_a_mig_instance_that_is_gone_is_refused_with_the_reason(
+        tmp_path: Path, gpus: Nvidia) -> None:
+    claims = MemoryClaims(*(named(claim(result(dev)), n, f"u-{n}") for n, dev in (
+        ("third", "gpu-1-mig-2"), ("again", "gpu-1-mig-2"), ("whole", "gpu-1"),
+        ("first", "gpu-1-mig-0"))))
+    p = await preparer(tmp_path, gpus, claims, found=mig_node(), mig="mixed")
+    # the GPU's MIG layout changed: MIG-c is no longer found; it keeps its name a while
+    changes = p.devices.update(tuple(d for d in mig_node() if d.gpu.uuid != "MIG-c"))
+    assert changes.gone == ("MIG-c",)
+    with pytest.raises(PrepareFailed) as e:
+        await p.prepare(ClaimRef("ns", "third", "u-third"))
+    assert str(e.value) == (
+        "ResourceClaim ns/third: device gpu-1-mig-2 (MIG instance MIG-c) is no longer found "
+        f"on node {NODE} (removed, off the bus, or its GPU's MIG layout changed since the "
+        "claim was allocated)")
+    assert p.devices.drop(("MIG-c",))  # and then it is not the node's at all
+    with pytest.raises(PrepareFailed) as e:
+        await p.prepare(ClaimRef("ns", "again", "u-again"))
+    assert f"device 'gpu-1-mig-2': node {NODE} has no MIG instance gpu-1-mig-2: GPU 1's " \
+        "instances are gpu-1-mig-0, gpu-1-mig-1" in str(e.value)
+    with pytest.raises(PrepareFailed, match="has GPU 1 in MIG mode"):
+        await p.prepare(ClaimRef("ns", "whole", "u-whole"))
+    assert not cdi.spec_path(tmp_path / "cdi", "u-third").exists()
+    assert p.store.configured() == [] and p.prepared == {}
+    # the instances still there are prepared as before
+    assert (await p.prepare(ClaimRef("ns", "first", "u-first"))).devices[0].device == \
+        "gpu-1-mig-0"
+    assert [d.uuid for a in p.store.configured() for d in a.devices] == ["MIG-a"]
 
 
 async def test_prepare_twice_is_one_answer_and_one_read(tmp_path: Path, gpus: Nvidia) -> None:

@@ -3,10 +3,14 @@ Pure: no I/O, no async.
 
 kubelet's ``NodePrepareResources`` names a claim (namespace, name, uid); the plugin reads
 it from the API and :func:`grant_of` decides, from the claim's ``status.allocation``
-alone, what it grants here: for each of this node's GPUs that the allocation's results of
-vgpud's driver (:data:`vgpud.core.dra.DRIVER`) name, the device memory and the SM share the
-results consumed (``consumedCapacity`` ``memory`` in bytes and ``cores`` in percent,
-:mod:`vgpud.core.dra`; a result without them holds the whole GPU). Several results on one
+alone, what it grants here: for each of this node's devices that the allocation's results
+of vgpud's driver (:data:`vgpud.core.dra.DRIVER`) name, the device memory and the SM share
+the results consumed (``consumedCapacity`` ``memory`` in bytes and ``cores`` in percent,
+:mod:`vgpud.core.dra`; a result without them holds the whole device). A device is a GPU or
+a MIG instance, named as the node's ResourceSlices name it: the name is resolved by
+:func:`vgpud.core.dra.device_of`, the inverse of the slices' own naming, so a MIG instance
+(``gpu-0-mig-1``) is granted as the device plugin grants one: its uuid, all of its memory
+unless the claim consumed less, and the cores the claim consumed. Several results on one
 GPU (two requests, say) add up. The result is a :class:`ClaimGrant`, a value the node turns
 into the same limits file the device plugin writes (:func:`vgpud.core.limits.limits_for`
 of :meth:`ClaimGrant.container_grant`).
@@ -14,7 +18,9 @@ of :meth:`ClaimGrant.container_grant`).
 A claim that cannot be prepared here raises :class:`ClaimError` with a message a person
 understands (kubelet shows it on the pod): not allocated, allocated for another node, a
 device this node does not have, another claim under the same name (uid), no result of
-vgpud's driver, capacities that are not whole numbers or exceed the GPU.
+vgpud's driver, capacities that are not whole numbers or exceed the device. A name the node
+does not have says which: not a name of this driver, a GPU in MIG mode named whole, a MIG
+instance that is gone (the GPU's MIG layout changed since the claim was allocated).
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vgpud.core.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, device_name
-from vgpud.core.model import ContainerGrant, DeviceGrant, Gpu, NodeInventory
+from vgpud.core.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, DeviceNameError, device_of
+from vgpud.core.model import ContainerGrant, DeviceGrant, NodeInventory
 from vgpud.core.requests import RequestError, parse_quantity
 
 MIB = 1 << 20
@@ -41,8 +47,8 @@ class Share:
 
     request: str
     pool: str
-    device: str  # the ResourceSlice device name, gpu-<index>
-    uuid: str
+    device: str  # the ResourceSlice device name: gpu-<index>, gpu-<index>-mig-<k>
+    uuid: str  # the GPU's or the MIG instance's
     memory: int  # MiB
     cores: int  # percent of the GPU's SMs, 0-100; 0: no SM limit (the slices' policy)
     share_id: str | None  # the allocation's shareID (consumable capacity), if any
@@ -131,13 +137,6 @@ def _capacity(consumed: Mapping[str, Any], key: str, where: str) -> int | None:
         raise ClaimError(str(e)) from None
 
 
-def _gpu(inventory: NodeInventory, device: str) -> Gpu | None:
-    for g in inventory.devices:
-        if not g.mig and not g.profile and device_name(g.index) == device:
-            return g
-    return None
-
-
 def grant_of(claim: Mapping[str, Any], *, namespace: str, name: str, uid: str, node: str,
              inventory: NodeInventory, driver: str = DRIVER) -> ClaimGrant:
     """What ``claim`` (the API object kubelet named by ``namespace``, ``name`` and ``uid``)
@@ -168,11 +167,10 @@ def grant_of(claim: Mapping[str, Any], *, namespace: str, name: str, uid: str, n
             continue
         device = str(r.get("device", ""))
         at = f"{where}: request {r.get('request', '')!r} device {device!r}"
-        gpu = _gpu(inventory, device)
-        if gpu is None:
-            known = ", ".join(device_name(g.index) for g in inventory.devices
-                              if not g.mig and not g.profile) or "none"
-            raise ClaimError(f"{at}: node {node} has no such GPU (it has {known})")
+        try:
+            gpu = device_of(inventory.devices, device)
+        except DeviceNameError as e:
+            raise ClaimError(f"{at}: node {node} {e}") from None
         consumed = _obj(r.get("consumedCapacity"), f"{at}: consumedCapacity")
         whole = inventory.capacity(gpu)
         memory_bytes = _capacity(consumed, CAPACITY_MEMORY, at)
@@ -182,7 +180,8 @@ def grant_of(claim: Mapping[str, Any], *, namespace: str, name: str, uid: str, n
         if memory_bytes is not None and memory_bytes < MIB:
             raise ClaimError(f"{at}: consumes {memory_bytes} bytes of memory, less than 1 MiB")
         if memory > whole.memory:
-            raise ClaimError(f"{at}: consumes {memory} MiB of memory, more than the GPU's "
+            what = "MIG instance's" if gpu.parent else "GPU's"
+            raise ClaimError(f"{at}: consumes {memory} MiB of memory, more than the {what} "
                              f"{whole.memory} MiB")
         if not 0 <= cores <= 100:  # 0: the policy's default of defaultCores 0, no SM limit
             raise ClaimError(f"{at}: consumes {cores} % of the cores, not 0-100")

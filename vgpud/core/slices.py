@@ -3,7 +3,9 @@ and what to write to make the API hold exactly them.
 
 :func:`devices` turns a node's :class:`~vgpud.core.model.NodeInventory` (and, where the
 backend read them, the facts of :class:`GpuFacts` and :class:`DriverFacts`) into one
-:class:`SliceDevice` per GPU: named by :func:`vgpud.core.dra.device_name`, with
+:class:`SliceDevice` per GPU or MIG instance: named by
+:func:`vgpud.core.dra.device_names` (``gpu-N``, ``gpu-N-mig-K``; a claim's allocated
+device names are read back through its inverse, :func:`vgpud.core.dra.device_of`), with
 attributes a claim's CEL selector may test, and three consumable capacities
 (``allowMultipleAllocations: true``, KEP-5075), each with the ``requestPolicy`` that
 vgpud's own request rules (``core/requests.py``) give a vGPU:
@@ -40,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vgpud.core.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, device_name
+from vgpud.core.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, device_names
 from vgpud.core.model import Defaults, Gpu, NodeInventory
 
 API_VERSION = "resource.k8s.io/v1"
@@ -185,7 +187,7 @@ def devices(inventory: NodeInventory, defaults: Defaults | None = None, *,
     defaults = defaults or Defaults()
     driver = driver or DriverFacts()
     facts = facts or {}
-    names = _names(inventory.devices)
+    names = device_names(inventory.devices)  # the names claims resolve (core/dra.py)
     groups = _nvlink_groups(inventory.devices)
     out = []
     for g in inventory.devices:
@@ -197,22 +199,6 @@ def devices(inventory: NodeInventory, defaults: Defaults | None = None, *,
             capacity=_capacities(inventory, g, defaults),
             taints=() if g.healthy else (Taint(TAINT_UNHEALTHY),)))
     return tuple(out)
-
-
-def _names(gpus: Sequence[Gpu]) -> dict[str, str]:
-    """``gpu-N`` for a GPU; ``gpu-N-mig-K`` for its K-th instance (in the inventory's
-    order: by uuid), since an instance shares its GPU's index and a DNS label has no
-    room for a profile's dots."""
-    out: dict[str, str] = {}
-    seen: dict[str, int] = {}
-    for g in gpus:
-        if g.parent:
-            k = seen.get(g.parent, 0)
-            seen[g.parent] = k + 1
-            out[g.uuid] = f"{device_name(g.index)}-mig-{k}"
-        else:
-            out[g.uuid] = device_name(g.index)
-    return out
 
 
 def _nvlink_groups(gpus: Sequence[Gpu]) -> dict[str, int]:

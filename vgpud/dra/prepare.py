@@ -5,8 +5,12 @@ must match), lets :func:`vgpud.core.claims.grant_of` decide what it grants on th
 and then writes what the device plugin writes for a container: the limits file
 (:func:`vgpud.core.limits.limits_for`, rendered into the node's allocation store under the
 allocation key of the claim's uid and the driver's name) with its registration socket,
-plus a CDI spec (:mod:`vgpud.dra.cdi`) that gives a container the claim's GPUs, the shim,
-the limits directory (read-only), the state directory and the priority records. Every
+plus a CDI spec (:mod:`vgpud.dra.cdi`) that gives a container the claim's GPUs (the
+vendor backend's edits for each device: for a MIG instance its GPU's device node and the
+instance's own access devices, as the device plugin gives one), the shim, the limits
+directory (read-only), the state directory and the priority records. A device the claim
+names that is no longer found on the node (a GPU off the bus, a MIG instance destroyed,
+kept in the inventory, unhealthy, until the runtime drops it) is refused. Every
 container that uses the claim gets the same directories: they share its limits, as the
 processes of one container do.
 
@@ -33,7 +37,7 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from vgpud.core.claims import ClaimError, ClaimGrant, grant_of
+from vgpud.core.claims import ClaimError, ClaimGrant, Share, grant_of
 from vgpud.core.dra import DRIVER
 from vgpud.core.limits import GrantError, LimitsError, limits_for, render
 from vgpud.core.model import ComputePolicy
@@ -45,7 +49,7 @@ from vgpud.kube.resources import RESOURCECLAIMS
 from vgpud.kube.writes import RetryPolicy
 from vgpud.node import edits
 from vgpud.node.allocations import Allocation, AllocationOwner, AllocationStore, write_atomic
-from vgpud.node.devices import NodeDevices
+from vgpud.node.devices import DeviceInfo, NodeDevices
 from vgpud.node.runtime import Registrar, open_registration
 from vgpud.node.shim import ShimFiles
 from vgpud.node.vendors import Backend
@@ -226,7 +230,7 @@ class Preparer:
                 for s in grant.shares))
             try:
                 await anyio.to_thread.run_sync(
-                    cdi.write, self.cdi_dir, ref.uid, self._cdi_devices(grant, alloc))
+                    cdi.write, self.cdi_dir, ref.uid, self._cdi_devices(ref, grant, alloc))
                 await anyio.to_thread.run_sync(self.checkpoint.save,
                                                {**self.prepared, ref.uid: prepared})
             except OSError as e:
@@ -245,11 +249,28 @@ class Preparer:
         if claim is None:
             raise PrepareFailed(f"{ref.where} no longer exists")
         try:
-            return grant_of(claim, namespace=ref.namespace, name=ref.name, uid=ref.uid,
-                            node=self.node, inventory=self.devices.inventory(),
-                            driver=self.driver)
+            grant = grant_of(claim, namespace=ref.namespace, name=ref.name, uid=ref.uid,
+                             node=self.node, inventory=self.devices.inventory(),
+                             driver=self.driver)
         except ClaimError as e:
             raise PrepareFailed(str(e)) from None
+        for s in grant.shares:
+            self._found(ref, s)
+        return grant
+
+    def _found(self, ref: ClaimRef, share: Share) -> DeviceInfo:
+        """The device of ``share``, which must still be on the node: one no longer found
+        (a GPU off the bus, a MIG instance destroyed) keeps its name, unhealthy, for a
+        while after, but a container given it would get nothing."""
+        info = self.devices.info(share.uuid)
+        if info is None or not self.devices.found(share.uuid):
+            what = (f"MIG instance {share.uuid}" if info is not None and info.gpu.parent
+                    else f"GPU {share.uuid}")
+            raise PrepareFailed(
+                f"{ref.where}: device {share.device} ({what}) is no longer found on node "
+                f"{self.node} (removed, off the bus, or its GPU's MIG layout changed since "
+                "the claim was allocated)")
+        return info
 
     async def _configure(self, ref: ClaimRef, grant: ClaimGrant) -> Allocation:
         inventory = self.devices.inventory()
@@ -277,13 +298,12 @@ class Preparer:
         await open_registration(self.registrar, alloc)
         return alloc
 
-    def _cdi_devices(self, grant: ClaimGrant, alloc: Allocation) -> dict[str, edits.ContainerEdits]:
+    def _cdi_devices(self, ref: ClaimRef, grant: ClaimGrant,
+                     alloc: Allocation) -> dict[str, edits.ContainerEdits]:
         common = edits.shim(self.shim) + edits.allocation_dirs(alloc, self.arbiter)
         out: dict[str, edits.ContainerEdits] = {}
-        for s in grant.shares:
-            info = self.devices.info(s.uuid)
-            gpu = self.gpus.gpu_edits([info], "device-specs") if info is not None else \
-                edits.ContainerEdits()
+        for s in grant.shares:  # a MIG instance: its GPU's node and its access devices
+            gpu = self.gpus.gpu_edits([self._found(ref, s)], "device-specs")
             out.setdefault(f"{grant.uid}-{s.device}", gpu + common)
         return out
 

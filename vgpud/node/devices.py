@@ -139,6 +139,11 @@ class NodeDevices:
     def info(self, uuid: str) -> DeviceInfo | None:
         return self._info.get(uuid)
 
+    def found(self, uuid: str) -> bool:
+        """The device is on the node: known, and found again by the last discovery (a
+        device no longer found stays known, unhealthy, until :meth:`drop`)."""
+        return uuid in self._info and uuid not in self._gone
+
     def healthy(self, uuid: str) -> bool:
         return self._healthy.get(uuid, False)
 
