@@ -16,6 +16,7 @@ from tests.deploy.rendered import (
     MIG_PROFILES,
     ROOT,
     Manifests,
+    api_needs,
     check_match_condition,
     check_network_policies,
     cli_params,
@@ -699,3 +700,33 @@ def test_dra_adds_device_classes_and_a_least_privilege_node_role(helm: Path) -> 
     bare = template(helm, "dra.enabled=true")  # no extended resource unless named
     assert not any("extendedResourceName" in d["spec"] for d in bare.of_kind("DeviceClass"))
     assert len(bare.of_kind("DeviceClass")) == 3
+
+
+def test_dra_rbac_is_what_its_code_calls(helm: Path) -> None:
+    """`vgpud dra`'s role against every call its code can make (vgpud/dra and the node
+    runtime under it), as the other roles' in test_manifests.py: equal, but for the two
+    calls the node package has for the device plugin alone: a pod's patch (the reassignment,
+    whose one caller is vgpud/node/configure.py, PreStartContainer's, which no module of
+    `vgpud dra` imports) and the node's status (the CorePlugin/MemoryPlugin totals, which
+    `vgpud dra` does not publish: DraOptions.node_resources). The real API server shows the
+    role suffices (tests/realkube/test_dra_kubelet.py) and refuses the rest
+    (tests/realkube/test_rbac.py)."""
+    import subprocess
+    import sys
+
+    from vgpud.dra.run import DraOptions
+
+    m = template(helm, "dra.enabled=true")
+    granted = {(res, v) for (_, res, _), verbs in m.rules("ClusterRole", "vgpud-dra").items()
+               for v in verbs}
+    needs = api_needs("dra", "node")
+    plugin_only = {("pods", "patch"), ("nodes/status", "patch")}
+    assert plugin_only <= needs
+    assert needs - plugin_only == granted
+    code = ("import sys, vgpud.dra.run, vgpud.dra.command\n"
+            "print('vgpud.node.configure' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=ROOT)
+    assert done.stdout.strip() == "False"
+    assert DraOptions(node_name="n", pod_resources_socket=Path("p"),
+                      state_dir=Path("s")).node().node_resources is False

@@ -38,7 +38,7 @@ class SliceApi:
         self.calls.append(f"{method} {path}")
         if path == f"/api/v1/nodes/{self.node['metadata']['name']}":
             return self.node
-        name = path.removeprefix(RESOURCESLICES).strip("/")
+        name = path.removeprefix(RESOURCESLICES.collection_path()).strip("/")
         if method == "GET":
             want = dict(kv.split("=") for kv in query["fieldSelector"].split(","))
             return {"items": [s for s in self.slices.values()

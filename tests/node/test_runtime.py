@@ -81,3 +81,44 @@ async def test_run_node_is_ready_when_started_and_rediscovers_once_served(tmp_pa
                 while not published():  # noqa: ASYNC110 - the stand-in's store has no event
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("node_resources", [True, False])
+async def test_the_gated_node_totals_are_an_adapters_to_publish(tmp_path: Path,
+                                                                node_resources: bool) -> None:
+    """With the CorePlugin and MemoryPlugin gates on, the device plugin's runtime writes the
+    node totals into the Node's status capacity; ``vgpud dra``'s (``node_resources`` off:
+    no device-plugin resource on its node, no nodes/status in its role) writes only the
+    inventory annotation."""
+    from vgpud.dra.run import DraOptions
+
+    assert DraOptions(node_name=NODE, pod_resources_socket=tmp_path,
+                      state_dir=tmp_path).node().node_resources is False
+    devices = tmp_path / "devices.json"
+    _devices(devices, 2)
+    settings = parse_settings({"plugin": {"shimHostDir": str(tmp_path / "shim"),
+                                          "featureGates": {"CorePlugin": True,
+                                                           "MemoryPlugin": True}}})
+    opts = NodeOptions(NODE, tmp_path / "podresources.sock", tmp_path / "state", settings,
+                       metrics_listen="", require_shim=False, node_resources=node_resources)
+    async with ApiServer() as api:
+        api.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+                             "status": {}})
+        async with KubeClient.for_url(api.url) as kube, anyio.create_task_group() as tg:
+            gpus = Nvidia(FakeGpus(devices, poll_interval=0.05), name="fake")
+            await tg.start(run_node, opts, gpus, KubeCluster(kube))
+
+            def annotated() -> bool:
+                return NODE_DEVICES in (api.get("nodes", NODE, "")["metadata"].get(
+                    "annotations") or {})
+
+            with anyio.fail_after(10):
+                while not annotated():  # noqa: ASYNC110 - the stand-in's store has no event
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.3)  # the totals follow the annotation in the same round
+            capacity = api.get("nodes", NODE, "")["status"].get("capacity") or {}
+            if node_resources:
+                assert {"nvidia.com/vgpu-cores", "nvidia.com/vgpu-memory"} <= set(capacity)
+            else:
+                assert not capacity, capacity
+            tg.cancel_scope.cancel()

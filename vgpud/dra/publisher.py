@@ -36,10 +36,9 @@ from vgpud.kube.backoff import Backoff
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Conflict, KubeError, NotFound
+from vgpud.kube.resources import NODES, RESOURCESLICES
 
 log = structlog.get_logger(__name__)
-
-RESOURCESLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 class InventorySource(Protocol):
@@ -57,7 +56,7 @@ class InventorySource(Protocol):
 class SlicePublisher:
     """One node's slices: :meth:`sync` makes the API hold what the inventory says."""
 
-    client: KubeClient
+    kube: KubeClient
     node: str
     defaults: Defaults | None = None
     facts: Mapping[str, GpuFacts] | None = None
@@ -65,13 +64,13 @@ class SlicePublisher:
     writes: int = field(default=0, init=False)  # objects written, for tests and logs
 
     async def current(self) -> list[Json]:
-        body = await self.client.request("GET", RESOURCESLICES, query={
+        body = await self.kube.request("GET", RESOURCESLICES.collection_path(), query={
             "fieldSelector": f"spec.nodeName={self.node},spec.driver={DRIVER}"})
         items: list[Json] = body.get("items") or []
         return items
 
     async def node_uid(self) -> str:
-        node = await self.client.request("GET", f"/api/v1/nodes/{self.node}")
+        node = await self.kube.request("GET", NODES.object_path(self.node))
         return str((node.get("metadata") or {}).get("uid", ""))
 
     async def sync(self, inventory: NodeInventory) -> Plan:
@@ -81,15 +80,16 @@ class SlicePublisher:
         want = devices(inventory, self.defaults, facts=self.facts, driver=self.driver)
         todo = plan(self.node, want, [published(s) for s in await self.current()])
         for s in todo.creates:
-            await self.client.request("POST", RESOURCESLICES, body=s.manifest(uid))
+            await self.kube.request("POST", RESOURCESLICES.collection_path(),
+                                    body=s.manifest(uid))
             self.writes += 1
         for s in todo.updates:
-            await self.client.request("PUT", f"{RESOURCESLICES}/{s.name}",
-                                      body=s.manifest(uid))
+            await self.kube.request("PUT", RESOURCESLICES.object_path(s.name),
+                                    body=s.manifest(uid))
             self.writes += 1
         for name, version in todo.deletes:
             try:
-                await self.client.request("DELETE", f"{RESOURCESLICES}/{name}", body={
+                await self.kube.request("DELETE", RESOURCESLICES.object_path(name), body={
                     "apiVersion": "v1", "kind": "DeleteOptions",
                     "preconditions": {"resourceVersion": version}})
             except NotFound:

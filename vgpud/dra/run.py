@@ -49,6 +49,7 @@ class DraOptions(NodeOptions):
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
     driver: str = DRIVER
     kubelet_poll: float = 1.0
+    node_resources: bool = False  # a DRA node runs no device plugin: no extended resources
 
     @property
     def plugin_socket(self) -> Path:

@@ -48,6 +48,8 @@ RESOURCECLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceCl
                           namespaced=True)
 CLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates",
                           "ResourceClaimTemplate", namespaced=True)
+RESOURCESLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice",
+                          namespaced=False)
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

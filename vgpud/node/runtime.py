@@ -71,6 +71,11 @@ class NodeOptions:
     housekeeping: float = 30.0
     collect_grace: float = 300.0
     require_shim: bool = True
+    # the CorePlugin / MemoryPlugin node totals (node status capacity), where their gates
+    # are on: resources the device plugin's pods ask; an adapter that serves no
+    # device-plugin resources (``vgpud dra``) publishes none, and its role has no
+    # nodes/status
+    node_resources: bool = True
 
     def node(self) -> NodeOptions:
         """The runtime's own options, out of an adapter's (which extend these)."""
@@ -351,8 +356,8 @@ async def run_node(
                 on_sm=watchdog.record_sm, reads=reads))
             vgm = settings.preset_named("vgpu-manager")  # the gates' names, renamed too
             tg.start_soon(lambda: publish_inventory(
-                opts.node_name, devices, cluster, cores=gates.CorePlugin,
-                memory=gates.MemoryPlugin, links=gates.GPUTopology,
+                opts.node_name, devices, cluster, cores=opts.node_resources and gates.CorePlugin,
+                memory=opts.node_resources and gates.MemoryPlugin, links=gates.GPUTopology,
                 names=(vgm.cores or CORES, vgm.memory or MEMORY)))
             if listen:
                 metrics = CollectorRegistry(auto_describe=False)
