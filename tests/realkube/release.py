@@ -17,9 +17,11 @@ processes here, each with the credentials its pod would have:
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import sys
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,8 @@ import yaml
 
 from tests.deploy.rendered import Manifests, load_render
 from tests.realkube.api import ApiError, Obj, wait_for
-from tests.realkube.controlplane import ControlPlane, Proc, free_port
+from tests.realkube.controlplane import ControlPlane, Proc, free_port, kubeconfig
+from vgpud.core.dra import DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "kube-system"
@@ -232,3 +235,96 @@ def lease_released(cp: ControlPlane, name: str) -> None:
         cp.admin.delete("Lease", name, NAMESPACE)
     except ApiError:
         pass
+
+
+# -- the identity of `vgpud dra` (dra.enabled=true) ----------------------------------------
+
+DRA_ACCOUNT = "vgpud-dra"
+DRA_USER = f"system:serviceaccount:{NAMESPACE}:{DRA_ACCOUNT}"
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+# what holds the DRA role's writes to its own node: its ResourceSlices (the DRA scope) and
+# its Node and that node's pods (the device plugin's scope, which names the DRA account too)
+DRA_POLICIES = ("vgpud-dra-scope", "vgpud-plugin-scope")
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def driver_pod(cp: ControlPlane, node: str) -> Obj:
+    """A pod of the DRA ServiceAccount on ``node``, as the chart's DaemonSet makes one (no
+    token mounted: a test asks for its token). A token bound to it names the node."""
+    pod: Obj = cp.admin.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{node}-dra", "namespace": NAMESPACE}, "spec": {
+        "nodeName": node, "serviceAccountName": DRA_ACCOUNT,
+        "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "dra", "image": "registry.invalid/vgpud"}]}})
+    return pod
+
+
+def driver_kubeconfig(cp: ControlPlane, pod: Obj, path: Path) -> Path:
+    """A kubeconfig with the DRA ServiceAccount's token bound to ``pod`` (what the
+    DaemonSet's pod reads in-cluster)."""
+    return kubeconfig(path, cp.server, cp.pki.ca, token=cp.token(NAMESPACE, DRA_ACCOUNT, pod=pod),
+                      user=DRA_USER)
+
+
+def _probe_slice(node: str) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-probe"},
+            "spec": {"driver": DRIVER, "nodeName": node, "devices": [],
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}}
+
+
+def _dra_policies_enforced(cp: ControlPlane, node: str) -> tuple[bool | None, bool | None]:
+    """Whether admission holds the DRA account to a node now: its ResourceSlice writes
+    (the DRA scope) and its node writes (the plugin scope), probed with a token that
+    names no node (which either policy refuses; None: refused otherwise, as while RBAC has
+    not seen the new binding yet); what a probe wrote is undone."""
+    unbound = cp.as_service_account(NAMESPACE, DRA_ACCOUNT)
+
+    def probe(write: Any, undo: Any = None) -> bool | None:
+        try:
+            write()
+        except ApiError as e:
+            return True if e.code == 403 and "names no node" in e.message else None
+        if undo is not None:
+            undo()
+        return False
+
+    slice_ = _probe_slice(node)
+    return (probe(lambda: unbound.create(slice_),
+                  lambda: cp.admin.delete("ResourceSlice", slice_["metadata"]["name"])),
+            probe(lambda: unbound.patch("Node", node, {"metadata": {"annotations": {
+                "vgpud.io/probe": "x"}}})))
+
+
+@contextlib.contextmanager
+def dra_identity(cp: ControlPlane) -> Iterator[Manifests]:
+    """The chart's identity of ``vgpud dra`` (rendered with ``dra.enabled=true``) on
+    ``cp``: its ServiceAccount, ClusterRole and binding, and the admission policies that
+    hold its writes to its own node (``DRA_POLICIES``), in force when this yields the
+    rendered chart; afterwards the policies are gone, and out of admission too (the probes'
+    refusals are the harness's own: the audit check skips them)."""
+    chart = render(("dra.enabled=true",))
+    rbac = [d for d in chart.docs if d["kind"] in ("ServiceAccount", "ClusterRole",
+                                                   "ClusterRoleBinding")
+            and d["metadata"]["name"] == DRA_ACCOUNT]
+    policies = [d for d in chart.docs if d["kind"] in POLICY_KINDS
+                and d["metadata"]["name"] in DRA_POLICIES]
+    assert len(rbac) == 3 and len(policies) == 2 * len(DRA_POLICIES), "dra.enabled renders them"
+    probe = f"dra-identity-probe-{free_port()}"  # a Node no test selects
+    _, start = cp.audit()
+    cp.add_node(probe)
+    try:
+        for d in rbac + policies:
+            cp.admin.apply(d, manager="helm")
+        wait_for("the DRA scope policies to take effect",
+                 lambda: _dra_policies_enforced(cp, probe) == (True, True), timeout=30)
+        cp.audit_forget(start)
+        yield chart
+    finally:
+        _, start = cp.audit()
+        for d in reversed(policies):
+            cp.admin.delete(d["kind"], d["metadata"]["name"])
+        wait_for("the DRA scope policies to leave admission",
+                 lambda: _dra_policies_enforced(cp, probe) == (False, False), timeout=30)
+        cp.admin.delete("Node", probe)
+        cp.audit_forget(start)
