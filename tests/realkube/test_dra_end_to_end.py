@@ -10,7 +10,9 @@ driver) holds it to the claim's 4 GiB, and its limits file says 30 % of the core
 
 The fixtures are those of the two halves: ``dra`` (the chart's DRA objects, the controller
 manager, kube-scheduler) from ``test_dra_scheduling``, the kubelet with ``vgpud dra`` from
-``test_dra_kubelet``. The plugin runs with an admin client certificate, as there.
+``test_dra_kubelet``. The plugin runs as there: with a token of the chart's ``vgpud-dra``
+ServiceAccount bound to its pod on the kubelet's node, the chart's policies that hold it to
+that node in force (``dra_role``); the audit check of conftest fails the test on a 403 to it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.rendered import Manifests
 from tests.node.conftest import FAKES, built  # noqa: F401 (fixture)
 from tests.oci.conftest import node, runc  # noqa: F401 (fixtures)
 from tests.oci.runtime import Node
@@ -35,6 +38,7 @@ from tests.realkube.test_dra_kubelet import (  # noqa: F401 (fixture)
     DraPlugin,
     _shim_built,
     cdi_names,
+    dra_role,
     metric,
     running_dra_node,
     with_cdi,
@@ -60,7 +64,7 @@ FAKE_GPU_ENV = {"FAKECUDA_DEVICES": f"{MEMORY},{MEMORY}", "FAKECUDA_CTX_MIB": "0
 
 
 @pytest.fixture
-def dra_kubelet(dra: Dra, control_plane: ControlPlane,  # noqa: F811
+def dra_kubelet(dra: Dra, control_plane: ControlPlane, dra_role: Manifests,  # noqa: F811
                 scenario: Scenario) -> Iterator[DraPlugin]:
     """The kubelet's node with ``vgpud dra``: two GPUs of 16 GiB. ``dra`` first: its
     kube-scheduler and controller manager outlive the node."""

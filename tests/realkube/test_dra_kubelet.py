@@ -8,8 +8,14 @@ between.
 No kube-scheduler allocates here: the test writes the claim's ``status.allocation`` (a
 share of ``gpu-0``: 4 GiB and 30 % of its cores, as the scheduler's consumable-capacity
 allocation records it) and ``reservedFor`` with the admin client, then binds the pod to
-the kubelet's node, as kube-scheduler's ``dynamicresources`` plugin and binder would. The
-plugin runs with an admin client certificate: the chart has no role for it yet.
+the kubelet's node, as kube-scheduler's ``dynamicresources`` plugin and binder would.
+
+The plugin runs as the chart runs it: with a token of the chart's ``vgpud-dra``
+ServiceAccount (its ClusterRole, ``dra.enabled=true``) bound to a pod of it on the
+kubelet's node, as the DaemonSet's projected token is, with the chart's admission policies
+that hold that account to its own node in force (``dra_role``). Every test here fails on
+any 403 to it (the audit check of conftest); the first shows, from the audit log, what it
+asked the API server and that it asked as that identity.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import anyio
 import pytest
 import yaml
 
+from tests.deploy.rendered import Manifests
 from tests.node.conftest import FAKES, built  # noqa: F401 (fixture)
 from tests.oci.conftest import node, runc  # noqa: F401 (fixtures)
 from tests.oci.runtime import Node
@@ -35,6 +42,14 @@ from tests.realkube.api import Obj, wait_for
 from tests.realkube.cluster import TEST_LABEL, Scenario
 from tests.realkube.controlplane import ControlPlane, Proc, free_port
 from tests.realkube.kubelet import Kubelet, allocate_response_of, fake_devices, fake_gpu_uuid
+from tests.realkube.release import (
+    DRA_USER,
+    NAMESPACE,
+    NODE_CLAIM,
+    dra_identity,
+    driver_kubeconfig,
+    driver_pod,
+)
 from vgpud.core.dra import DRIVER
 from vgpud.core.limits import parse
 from vgpud.dra.cdi import KIND, spec_path
@@ -53,13 +68,16 @@ CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 @dataclass
 class DraPlugin:
     """``vgpud dra`` for ``kubelet``'s node: the kubelet's root directory, fake GPUs, the
-    built shim, and its CDI specs in a directory of its own."""
+    built shim, and its CDI specs in a directory of its own; its credentials those of the
+    DaemonSet's pod there (``driver_pod``, which the kubelet runs: a token bound to it
+    names the node)."""
 
     cp: ControlPlane
     kubelet: Kubelet
     gpus: int = 2
     memory: int = 24576
     proc: Proc = field(init=False)
+    driver_pod: Obj = field(init=False)
 
     def __post_init__(self) -> None:
         d = self.kubelet.dir / "vgpud"
@@ -73,8 +91,8 @@ class DraPlugin:
         libs = sorted((ROOT / "csrc" / "build").glob("libvgpu.so.*.*"))
         assert libs, "the shim is not built (make -C csrc)"
         self.metrics_port = free_port()
-        kc = self.cp.kubeconfig_for_cert(f"vgpud-dra-{self.kubelet.name}", "vgpud-dra",
-                                         "system:masters")
+        self.driver_pod = driver_pod(self.cp, self.kubelet.name)
+        kc = driver_kubeconfig(self.cp, self.driver_pod, d / "kubeconfig")
         self.proc = Proc(f"vgpud-dra-{self.kubelet.name}", [
             sys.executable, "-m", "vgpud", "dra", f"--config={config}", f"--kubeconfig={kc}",
             f"--kubelet-dir={self.kubelet.root_dir}", f"--cdi-dir={self.cdi_dir}",
@@ -100,9 +118,34 @@ class DraPlugin:
     def stop(self) -> None:
         self.proc.stop()
 
+    def close(self) -> None:
+        """Stop, and remove the DaemonSet's pod it ran as."""
+        self.proc.stop()
+        self.cp.admin.delete("Pod", self.driver_pod["metadata"]["name"], NAMESPACE, grace=0)
+
     def log(self) -> str:
         return self.proc.log_path.read_text(errors="replace") if self.proc.log_path.exists() \
             else ""
+
+    def calls(self) -> set[tuple[str, str, int]]:
+        """What the audit log shows the plugin asked the API server, as (verb, resource,
+        response code), ``resource`` with its API group and subresource
+        (``resourceslices.resource.k8s.io``, ``nodes/status``): every request of the DRA
+        ServiceAccount whose token names this node. A watch shows once it ended."""
+        events, _ = self.cp.audit()
+        out = set()
+        for e in events:
+            user = e.get("user") or {}
+            if user.get("username") != DRA_USER or (user.get("extra") or {}).get(
+                    NODE_CLAIM) != [self.kubelet.name]:
+                continue
+            ref = e.get("objectRef") or {}
+            resource = ref.get("resource", "") + (f".{ref['apiGroup']}" if ref.get("apiGroup")
+                                                  else "")
+            if ref.get("subresource"):
+                resource += f"/{ref['subresource']}"
+            out.add((e["verb"], resource, (e.get("responseStatus") or {}).get("code", 0)))
+        return out
 
     def tails(self) -> str:
         return self.proc.tail(60) + "\n" + self.kubelet.tails()
@@ -115,26 +158,35 @@ def _shim_built() -> None:
     subprocess.run(["make", "-s", "-C", str(ROOT / "csrc")], check=True)
 
 
+@pytest.fixture(scope="module")
+def dra_role(control_plane: ControlPlane) -> Iterator[Manifests]:
+    """The chart's identity of ``vgpud dra`` and the policies that hold it to its node."""
+    with dra_identity(control_plane) as chart:
+        yield chart
+
+
 @contextlib.contextmanager
 def running_dra_node(cp: ControlPlane, scenario: Scenario, **plugin: Any,
                      ) -> Iterator[DraPlugin]:
     """A real kubelet labelled for ``scenario`` (and ``vgpud.io/node-mode=dra``) with
-    ``vgpud dra`` registered with it (``plugin``: :class:`DraPlugin`'s fields)."""
+    ``vgpud dra`` registered with it (``plugin``: :class:`DraPlugin`'s fields). The chart's
+    DRA identity must be there (``dra_role``)."""
     kubelet = Kubelet(cp, f"{scenario.id}-node",
                       {TEST_LABEL: scenario.id, "vgpud.io/node-mode": "dra"})
-    running: DraPlugin | None = None
+    made: DraPlugin | None = None
     try:
         kubelet.start()
-        running = DraPlugin(cp, kubelet, **plugin).start()
-        yield running
+        made = DraPlugin(cp, kubelet, **plugin)
+        yield made.start()
     finally:
-        if running is not None:
-            running.stop()
+        if made is not None:
+            made.close()
         kubelet.close()
 
 
 @pytest.fixture
-def dra_node(control_plane: ControlPlane, scenario: Scenario) -> Iterator[DraPlugin]:
+def dra_node(control_plane: ControlPlane, dra_role: Manifests,
+             scenario: Scenario) -> Iterator[DraPlugin]:
     with running_dra_node(control_plane, scenario) as plugin:
         yield plugin
 
@@ -304,6 +356,18 @@ def test_the_real_kubelet_prepares_a_claim_through_vgpud_dra_and_unprepares_it_a
              timeout=60, detail=plugin.tails)
     scenario.admin.request("DELETE", f"{CLAIMS.format(ns=scenario.ns)}/slice")
     scenario.admin.request("DELETE", f"{CLASSES}/{cls}")
+
+    # all of it as the chart's DRA identity, its pod's token naming this node, and granted:
+    # its Node read and its inventory annotation written, the pods on it watched, the
+    # claim read, this node's slices listed and created (the audit check of conftest fails
+    # the test on a 403 to it too)
+    calls = plugin.calls()
+    assert {(v, r) for v, r, code in calls if code < 300} >= {
+        ("get", "nodes"), ("patch", "nodes"), ("watch", "pods"),
+        ("list", "resourceslices.resource.k8s.io"),
+        ("create", "resourceslices.resource.k8s.io"),
+        ("get", "resourceclaims.resource.k8s.io")}, sorted(calls)
+    assert not [c for c in calls if c[2] == 403], sorted(calls)
 
 
 def test_a_claim_allocated_on_another_node_fails_the_pod_with_the_plugins_reason(
