@@ -29,6 +29,7 @@ from pydantic import (
 
 from vgpud.core.model import ComputePolicy, Defaults, Policy, Preset
 from vgpud.core.requests import PRESETS, PresetError, check_presets, renamed
+from vgpud.core.translate import Mode
 from vgpud.files import read_bounded
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -121,7 +122,7 @@ class DraSettings(_Model):
     into ResourceClaims for kube-scheduler, and the chart's DeviceClass names."""
 
     # off | selected (pods whose nodeSelector names vgpud.io/node-mode: dra) | always
-    translate: Literal["off", "selected", "always"] = "off"
+    translate: Mode = "off"
     vgpuClass: str = Field(default="vgpu.vgpud.io", min_length=1)
     gpuClass: str = Field(default="gpu.vgpud.io", min_length=1)
 

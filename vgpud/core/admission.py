@@ -47,7 +47,7 @@ from vgpud.core.requests import (
     parse_quantity,
     preset_of,
 )
-from vgpud.core.translate import Classes, Shape, headed_to_dra, translate
+from vgpud.core.translate import Classes, Mode, Shape, headed_to_dra, translate
 
 DEFAULT_SCHEDULER = "default-scheduler"
 NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -62,7 +62,7 @@ class AdmissionPolicy:
     defaults: Defaults = field(default_factory=Defaults)
     scheduler_name: str = "vgpu-scheduler"
     allow_privileged: bool = False
-    dra_mode: str = "off"  # vgpud.core.translate.MODES: which pods become DRA claims
+    dra_mode: Mode = "off"  # which pods become DRA claims
     dra_classes: Classes = field(default_factory=Classes)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from vgpud.core.dra import MODE_DRA, NODE_MODE_LABEL
 from vgpud.core.model import ContainerRequest, Defaults
@@ -41,7 +41,7 @@ from vgpud.core.requests import (
     preset_of,
 )
 
-MODES = ("off", "selected", "always")
+Mode = Literal["off", "selected", "always"]  # which pods are translated
 TEMPLATE_API = "resource.k8s.io/v1"
 WHOLE = 100  # cores of a whole GPU
 
@@ -113,7 +113,7 @@ class Translation:
     shapes: tuple[Shape, ...]  # the templates the patch names, each once
 
 
-def headed_to_dra(pod: Mapping[str, Any], mode: str) -> bool:
+def headed_to_dra(pod: Mapping[str, Any], mode: Mode) -> bool:
     if mode == "always":
         return True
     if mode != "selected":

@@ -129,14 +129,13 @@ class AllocationStore:
 
     def __init__(self, state_dir: str | Path) -> None:
         self.root = Path(state_dir) / "allocations"
-        self._configured: dict[str, Allocation] = {}
         # every record this store wrote or read, owned or not: configure finds the
         # directory Allocate prepared without reading its record back
         self._records: dict[str, Allocation] = {}
 
     def configured(self) -> list[Allocation]:
         """The allocations this store has configured or loaded with an owner."""
-        return list(self._configured.values())
+        return [a for a in self._records.values() if a.owner is not None]
 
     def path(self, ids: Iterable[str], resource: str = DEFAULT_RESOURCE) -> Path:
         return self.root / allocation_key(ids, resource)
@@ -163,8 +162,8 @@ class AllocationStore:
         different owner's configure first clears what the container before it left in its
         state directory, which a container can fill."""
         key = allocation_key(ids, resource)
-        if key in self._configured:  # what this store wrote or restored: no file read
-            return self._configured[key].owner
+        if key in self._records:  # what this store wrote or restored: no file read
+            return self._records[key].owner
         found = self.load(self.root / key)
         return None if found is None else found.owner
 
@@ -209,10 +208,6 @@ class AllocationStore:
 
     def _index(self, a: Allocation) -> None:
         self._records[a.key] = a
-        if a.owner is not None:
-            self._configured[a.key] = a
-        else:
-            self._configured.pop(a.key, None)
 
     def load(self, d: Path) -> Allocation | None:
         """One allocation directory's record; None if missing or unreadable."""
@@ -254,7 +249,6 @@ class AllocationStore:
 
     def remove(self, key: str) -> None:
         d = self.root / key
-        self._configured.pop(key, None)
         self._records.pop(key, None)
         if d.parent == self.root and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)
