@@ -4,11 +4,14 @@ and dead-process reaping that only judges the slots a process can see."""
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
+import select
 import signal
 import subprocess
 import time
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -182,3 +185,59 @@ def test_robust_lock_across_pid_namespaces(
     )
     assert [o["rc"] for o in out] == [0, 0, 0, 0]
     assert out[3]["value"] == CTX + MIB  # and the dead ones were reaped by the host
+
+
+def _inner_pid(wrapped: subprocess.Popen[str]) -> int:
+    """The program's host pid under IN_NEW_PID_NS (unshare's only child)."""
+    children = pathlib.Path(f"/proc/{wrapped.pid}/task/{wrapped.pid}/children")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pids = children.read_text().split()
+        if pids:
+            return int(pids[0])
+        time.sleep(0.01)
+    raise AssertionError("unshare started no child")
+
+
+def _wait_blocked_in_lock(pid: int, answer: IO[str] | None = None) -> None:
+    """Until pid sleeps in the state lock's syscall (fcntl; futex for a pthread mutex);
+    answer: its stdout, where a reply means it took the lock without waiting."""
+    waiting = {"72", "202"}  # x86_64: fcntl, futex
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        nr = pathlib.Path(f"/proc/{pid}/syscall").read_text().split()[0]
+        if nr in waiting:
+            return
+        if answer and select.select([answer], [], [], 0.01)[0]:
+            raise AssertionError(f"took the lock another process holds: {answer.readline()}")
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} never waited for the state lock")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers are x86_64's")
+def test_a_waiter_killed_in_another_namespace_does_not_steal_the_lock(
+    fake: Fake, pid_namespaces: None
+) -> None:
+    # two containers' first processes: both pid 1, each in its own namespace.  One holds
+    # the state lock; the other waits for it and is killed.  A robust pthread mutex knows
+    # its owner by namespace-relative TID: the kernel, cleaning up after the killed waiter,
+    # sees "owner 1 == me" and releases the lock the other container still holds.
+    holder = fake.start("viaproc", wrap=IN_NEW_PID_NS)
+    waiter = fake.start("viaproc", wrap=IN_NEW_PID_NS)
+    assert holder.ok("pid")["pid"] == waiter.ok("pid")["pid"] == 1
+    assert holder.ok("fake_state_lock")["value"] > 0
+    assert waiter.proc.stdin
+    waiter.proc.stdin.write("fake_state_lock\n")
+    waiter.proc.stdin.flush()
+    _wait_blocked_in_lock(_inner_pid(waiter.proc))
+    waiter.proc.send_signal(signal.SIGKILL)  # unshare --kill-child: its child dies too
+    waiter.proc.wait()
+    host = fake.start("direct")
+    assert host.proc.stdin and host.proc.stdout
+    host.proc.stdin.write("fake_state_lock\n")
+    host.proc.stdin.flush()
+    _wait_blocked_in_lock(host.pid, host.proc.stdout)
+    released = holder.ok("fake_state_unlock")["value"]
+    acquired = json.loads(host.proc.stdout.readline())
+    assert acquired["rc"] == 0
+    assert acquired["value"] >= released

@@ -683,6 +683,22 @@ FC_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExpo
 
 /* ---- test-only exports (devices are physical: NVML indexes) ---- */
 FC_API void *fake_state_region(void) { return fc_state(); }
+FC_API int fake_state_fd(void) { return fc_state_fd(); }
+
+/* The state lock taken and given back by hand (tests of the lock itself): the time of
+ * the acquisition, of the release.  0 without state. */
+FC_API unsigned long long fake_state_lock(void) {
+    if (!fc_state()) return 0;
+    fc_lock();
+    return fc_now();
+}
+
+FC_API unsigned long long fake_state_unlock(void) {
+    if (!fc_state()) return 0;
+    uint64_t t = fc_now();
+    fc_unlock();
+    return t;
+}
 
 /* The host pid the fake believes this process has (FAKECUDA_HOST_PID_SOCK, else
  * getpid() + FAKECUDA_HOST_PID_OFFSET). */

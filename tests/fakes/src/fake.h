@@ -195,13 +195,13 @@ struct fc_ipc {
 };
 
 #define FC_MAGIC 0x46414b43u /* "FAKC" */
-#define FC_VERSION 7u
+#define FC_VERSION 8u
 
 struct fc_shared {
     uint32_t magic, version, ndev, reserved;
     uint64_t last_reap_ns;
     uint64_t sample_ns; /* the sampling window of the process that made the state */
-    uint64_t lock_storage[8]; /* a robust, process-shared pthread mutex */
+    uint64_t reserved2[8];
     struct fc_proc procs[FC_MAX_PROCS];
     uint64_t ipc_next_id;
     struct fc_ipc ipc[FC_IPC];
@@ -224,6 +224,7 @@ const struct fc_ident *fc_ident(void);
 struct fc_shared *fc_state(void);
 void fc_lock(void);
 void fc_unlock(void);
+int fc_state_fd(void); /* the file of the state, for a second fake library of this process */
 void fc_reap_locked(void);
 uint64_t fc_now(void);
 void fc_sleep_until(uint64_t t_ns);

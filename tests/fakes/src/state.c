@@ -1,7 +1,12 @@
-/* The shared state: one mmap'd file (FAKECUDA_STATE) or, when unset, an anonymous
- * region private to the process.  Fixed layout (struct fc_shared), guarded by a robust
- * process-shared mutex stored in the file, so a holder killed with SIGKILL never blocks
- * the others.  Creation is serialised with an OFD fcntl lock. */
+/* The shared state: one mmap'd file (FAKECUDA_STATE) or, when unset, a memfd region
+ * private to the process (and its forks).  Fixed layout (struct fc_shared), guarded by
+ * an OFD fcntl lock on byte STATE_LOCK_BYTE of that file (threads of one process first
+ * take a process-local mutex: OFD locks exclude open file descriptions, not threads).
+ * The kernel drops an OFD lock with its last descriptor, so a holder killed with SIGKILL
+ * never blocks the others, whatever its PID namespace.  A robust pthread mutex cannot do
+ * that: its owner is a TID of the holder's namespace, and two containers' processes both
+ * TID 1 are one owner to the kernel (a waiter killed in one steals the lock of the
+ * other).  Creation is serialised with an OFD lock on byte INIT_LOCK_BYTE. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -21,10 +26,13 @@
 
 #include "fake.h"
 
-_Static_assert(sizeof(pthread_mutex_t) <= sizeof(((struct fc_shared *)0)->lock_storage),
-               "mutex does not fit");
-
 static struct fc_shared *shm;
+static int region_fd = -1; /* the file mapped at shm */
+static int lock_fd = -1;   /* this process's own open file description of it */
+static pthread_mutex_t local_mtx = PTHREAD_MUTEX_INITIALIZER;
+
+#define INIT_LOCK_BYTE 0
+#define STATE_LOCK_BYTE 1
 static pthread_once_t shm_once = PTHREAD_ONCE_INIT;
 static int self_slot = -1;
 static pid_t self_slot_pid;
@@ -35,7 +43,6 @@ static size_t state_size(int ndev) {
     return sizeof(struct fc_shared) + (size_t)ndev * sizeof(struct fc_dev);
 }
 
-static pthread_mutex_t *mtx(void) { return (pthread_mutex_t *)(void *)shm->lock_storage; }
 
 uint64_t fc_now(void) {
     struct timespec ts;
@@ -153,12 +160,6 @@ const struct fc_ident *fc_ident(void) {
 }
 
 static void init_region(struct fc_shared *s, const struct fc_knobs *k) {
-    pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    pthread_mutex_init((pthread_mutex_t *)(void *)s->lock_storage, &a);
-    pthread_mutexattr_destroy(&a);
     s->ndev = (uint32_t)k->ndev;
     s->version = FC_VERSION;
     s->sample_ns = k->sample_ns;
@@ -171,6 +172,37 @@ static void init_region(struct fc_shared *s, const struct fc_knobs *k) {
     __atomic_store_n(&s->magic, FC_MAGIC, __ATOMIC_RELEASE);
 }
 
+static int ofd_lock(int fd, short type, off_t byte) {
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+    int rc;
+    while ((rc = fcntl(fd, type == F_UNLCK ? F_OFD_SETLK : F_OFD_SETLKW, &fl)) < 0 &&
+           errno == EINTR) {
+    }
+    return rc;
+}
+
+/* A new open file description of the region's file: its own lock owner. */
+static int reopen_region(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", region_fd);
+    const struct fc_knobs *k = fc_knobs();
+    int fd = open(k->state_path ? k->state_path : path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        fprintf(stderr, "fakecuda: cannot reopen the state (%s): %s\n",
+                k->state_path ? k->state_path : path, strerror(errno));
+    return fd;
+}
+
+/* The child of a fork shares its parent's descriptions: it takes its own, and the
+ * threads it did not inherit cannot hold its mutex. */
+static void lock_child(void) {
+    pthread_mutex_init(&local_mtx, NULL);
+    if (lock_fd < 0) return;
+    int fd = reopen_region();
+    close(lock_fd);
+    lock_fd = fd;
+}
+
 static struct fc_shared *open_file(const struct fc_knobs *k) {
     size_t size = state_size(k->ndev);
     int fd = open(k->state_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
@@ -179,9 +211,7 @@ static struct fc_shared *open_file(const struct fc_knobs *k) {
                 strerror(errno));
         return NULL;
     }
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
-    while (fcntl(fd, F_OFD_SETLKW, &fl) < 0 && errno == EINTR) {
-    }
+    ofd_lock(fd, F_WRLCK, INIT_LOCK_BYTE);
     struct fc_shared *s = NULL;
     struct stat st;
     if (fstat(fd, &st) < 0) goto out;
@@ -212,10 +242,31 @@ static struct fc_shared *open_file(const struct fc_knobs *k) {
         s = NULL;
     }
 out:
-    fl.l_type = F_UNLCK;
-    fcntl(fd, F_OFD_SETLK, &fl);
-    close(fd);
+    ofd_lock(fd, F_UNLCK, INIT_LOCK_BYTE);
+    if (s)
+        region_fd = fd;
+    else
+        close(fd);
     return s;
+}
+
+/* Process-local: a memfd, so that there is a file to lock. */
+static struct fc_shared *open_memfd(const struct fc_knobs *k) {
+    size_t size = state_size(k->ndev);
+    int fd = memfd_create("fakecuda-state", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) < 0) {
+        fprintf(stderr, "fakecuda: cannot make the process-local state: %s\n", strerror(errno));
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    region_fd = fd;
+    init_region(m, k);
+    return m;
 }
 
 static void state_open(void) {
@@ -224,24 +275,26 @@ static void state_open(void) {
         fprintf(stderr, "fakecuda: FAKECUDA_DEVICES lists no device\n");
         return;
     }
+    struct fc_shared *s = NULL;
     if (k->state_path) {
-        shm = open_file(k);
-        return;
-    }
+        s = open_file(k);
+    } else {
 #ifdef FC_NVML
-    /* Process-local mode: share the region of the fake libcuda if it is loaded. */
-    void *(*region)(void) = (void *(*)(void))dlsym(RTLD_DEFAULT, "fake_state_region");
-    if (region) {
-        shm = region();
-        if (shm) return;
-    }
+        /* Process-local mode: share the region of the fake libcuda if it is loaded. */
+        void *(*region)(void) = (void *(*)(void))dlsym(RTLD_DEFAULT, "fake_state_region");
+        int (*fd_of)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fake_state_fd");
+        if (region && fd_of && (s = region())) region_fd = fd_of();
 #endif
-    void *m = mmap(NULL, state_size(k->ndev), PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return;
-    shm = m;
-    init_region(shm, k);
+        if (!s) s = open_memfd(k);
+    }
+    if (!s) return;
+    lock_fd = reopen_region();
+    if (lock_fd < 0) return;
+    pthread_atfork(NULL, NULL, lock_child);
+    shm = s;
 }
+
+int fc_state_fd(void) { return fc_state() ? region_fd : -1; }
 
 struct fc_shared *fc_state(void) {
     pthread_once(&shm_once, state_open);
@@ -250,7 +303,8 @@ struct fc_shared *fc_state(void) {
 
 void fc_lock(void) {
     fc_ident(); /* learnt outside the lock: it may ask FAKECUDA_HOST_PID_SOCK */
-    if (pthread_mutex_lock(mtx()) == EOWNERDEAD) pthread_mutex_consistent(mtx());
+    pthread_mutex_lock(&local_mtx);
+    ofd_lock(lock_fd, F_WRLCK, STATE_LOCK_BYTE);
     uint64_t now = fc_now();
     if (now - shm->last_reap_ns > REAP_EVERY_NS) {
         shm->last_reap_ns = now;
@@ -258,7 +312,10 @@ void fc_lock(void) {
     }
 }
 
-void fc_unlock(void) { pthread_mutex_unlock(mtx()); }
+void fc_unlock(void) {
+    ofd_lock(lock_fd, F_UNLCK, STATE_LOCK_BYTE);
+    pthread_mutex_unlock(&local_mtx);
+}
 
 /* 0: no such process (or a zombie); 1: alive; starttime read into *st when alive.
  * pid 0: this process (/proc/self, right even where /proc belongs to another namespace). */

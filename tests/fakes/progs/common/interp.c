@@ -1373,7 +1373,8 @@ static void op_fake(const char *op, char **a) {
         return;
     }
     unsigned long long v;
-    if (!strcmp(op, "fake_now_ns")) {
+    if (!strcmp(op, "fake_now_ns") || !strcmp(op, "fake_state_lock") ||
+        !strcmp(op, "fake_state_unlock")) {
         v = ((unsigned long long (*)(void))f)();
     } else if (!strcmp(op, "fake_busy_ns")) {
         v = ((unsigned long long (*)(int, int, unsigned long long, unsigned long long))f)(
