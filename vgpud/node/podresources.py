@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import anyio
 from betterproto2 import parse_fields
 from grpclib.client import Channel
 from grpclib.const import Cardinality
@@ -40,7 +41,11 @@ class PodResourcesError(RuntimeError):
 # What a gRPC call over a kubelet socket raises when kubelet is away, restarting or
 # refusing. AttributeError: grpclib (0.4) drops a connection's transport when the socket
 # closes, and a request made in that moment fails with "'Connection' object has no
-# attribute '_transport'" instead of a connection error.
+# attribute '_transport'" instead of a connection error. TimeoutError: the deadline of a
+# call, which is anyio's (``fail_after``), never grpclib's ``timeout=``: grpclib cancels
+# the calling task and turns that into TimeoutError without ``Task.uncancel()``, and every
+# anyio cancel scope of that task afterwards mistakes the leftover request for another
+# cancellation and lets its own escape (tests/plugin/test_grpc_deadlines.py).
 KUBELET_GONE = (OSError, GRPCError, StreamTerminatedError, TimeoutError, AttributeError)
 
 
@@ -152,10 +157,11 @@ class PodResourcesClient:
                 f"cannot list pod resources from kubelet at {self.socket}: {e}") from None
 
     async def _list(self, channel: Channel) -> tuple[pr.PodResources, ...]:
-        async with channel.request(LIST, Cardinality.UNARY_UNARY, pr.ListPodResourcesRequest,
-                                   Reply, timeout=self.timeout) as stream:
-            await stream.send_message(pr.ListPodResourcesRequest(), end=True)
-            reply = await stream.recv_message()
+        with anyio.fail_after(self.timeout):
+            async with channel.request(LIST, Cardinality.UNARY_UNARY,
+                                       pr.ListPodResourcesRequest, Reply) as stream:
+                await stream.send_message(pr.ListPodResourcesRequest(), end=True)
+                reply = await stream.recv_message()
         if reply is None:
             raise StreamTerminatedError("kubelet ended the List call without a reply")
         return self._decode(reply)

@@ -86,9 +86,11 @@ async def register(kubelet_socket: Path, endpoint: str, resource: str,
                    options: pb.DevicePluginOptions, *, seconds: float = 10.0) -> None:
     channel = Channel(path=str(kubelet_socket))
     try:
-        await pb.RegistrationStub(channel).register(
-            pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource,
-                               options=options), timeout=seconds)
+        # anyio's deadline, not grpclib's (see vgpud.node.podresources.KUBELET_GONE)
+        with anyio.fail_after(seconds):
+            await pb.RegistrationStub(channel).register(
+                pb.RegisterRequest(version=API_VERSION, endpoint=endpoint,
+                                   resource_name=resource, options=options))
     except GRPCError as e:
         raise RegistrationError(f"kubelet refused {resource}: {e.message or e.status}") from None
     finally:
