@@ -32,13 +32,22 @@ import yaml
 
 from vgpud.config import Settings
 from vgpud.core.allocate import Allocator
+from vgpud.core.dra_report import DraRows, dra_rows
 from vgpud.core.quota import quota_keys, quota_rows, read_quota
 from vgpud.core.report import gpu_rows, pending_reasons, pod_row, pod_rows, to_json
 from vgpud.core.requests import RequestError, parse_pod
 from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import Forbidden, NotFound
-from vgpud.kube.resources import NODES, PODS, RESOURCEQUOTAS, object_key
+from vgpud.kube.resources import (
+    NODES,
+    PODS,
+    RESOURCECLAIMS,
+    RESOURCEQUOTAS,
+    RESOURCESLICES,
+    Resource,
+    object_key,
+)
 from vgpud.scheduling.projections import pod_projection, project_node
 from vgpud.scheduling.state import SchedulerState, rebuild
 
@@ -102,6 +111,7 @@ class ApiSource:
         self.alloc = Allocator(settings.defaults())
         self.project_pod = pod_projection(settings.schedulerName, self.alloc.defaults)
         self.warnings: list[str] = []
+        self.dra = DraRows()  # the DRA nodes' GPUs and pods, once loaded
 
     def _warn(self, event: str, /, **fields: Any) -> None:
         what = f"pod {fields['pod']}" if "pod" in fields else f"node {fields.get('node')}"
@@ -116,6 +126,21 @@ class ApiSource:
         rebuild(SchedulerState(self.alloc, warn=self._warn),
                 ((object_key(n), project_node(n)) for n in nodes),
                 ((object_key(p), self.project_pod(p)) for p in pods))
+        slices = await self._dra_list(RESOURCESLICES, "ResourceSlices")
+        claims = await self._dra_list(RESOURCECLAIMS, "ResourceClaims") if slices else []
+        self.dra = dra_rows(slices, claims)
+        self.warnings += self.dra.warnings
+
+    async def _dra_list(self, resource: Resource, what: str) -> list[Json]:
+        """The DRA nodes' objects; none where the API serves no ``resource.k8s.io/v1``
+        (a cluster without DRA) or the caller may not list them (said in warnings)."""
+        try:
+            return await _list(self.kube, resource.collection_path())
+        except NotFound:
+            return []
+        except Forbidden as e:
+            self.warnings.append(f"cannot list {what}, so no DRA node is shown: {e}")
+            return []
 
     async def quotas(self) -> list[dict[str, Any]]:
         """The ResourceQuotas' vGPU limits against the ledger :meth:`load` laid out (read
@@ -131,8 +156,10 @@ class ApiSource:
     def view(self, node: str | None = None) -> View:
         c, ledger = self.alloc.cluster, self.alloc.ledger
         nodes = None if node is None else [node]
-        return View([to_json(r) for r in gpu_rows(c, ledger, nodes)],
-                    [to_json(r) for r in pod_rows(ledger)])
+        dra = [g for g in self.dra.gpus if node is None or g.node == node]
+        gpus = sorted(gpu_rows(c, ledger, nodes) + dra, key=lambda r: r.node)
+        pods = sorted(pod_rows(ledger) + self.dra.pods, key=lambda r: (r.namespace, r.name))
+        return View([to_json(r) for r in gpus], [to_json(r) for r in pods])
 
     async def pod(self, namespace: str, name: str) -> dict[str, Any]:
         try:

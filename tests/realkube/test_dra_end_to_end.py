@@ -18,6 +18,9 @@ that node in force (``dra_role``); the audit check of conftest fails the test on
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +61,7 @@ from vgpud.core.limits import DeviceLimits, parse
 from vgpud.dra.cdi import KIND, spec_path
 
 GIB = 1 << 30
+ROOT = Path(__file__).resolve().parents[2]
 MEMORY = 16384  # MiB of each of the node's two fake GPUs
 # what the pod's image brings with the fake driver: the node's GPUs, no context cost
 FAKE_GPU_ENV = {"FAKECUDA_DEVICES": f"{MEMORY},{MEMORY}", "FAKECUDA_CTX_MIB": "0"}
@@ -121,7 +125,7 @@ class Prepared:
 
 def test_a_claim_from_a_template_is_scheduled_prepared_by_the_kubelet_and_held_to_its_slice(
         dra: Dra, dra_kubelet: DraPlugin, scenario: Scenario, node: Node,  # noqa: F811
-        built: None) -> None:  # noqa: F811
+        built: None, control_plane: ControlPlane) -> None:  # noqa: F811
     plugin, kubelet = dra_kubelet, dra_kubelet.kubelet
 
     def slices() -> list[Obj] | None:
@@ -185,6 +189,24 @@ def test_a_claim_from_a_template_is_scheduled_prepared_by_the_kubelet_and_held_t
         fake_gpu_uuid(third.gpu), 10 * GIB, 0)
     assert third.gpu != gpu
     assert plugin.log().count("dra_prepared") == 3
+
+    # vgpud inspect, from the real API server: the DRA node's GPUs as the claims hold them
+    # (the slices' capacities, the allocations' consumedCapacity, the pods reserved)
+    kc = control_plane.kubeconfig_for_cert("dra-inspect", "dra-inspect", "system:masters")
+    out = subprocess.run([sys.executable, "-m", "vgpud", "inspect", "gpus", "--kubeconfig",
+                          str(kc), "-o", "json"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False,
+                         env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"})
+    assert out.returncode == 0 and not out.stderr, out.stderr
+    rows = {g["index"]: g for g in json.loads(out.stdout) if g["node"] == kubelet.name}
+    fields = ("uuid", "memoryCapacity", "memoryAllocated", "coresAllocated",
+              "vgpusAllocated")
+    assert {i: tuple(g[f] for f in fields) for i, g in rows.items()} == {
+        gpu: (fake_gpu_uuid(gpu), MEMORY << 20, 8 * GIB, 60, 2),
+        third.gpu: (fake_gpu_uuid(third.gpu), MEMORY << 20, 10 * GIB, 0, 1)}
+    assert sorted(s["pod"] for s in rows[gpu]["slices"]) == ["one", "two"]
+    assert [(s["pod"], s["state"]) for s in rows[third.gpu]["slices"]] == [
+        ("three", "reserved")]
 
 
 def test_a_vgpu_pod_through_the_webhook_gets_a_claim_and_the_same_limits(

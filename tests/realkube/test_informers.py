@@ -414,7 +414,10 @@ def _reader(cp: ControlPlane, s: Scenario, user: str, role: str | None) -> Path:
                          "metadata": {"name": role}, "rules": [
                              {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
                              {"apiGroups": [""], "resources": ["pods"],
-                              "verbs": ["get", "list"]}]})
+                              "verbs": ["get", "list"]},
+                             {"apiGroups": ["resource.k8s.io"],
+                              "resources": ["resourceslices", "resourceclaims"],
+                              "verbs": ["list"]}]})
         s.cluster_objects.append(("ClusterRole", role))
     cp.admin.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                      "metadata": {"name": name},
