@@ -197,7 +197,7 @@ def test_every_device_the_slices_publish_is_the_device_a_claim_on_it_gets(whole:
     ("gpu-7", "node gpu-node-1 has no such GPU (it has gpu-0, gpu-1-mig-2, gpu-1-mig-0, "
               "gpu-1-mig-1, gpu-2)"),
     ("gpu-01", "node gpu-node-1 has no device 'gpu-01': the devices of gpu.vgpud.io are "
-               "named gpu-<index>, and gpu-<index>-mig-<k> for the MIG instances of a GPU "
+               "named gpu-<index>, and gpu-<index>-mig-<gi>-<ci> for the MIG instances of a GPU "
                "in MIG mode"),
     ("GPU-a", "has no device 'GPU-a'"),
     ("gpu-1-mig-", "has no device 'gpu-1-mig-'"),

@@ -29,9 +29,12 @@ def inventories(draw: st.DrawFn) -> NodeInventory:
         parent = f"GPU-{index}"
         mig = draw(st.booleans())
         gpus.append(Gpu(parent, index, "A100", 81920, mig=mig))
+        ids = draw(st.booleans())  # NVML's ids known (discovery), or not (a devices file)
+        gis = draw(st.permutations(range(1, 15)))
         for k in range(draw(st.integers(0, 7)) if mig else 0):
             gpus.append(Gpu(f"MIG-{index}-{k}", index, "A100 MIG", 9856, split=1,
-                            profile="1g.10gb" if whole else "", parent=parent))
+                            profile="1g.10gb" if whole else "", parent=parent,
+                            instance=f"{gis[k]}-0" if ids else ""))
     return NodeInventory(tuple(draw(st.permutations(gpus))))
 
 
@@ -63,3 +66,19 @@ def test_instances_are_counted_per_gpu_in_uuid_order() -> None:
     assert device_names(gpus) == {"GPU-p": "gpu-3", "MIG-b": "gpu-3-mig-1",
                                   "MIG-a": "gpu-3-mig-0", "GPU-q": "gpu-4"}
     assert offered_names(gpus) == ["gpu-3-mig-1", "gpu-3-mig-0", "gpu-4"]
+
+
+def test_an_instance_keeps_its_name_when_another_goes() -> None:
+    # named by NVML's GPU and compute instance ids: a claim allocated on gpu-0-mig-9-0
+    # before instance 7 was destroyed is prepared on the same instance after
+    a, b, c = (Gpu(f"MIG-{x}", 0, "A100 MIG", 9856, parent="GPU-0", instance=f"{gi}-0")
+               for x, gi in (("a", 7), ("b", 9), ("c", 11)))
+    gpu = Gpu("GPU-0", 0, "A100", 81920, mig=True)
+    before = device_names((gpu, a, b, c))
+    assert [before[g.uuid] for g in (a, b, c)] == ["gpu-0-mig-7-0", "gpu-0-mig-9-0",
+                                                    "gpu-0-mig-11-0"]
+    after = (gpu, b, c)
+    assert device_of(after, "gpu-0-mig-9-0") is b
+    with pytest.raises(DeviceNameError, match="has no MIG instance gpu-0-mig-7-0: GPU 0's "
+                       "instances are gpu-0-mig-9-0, gpu-0-mig-11-0"):
+        device_of(after, "gpu-0-mig-7-0")

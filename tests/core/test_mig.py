@@ -118,3 +118,14 @@ def test_codec_round_trips_instances_and_rejects_bad_profiles() -> None:
     bad = text.replace('"profile":"1g.10gb"', '"profile":"1g.10gb; rm -rf"', 1)
     with pytest.raises(CodecError, match="not a MIG profile name"):
         decode_node_devices(bad)
+
+
+def test_codec_round_trips_an_instances_nvml_ids_and_rejects_others() -> None:
+    inv = NodeInventory((Gpu("GPU-a", 0, "A100", 81920, mig=True),
+                         Gpu("MIG-b", 0, "A100 MIG", 9728, parent="GPU-a", instance="13-0")))
+    text = encode_node_devices(inv)
+    assert '"instance":"13-0"' in text and decode_node_devices(text) == inv
+    assert "instance" not in encode_node_devices(NodeInventory((Gpu("GPU-c", 0, "m", 1),)))
+    for bad in ("13", "13-0-1", "a-b", "-1-0", "013-0"):
+        with pytest.raises(CodecError, match="is not a MIG instance's ids"):
+            decode_node_devices(text.replace('"13-0"', f'"{bad}"'))

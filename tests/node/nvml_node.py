@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ import anyio
 
 from tests.plugin.harness import VGPU, node_harness
 from tests.plugin.hotplug import SETTINGS, hotplug_scenario
-from tests.plugin.mig import mixed_scenario, single_scenario
+from tests.plugin.mig import LAYOUT, mixed_scenario, single_scenario
 from vgpud.node.nvml import NvmlGpus
 
 ENUMERATE = """
@@ -106,6 +107,12 @@ async def main(scenario: str) -> None:
     settings = {"resourcePreset": preset, "deviceSplitCount": 4,
                 "plugin": {"migStrategy": strategy}}
     async with node_harness(settings=settings, source=source, resources=[number]) as h:
+        # each instance published with NVML's GPU and compute instance ids (the names
+        # vgpud dra gives them, which another instance's destruction does not move)
+        inv = await h.published_inventory()
+        ids = {(g.parent, g.instance) for g in inv.devices if g.parent}
+        assert len(ids) == sum(len(p) for p in LAYOUT.values()), ids
+        assert all(re.fullmatch(r"\d+-\d+", i) for _, i in ids), ids
         if strategy == "mixed":
             await mixed_scenario(h, number)
         else:

@@ -454,9 +454,10 @@ def test_every_kind_of_device_vgpud_publishes_passes_the_api_servers_validation(
     gpus = (Gpu("GPU-0", 0, "NVIDIA A100-SXM4-80GB", 81920, links=("GPU-1",)),
             Gpu("GPU-1", 1, "NVIDIA A100-SXM4-80GB", 81920, links=("GPU-0",), healthy=False),
             Gpu("GPU-2", 2, "NVIDIA A100-SXM4-80GB", 81920, mig=True),
-            Gpu("MIG-a", 2, "NVIDIA A100-SXM4-80GB", 9856, split=3, parent="GPU-2"),
+            Gpu("MIG-a", 2, "NVIDIA A100-SXM4-80GB", 9856, split=3, parent="GPU-2",
+                instance="13-0"),
             Gpu("MIG-b", 2, "NVIDIA A100-SXM4-80GB", 19968, split=1, profile="2g.20gb",
-                parent="GPU-2"),
+                parent="GPU-2", instance="5-0"),
             Gpu("GPU-3", 3, "Tesla T4", 15360, numa=-1))
     inv = NodeInventory(gpus, memory_scaling=1.5, core_scaling=2.0)
     devs = devices(inv, Defaults(default_mem=3000, default_cores=25),
@@ -467,7 +468,7 @@ def test_every_kind_of_device_vgpud_publishes_passes_the_api_servers_validation(
     body = s.manifest()
     got = dra.cp.admin.create(body, dryRun="All")
     assert [d["name"] for d in got["spec"]["devices"]] == [
-        "gpu-0", "gpu-1", "gpu-2-mig-0", "gpu-2-mig-1", "gpu-3"]
+        "gpu-0", "gpu-1", "gpu-2-mig-13-0", "gpu-2-mig-5-0", "gpu-3"]
     assert "taints" in got["spec"]["devices"][1]
     bad = json.loads(json.dumps(body))
     bad["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] = str(

@@ -47,7 +47,7 @@ class Share:
 
     request: str
     pool: str
-    device: str  # the ResourceSlice device name: gpu-<index>, gpu-<index>-mig-<k>
+    device: str  # the ResourceSlice device name: gpu-<index>, gpu-<index>-mig-<gi>-<ci>
     uuid: str  # the GPU's or the MIG instance's
     memory: int  # MiB
     cores: int  # percent of the GPU's SMs, 0-100; 0: no SM limit (the slices' policy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -161,7 +162,8 @@ def encode_node_devices(inv: NodeInventory) -> str:
              "split": g.split, "numa": g.numa, "links": list(g.links),
              "healthy": g.healthy, "mig": g.mig,
              **({"profile": g.profile} if g.profile else {}),
-             **({"parent": g.parent} if g.parent else {})}
+             **({"parent": g.parent} if g.parent else {}),
+             **({"instance": g.instance} if g.instance else {})}
             for g in inv.devices
         ],
     }
@@ -192,7 +194,19 @@ def decode_gpu(d: object, where: str, *, split_default: int | None = None) -> Gp
         mig=_opt(d, "mig", bool, False, where),
         profile=_profile(_opt(d, "profile", str, "", where), f"{where}.profile"),
         parent=sys.intern(_opt(d, "parent", str, "", where)),
+        instance=_instance(_opt(d, "instance", str, "", where), f"{where}.instance"),
     )
+
+
+_INSTANCE = re.compile(r"^(0|[1-9][0-9]{0,3})-(0|[1-9][0-9]{0,3})$")
+
+
+def _instance(ids: str, where: str) -> str:
+    """A MIG instance's ``<gpu instance id>-<compute instance id>`` (``3-0``)."""
+    if ids and not _INSTANCE.match(ids):
+        raise CodecError(f"{where}: {ids!r} is not a MIG instance's ids (like 3-0: its GPU "
+                         "instance id, then its compute instance id)")
+    return sys.intern(ids)
 
 
 def _profile(name: str, where: str) -> str:

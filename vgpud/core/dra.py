@@ -21,7 +21,7 @@ NODE_MODE_LABEL = "vgpud.io/node-mode"  # "device-plugin" (default) or "dra"
 MODE_DRA = "dra"
 MODE_DEVICE_PLUGIN = "device-plugin"
 
-_NAME = re.compile(r"^gpu-(0|[1-9][0-9]*)(?:-mig-(0|[1-9][0-9]*))?$")
+_NAME = re.compile(r"^gpu-(0|[1-9][0-9]*)(?:-mig-((?:0|[1-9][0-9]*)(?:-(?:0|[1-9][0-9]*))?))?$")
 
 
 class DeviceNameError(ValueError):
@@ -34,21 +34,28 @@ def device_name(index: int) -> str:
     return f"gpu-{index}"
 
 
-def mig_device_name(index: int, k: int) -> str:
-    """The device name of the ``k``-th MIG instance of GPU ``index`` (``gpu-0-mig-1``): an
-    instance shares its GPU's index, and a DNS label has no room for a profile's dots."""
+def mig_device_name(index: int, k: int | str) -> str:
+    """The device name of a MIG instance of GPU ``index``: ``gpu-0-mig-3-0`` for the one
+    whose GPU and compute instance ids are ``3-0``; ``gpu-0-mig-1`` for the second in uuid
+    order where the ids are not known. An instance shares its GPU's index, and a DNS label
+    has no room for a profile's dots."""
     return f"{device_name(index)}-mig-{k}"
 
 
 def device_names(gpus: Iterable[Gpu]) -> dict[str, str]:
     """The device name of every inventory entry, by uuid: ``gpu-N`` for a GPU (one in MIG
-    mode too, though only its instances are offered), ``gpu-N-mig-K`` for the K-th
-    instance of GPU N, counting its instances in uuid order (the inventory's own order),
-    whatever order ``gpus`` come in."""
+    mode too, though only its instances are offered); ``gpu-N-mig-G-C`` for an instance of
+    GPU N with GPU instance id G and compute instance id C (NVML's, which stay while the
+    instance does: another instance destroyed renames none); for instances whose ids the
+    source does not know, ``gpu-N-mig-K``, the K-th of them in uuid order, whatever order
+    ``gpus`` come in."""
     gpus = tuple(gpus)
     out: dict[str, str] = {}
     seen: dict[str, int] = {}
     for g in sorted((g for g in gpus if g.parent), key=lambda g: (g.parent, g.uuid)):
+        if g.instance:
+            out[g.uuid] = mig_device_name(g.index, g.instance)
+            continue
         k = seen.get(g.parent, 0)
         seen[g.parent] = k + 1
         out[g.uuid] = mig_device_name(g.index, k)
@@ -76,12 +83,12 @@ def device_of(gpus: Sequence[Gpu], name: str) -> Gpu:
     if m is None:
         raise DeviceNameError(
             f"has no device {name!r}: the devices of {DRIVER} are named gpu-<index>, and "
-            "gpu-<index>-mig-<k> for the MIG instances of a GPU in MIG mode")
+            "gpu-<index>-mig-<gi>-<ci> for the MIG instances of a GPU in MIG mode")
     index = int(m[1])
     parent = next((p for p in gpus if not p.parent and p.index == index), None)
-    instances = sorted((n for n in names.values()
-                        if n.startswith(f"{device_name(index)}-mig-")),
-                       key=lambda n: int(n.rsplit("-", 1)[1]))
+    prefix = f"{device_name(index)}-mig-"
+    instances = sorted((n for n in names.values() if n.startswith(prefix)),
+                       key=lambda n: [int(x) for x in n[len(prefix):].split("-")])
     if parent is None:
         known = ", ".join(offered_names(gpus)) or "none"
         what = "GPU" if m[2] is None else f"MIG instance: no GPU {index}"

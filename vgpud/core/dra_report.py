@@ -34,7 +34,7 @@ class Device:
 
     node: str
     pool: str
-    name: str  # gpu-N, gpu-N-mig-K
+    name: str  # gpu-N, gpu-N-mig-GI-CI
     uuid: str
     index: int
     model: str

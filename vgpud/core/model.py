@@ -77,6 +77,9 @@ class Gpu:
     mig: bool = False
     profile: str = ""  # MIG profile ("1g.10gb") of an instance placed whole
     parent: str = ""  # the physical GPU of a MIG instance
+    # a MIG instance's GPU and compute instance ids as NVML numbers them ("3-0"); "" for a
+    # GPU, or where the source does not know them (a devices file that leaves them out)
+    instance: str = ""
 
     def offers(self, profile: str) -> bool:
         """A container asking for ``profile`` ("" for vGPUs) may be placed here."""

@@ -4,7 +4,7 @@ and what to write to make the API hold exactly them.
 :func:`devices` turns a node's :class:`~vgpud.core.model.NodeInventory` (and, where the
 backend read them, the facts of :class:`GpuFacts` and :class:`DriverFacts`) into one
 :class:`SliceDevice` per GPU or MIG instance: named by
-:func:`vgpud.core.dra.device_names` (``gpu-N``, ``gpu-N-mig-K``; a claim's allocated
+:func:`vgpud.core.dra.device_names` (``gpu-N``, ``gpu-N-mig-GI-CI``; a claim's allocated
 device names are read back through its inverse, :func:`vgpud.core.dra.device_of`), with
 attributes a claim's CEL selector may test, and three consumable capacities
 (``allowMultipleAllocations: true``, KEP-5075), each with the ``requestPolicy`` that

@@ -137,7 +137,8 @@ def _instances(h: Any, parent: Gpu, minor: int) -> list[DeviceInfo]:
         gpu = Gpu(uuid=_text(pynvml.nvmlDeviceGetUUID(m)), index=parent.index,
                   model=_text(pynvml.nvmlDeviceGetName(m)),
                   memory=int(pynvml.nvmlDeviceGetMemoryInfo(m).total // MIB),
-                  numa=parent.numa, profile=profile, parent=parent.uuid)
+                  numa=parent.numa, profile=profile, parent=parent.uuid,
+                  instance=f"{gi}-{ci}")
         out.append(DeviceInfo(gpu=gpu, minor=minor, caps=caps))
     return out
 
