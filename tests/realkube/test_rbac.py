@@ -174,10 +174,10 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
         unbound = cp.as_service_account(NAMESPACE, DRA_ACCOUNT)
         _, start = cp.audit()
         _denied(lambda: dra.patch("Node", other, {"metadata": {"annotations": {
-            NODE_DEVICES: "[]"}}}), f"the device plugin of node {mine} writes only that node "
+            NODE_DEVICES: "[]"}}}), f"the DRA driver of node {mine} writes only that node "
             f"and its pods, not Node {other}")
         _denied(lambda: dra.patch("Node", mine, {"metadata": {"labels": {"x": "y"}}}),
-                "changes only the vgpud.io/ annotations")
+                "the DRA driver changes only the vgpud.io/ annotations")
         _denied(lambda: dra.patch("Node", mine, {"spec": {"unschedulable": True}}),
                 "changes only the vgpud.io/ annotations")
         _denied(lambda: dra.create(_slice(f"{other}-forged", other)),
@@ -197,7 +197,7 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
         _denied(lambda: unbound.create(_slice(f"{mine}-unbound", mine)),
                 "the DRA driver's token names no node")
         _denied(lambda: unbound.patch("Node", mine, {"metadata": {"annotations": {
-            NODE_DEVICES: "[]"}}}), "the device plugin's token names no node")
+            NODE_DEVICES: "[]"}}}), "the DRA driver's token names no node")
         events, _ = cp.audit(start)
         seen = [line for line in refused(events) if DRA_ACCOUNT in line]
         assert len(seen) == 9, seen  # the audit check sees each
