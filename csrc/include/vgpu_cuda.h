@@ -38,6 +38,7 @@ typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUipcMemHandle_st { char reserved[64]; } CUipcMemHandle; /* CU_IPC_HANDLE_SIZE */
+typedef struct CUmemPoolPtrExportData_st { unsigned char reserved[64]; } CUmemPoolPtrExportData;
 
 typedef struct CUuuid_st {
     char bytes[16];

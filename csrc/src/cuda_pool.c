@@ -213,7 +213,36 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, int ptsz)
             __atomic_store_n(&vg_pools_dirty, 1, __ATOMIC_RELEASE);
         else
             vg_release(&a);
+        if (a.flags & VG_F_EXPORTED) { /* an importer may keep it: measure now */
+            if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev);
+            vg_context_untracked_now(a.dev);
+        }
     }
+    return r;
+}
+
+/* Pool IPC: another process that imports the pool and a pointer of it maps that memory;
+ * freed here while imported there (the docs ask importers to free first), a driver may
+ * keep it allocated, counted by NVML for this process, though the pool no longer
+ * reserves it. The exported pointer's free, and a trim or destruction of an exported
+ * pool, measure the untracked memory at once (as legacy IPC's free: cuda_memory.c). */
+CUresult vg_impl_cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                                  CUmemAllocationHandleType handleType,
+                                                  unsigned long long flags)
+{
+    CUresult r = vg_real.cuMemPoolExportToShareableHandle(handle_out, pool, handleType, flags);
+    if (r == CUDA_SUCCESS) {
+        vg_lock(&pool_mu);
+        vg_mark(VG_T_POOL, (uint64_t)(uintptr_t)pool, VG_F_EXPORTED);
+        vg_unlock(&pool_mu);
+    }
+    return r;
+}
+
+CUresult vg_impl_cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr)
+{
+    CUresult r = vg_real.cuMemPoolExportPointer(shareData_out, ptr);
+    if (r == CUDA_SUCCESS) vg_mark(VG_T_PTR, ptr, VG_F_EXPORTED);
     return r;
 }
 
@@ -245,13 +274,16 @@ CUresult vg_impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
 static CUresult after_pool(CUresult r, CUmemoryPool pool, int gone)
 {
     vg_alloc p;
+    int exported = 0;
     vg_lock(&pool_mu);
     if (r == CUDA_SUCCESS && vg_peek(VG_T_POOL, (uint64_t)(uintptr_t)pool, &p) && p.dev >= 0) {
         settle(&p);
+        exported = (p.flags & VG_F_EXPORTED) != 0;
         if (gone && vg_forget(VG_T_POOL, p.key, &p)) vg_state_uncharge(p.dev, p.bytes,
                                                                       VG_KIND_DEVICE);
     }
     vg_unlock(&pool_mu);
+    if (exported) vg_context_untracked_now(p.dev); /* an importer may keep what it gave up */
     return r;
 }
 

@@ -134,7 +134,9 @@ typedef struct vg_alloc {
 #define VG_F_RELEASED 1 /* a VMM handle released while still mapped */
 #define VG_F_PENDING 2  /* a context whose memory is not measured yet */
 #define VG_F_PRIMARY 4  /* a primary context */
-#define VG_F_EXPORTED 8 /* a pointer cuIpcGetMemHandle exported: other processes may keep it */
+#define VG_F_EXPORTED 8 /* a pointer cuIpcGetMemHandle or cuMemPoolExportPointer exported, or a
+                         * pool cuMemPoolExportToShareableHandle did: other processes may keep
+                         * its memory after this one frees it */
 typedef struct vg_alloc_table { vg_alloc *slots; size_t cap; size_t len; } vg_alloc_table;
 int vg_table_put(vg_alloc_table *t, vg_alloc a);     /* 0, or -1 when out of memory */
 int vg_table_take(vg_alloc_table *t, uint64_t key, vg_alloc *out); /* 1 found+removed */

@@ -404,6 +404,42 @@ def test_ipc_memory_freed_while_another_process_has_it_open_stays_charged(
             p.wait()
 
 
+def test_pool_memory_freed_while_another_process_has_it_imported_stays_charged(
+        shim: Shim, registration: Registration) -> None:
+    """Pool IPC, as legacy IPC above: A's shareable pool gives 600 MiB that B imports; A
+    frees them (before B: what the docs forbid, a hostile tenant does) and trims the pool,
+    whose reserve no longer holds them, though the driver keeps them for B and NVML counts
+    them for A. The shim gave their charge back with the pool's reserve and, within 100 ms
+    of A's last measurement, let another 600 MiB of the pool in (1.4 GiB under 1 GiB). The
+    exported pointer's free and the exported pool's trim now measure at once."""
+    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    try:
+        pool = ask(a, "pool 0 ipc")["id"]
+        x = ask(a, f"poolalloc {pool} 600m")
+        assert x["rc"] == 0, x
+        data = ask(a, f"ptrexport {x['ptr']}")["data"]
+        fd = ask(a, f"poolexport {pool}")["fd"]
+        theirs = ask(b, f"poolimport /proc/{a.pid}/fd/{fd}")
+        assert theirs["rc"] == 0, theirs
+        got = ask(b, f"ptrimport {theirs['id']} {data}")
+        assert got["rc"] == 0, got
+        ask(a, "sleep 150")
+        assert ask(a, "info")["free"] == GIB - 800 * MIB  # measured: the steps below come
+        assert ask(a, f"freeasync {x['ptr']}")["rc"] == 0  # within 100 ms of it
+        assert ask(a, f"trim {pool} 0")["rc"] == 0
+        assert ask(a, "fake_device_used_bytes 0")["value"] == 800 * MIB  # still allocated
+        assert ask(a, f"poolalloc {pool} 600m")["rc"] == OOM
+        assert ask(a, "fake_device_used_bytes 0")["value"] == 800 * MIB  # never past 1 GiB
+        assert ask(b, f"freeasync {got['ptr']}")["rc"] == 0  # the importer lets go
+        ask(a, "sleep 150")
+        assert ask(a, "info")["free"] == GIB - 200 * MIB
+        assert ask(a, f"poolalloc {pool} 600m")["rc"] == 0
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
 def test_ipc_memory_an_exporter_leaves_open_is_charged_to_the_opener(
         shim: Shim, registration: Registration) -> None:
     """The exporter exits while B holds its exported allocation open: the memory stays,

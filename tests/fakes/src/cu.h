@@ -33,7 +33,8 @@ void fc_handle_free(const void *handle);
 enum fc_akind {
     A_DEVICE = 1, A_DEVICE32, A_ARRAY, A_MIPMAP, A_MANAGED, A_HOST, A_VMM, A_VA,
     A_GRAPHVA, /* the address of a graph mem alloc node (cu_graph.c) */
-    A_IPC,     /* another process's allocation opened by cuIpcOpenMemHandle (refs: opens) */
+    A_IPC,     /* another process's allocation opened by cuIpcOpenMemHandle (refs: opens),
+                * or imported from its pool by cuMemPoolImportPointer (pool_import) */
 };
 struct fc_alloc {
     uint64_t key;
@@ -52,6 +53,7 @@ struct fc_alloc {
     int freed_in_graph; /* A_GRAPHVA: a free node for it exists (in its own graph or another) */
     int ipc_index;    /* A_DEVICE exported by cuIpcGetMemHandle (ipc_id != 0), A_IPC: the */
     uint64_t ipc_id;  /* shared state's export entry (state.c, struct fc_ipc) */
+    int pool_import;  /* A_IPC: by cuMemPoolImportPointer (freed with cuMemFree[Async]) */
 };
 void fc_alloc_put(struct fc_alloc *a);
 struct fc_alloc *fc_alloc_get(uint64_t key);
@@ -152,6 +154,20 @@ uint64_t fc_round_up(uint64_t v, uint64_t a);
 CUresult fc_pool_take(struct fc_pool *p, uint64_t size);
 /* Gives size bytes back to the pool (still reserved). */
 void fc_pool_give(struct fc_pool *p, uint64_t size);
+/* An exported allocation freed while another process has it imported: its bytes leave
+ * the pool (used and reserved) without being uncharged; the export entry holds them. */
+void fc_pool_give_away(struct fc_pool *p, uint64_t size);
+/* The pool was created with a POSIX file descriptor handle type (cuMemPoolExportPointer
+ * may export its allocations). */
+int fc_pool_exportable(const struct fc_pool *p);
+/* Maps the export entry (index, id) into this process under a fresh address: an A_IPC
+ * record (pool_import: a pool pointer's import). Under fc_obj_mutex. */
+CUresult fc_ipc_map(int index, uint64_t id, struct fc_ctx *c, int pool_import, uint64_t *out);
+/* cuMemPoolImportPointer's work, for an imported pool of physical device pool_dev. */
+CUresult fc_pool_import_pointer(CUdeviceptr *ptr_out, int pool_dev,
+                                const CUmemPoolPtrExportData *shareData);
+/* Removes the record of key if it is a pointer imported from another process's pool. */
+struct fc_alloc *fc_take_pool_import(uint64_t key);
 /* Synchronisation point: pools over their release threshold release what they can. */
 CUresult fc_pools_sync(void);
 /* No context of this process left on dev: pools and graph memory of dev release every

@@ -56,7 +56,9 @@ void fc_free_record(struct fc_alloc *a) {
     case A_DEVICE32:
     case A_ARRAY:
     case A_MIPMAP:
-        if (a->pool)
+        if (a->pool && a->ipc_id && fc_ipc_exporter_free(a->ipc_index, a->ipc_id))
+            fc_pool_give_away(a->pool, a->size); /* imported elsewhere: kept, charged here */
+        else if (a->pool)
             fc_pool_give(a->pool, a->size); /* back to the pool: still reserved */
         else if (a->ipc_id && fc_ipc_exporter_free(a->ipc_index, a->ipc_id))
             ; /* exported and open elsewhere: the memory stays, still charged here */
@@ -73,6 +75,15 @@ void fc_free_record(struct fc_alloc *a) {
     default: break;
     }
     free(a);
+}
+
+/* Removes the record of key if it is a pointer imported from another process's pool. */
+struct fc_alloc *fc_take_pool_import(uint64_t key) {
+    pthread_mutex_lock(&fc_obj_mutex);
+    struct fc_alloc *a = fc_alloc_get(key);
+    a = (a && a->kind == A_IPC && a->pool_import) ? fc_alloc_take(key) : NULL;
+    pthread_mutex_unlock(&fc_obj_mutex);
+    return a;
 }
 
 /* Removes the record of key if it is one of the kinds in mask (bit per kind). */
@@ -196,6 +207,12 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (r) return r;
     if (dptr == 0) return CUDA_SUCCESS; /* freeing NULL is a no-op, as in the real driver */
     struct fc_alloc *a = take_kind(dptr, 1u << A_DEVICE | 1u << A_DEVICE32 | 1u << A_MANAGED);
+    if (!a && (a = fc_take_pool_import(dptr))) {
+        uint64_t held = a->size;
+        fc_free_record(a); /* an imported pool pointer: this process stops holding it */
+        fc_addr_free(dptr, held, 0);
+        return CUDA_SUCCESS;
+    }
     if (!a) return fc_graph_free_va(dptr); /* a graph allocation, or INVALID_VALUE */
     uint64_t key = a->key, size = a->size;
     int linear = (a->kind == A_DEVICE || a->kind == A_DEVICE32) && !a->pool;
@@ -1017,6 +1034,60 @@ FC_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     return CUDA_SUCCESS;
 }
 
+/* ---- pool IPC (README.md "Pool IPC"): a pool pointer's export is an entry of the same
+ * table as legacy IPC's; the 64 bytes of its CUmemPoolPtrExportData name it ---- */
+#define POOL_PTR_MAGIC "fakepptr"
+_Static_assert(sizeof(struct ipc_handle) == sizeof(CUmemPoolPtrExportData),
+               "CUmemPoolPtrExportData is 64 bytes");
+
+FC_API CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!shareData_out) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fc_obj_mutex);
+    struct fc_alloc *a = fc_alloc_get(ptr);
+    /* the base of an allocation of a pool made shareable */
+    if (!a || a->kind != A_DEVICE || !a->pool || !fc_pool_exportable(a->pool)) {
+        pthread_mutex_unlock(&fc_obj_mutex);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!a->ipc_id && fc_ipc_export(a->dev, a->size, &a->ipc_index, &a->ipc_id) < 0) {
+        pthread_mutex_unlock(&fc_obj_mutex);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct ipc_handle h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, POOL_PTR_MAGIC, sizeof h.magic);
+    h.index = a->ipc_index;
+    h.dev = a->dev;
+    h.id = a->ipc_id;
+    h.size = a->size;
+    h.pid = (int32_t)getpid();
+    pthread_mutex_unlock(&fc_obj_mutex);
+    memcpy(shareData_out, &h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
+CUresult fc_pool_import_pointer(CUdeviceptr *ptr_out, int pool_dev,
+                                const CUmemPoolPtrExportData *shareData) {
+    struct fc_ctx *c;
+    CUresult r = fc_current(&c);
+    if (r) return r;
+    if (!ptr_out || !shareData) return CUDA_ERROR_INVALID_VALUE;
+    struct ipc_handle h;
+    memcpy(&h, shareData, sizeof h);
+    if (memcmp(h.magic, POOL_PTR_MAGIC, sizeof h.magic) != 0 || h.dev != pool_dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key;
+    pthread_mutex_lock(&fc_obj_mutex);
+    r = fc_ipc_map(h.index, h.id, c, 1, &key);
+    pthread_mutex_unlock(&fc_obj_mutex);
+    if (r == CUDA_ERROR_INVALID_HANDLE) r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) *ptr_out = key;
+    return r;
+}
+
 struct ipc_q {
     uint64_t id;
     struct fc_alloc *found;
@@ -1045,21 +1116,26 @@ FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
         pthread_mutex_unlock(&fc_obj_mutex);
         return CUDA_SUCCESS;
     }
+    uint64_t key;
+    r = fc_ipc_map(h.index, h.id, c, 0, &key);
+    if (!r) *pdptr = key;
+    pthread_mutex_unlock(&fc_obj_mutex);
+    return r;
+}
+
+CUresult fc_ipc_map(int index, uint64_t id, struct fc_ctx *c, int pool_import, uint64_t *out) {
     int dev;
     uint64_t size;
-    int o = fc_ipc_open(h.index, h.id, &dev, &size);
-    if (o < 0) {
-        pthread_mutex_unlock(&fc_obj_mutex);
+    int o = fc_ipc_open(index, id, &dev, &size);
+    if (o < 0)
         return o == -2 ? CUDA_ERROR_INVALID_CONTEXT
                : o == -3 ? CUDA_ERROR_TOO_MANY_PEERS
                          : CUDA_ERROR_INVALID_HANDLE;
-    }
     struct fc_alloc *a = calloc(1, sizeof *a);
     if (a) a->key = fc_addr_new(size, size >= GRANULARITY ? GRANULARITY : 512, 0);
     if (!a || !a->key) {
-        pthread_mutex_unlock(&fc_obj_mutex);
         free(a);
-        fc_ipc_close(h.index, h.id);
+        fc_ipc_close(index, id);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     a->size = size;
@@ -1067,11 +1143,11 @@ FC_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
     a->dev = dev;
     a->ctx = c;
     a->refs = 1;
-    a->ipc_index = h.index;
-    a->ipc_id = h.id;
+    a->ipc_index = index;
+    a->ipc_id = id;
+    a->pool_import = pool_import;
     fc_alloc_put(a);
-    *pdptr = a->key;
-    pthread_mutex_unlock(&fc_obj_mutex);
+    *out = a->key;
     return CUDA_SUCCESS;
 }
 
@@ -1085,7 +1161,7 @@ FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     if (r) return r;
     pthread_mutex_lock(&fc_obj_mutex);
     struct fc_alloc *a = fc_alloc_get(dptr);
-    if (!a || a->kind != A_IPC) {
+    if (!a || a->kind != A_IPC || a->pool_import) {
         pthread_mutex_unlock(&fc_obj_mutex);
         return CUDA_ERROR_INVALID_VALUE;
     }

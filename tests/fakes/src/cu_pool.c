@@ -15,7 +15,10 @@
  * rest stays a block), else the reserve grows by its whole size, rounded up to 2 MiB,
  * however much free reserve the pool holds; a trim releases whole free blocks, largest
  * first, while the reserve is above its target. */
+#define _GNU_SOURCE
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "cu.h"
@@ -24,6 +27,8 @@ struct fc_pool {
     int dev; /* physical */
     int is_default;
     int destroyed; /* cuMemPoolDestroy called: frees release at once */
+    int exportable; /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    int imported;   /* cuMemPoolImportFromShareableHandle: another process's, no allocations */
     uint64_t used, used_high, reserved, reserved_high, threshold;
     int reuse[3]; /* the reuse-policy attributes: accepted, remembered, ignored */
     uint64_t blocks[256]; /* FAKECUDA_POOL_FRAGMENTS: the free blocks */
@@ -125,6 +130,15 @@ CUresult fc_pool_take(struct fc_pool *p, uint64_t size) {
     p->used_high = max64(p->used_high, p->used);
     pthread_mutex_unlock(&pool_mutex);
     return CUDA_SUCCESS;
+}
+
+int fc_pool_exportable(const struct fc_pool *p) { return p->exportable; }
+
+void fc_pool_give_away(struct fc_pool *p, uint64_t size) {
+    pthread_mutex_lock(&pool_mutex);
+    p->used = p->used > size ? p->used - size : 0;
+    p->reserved = p->reserved > size ? p->reserved - size : 0;
+    pthread_mutex_unlock(&pool_mutex);
 }
 
 void fc_pool_give(struct fc_pool *p, uint64_t size) {
@@ -364,11 +378,73 @@ FC_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     struct fc_pool *p = calloc(1, sizeof *p);
     if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
     p->handle = fc_handle_new(K_POOL, p);
+    p->exportable = (props->handleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0;
     pthread_mutex_lock(&pool_mutex);
     pool_init(p, dev);
     pthread_mutex_unlock(&pool_mutex);
     *pool = p->handle;
     return CUDA_SUCCESS;
+}
+
+/* ---- pool IPC (README.md "Pool IPC"): the shareable handle is a file descriptor of a
+ * memfd naming the pool's device; the pool's pointers are exported one by one ---- */
+#define POOL_FD_MAGIC "fakepool"
+struct pool_fd {
+    char magic[8];
+    int32_t dev;
+    int32_t pid;
+};
+
+FC_API CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool pool,
+                                                 CUmemAllocationHandleType handleType,
+                                                 unsigned long long flags) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    struct fc_pool *p = pool_of(pool);
+    if (!handle_out || !p || flags || p->imported) return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !p->exportable)
+        return CUDA_ERROR_INVALID_VALUE; /* a pool made without that handle type */
+    int fd = memfd_create("fakecuda-pool", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct pool_fd d = {.dev = p->dev, .pid = (int32_t)getpid()};
+    memcpy(d.magic, POOL_FD_MAGIC, sizeof d.magic);
+    if (pwrite(fd, &d, sizeof d, 0) != (ssize_t)sizeof d) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)handle_out = fd;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool_out, void *handle,
+                                                   CUmemAllocationHandleType handleType,
+                                                   unsigned long long flags) {
+    CUresult r = fc_check_init();
+    if (r) return r;
+    if (!pool_out || flags || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct pool_fd d;
+    int fd = (int)(intptr_t)handle;
+    if (pread(fd, &d, sizeof d, 0) != (ssize_t)sizeof d ||
+        memcmp(d.magic, POOL_FD_MAGIC, sizeof d.magic) != 0 || d.dev < 0 ||
+        d.dev >= fc_knobs()->ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fc_pool *p = calloc(1, sizeof *p);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->imported = 1;
+    p->handle = fc_handle_new(K_POOL, p);
+    pthread_mutex_lock(&pool_mutex);
+    pool_init(p, d.dev);
+    pthread_mutex_unlock(&pool_mutex);
+    *pool_out = p->handle;
+    return CUDA_SUCCESS;
+}
+
+FC_API CUresult cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmemoryPool pool,
+                                       CUmemPoolPtrExportData *shareData) {
+    struct fc_pool *p = pool_of(pool);
+    if (!p || !p->imported) return CUDA_ERROR_INVALID_VALUE;
+    return fc_pool_import_pointer(ptr_out, p->dev, shareData);
 }
 
 /* Releases the unused reserve at once; the rest goes as the pool's allocations are freed
@@ -458,7 +534,7 @@ FC_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUme
     CUresult r = fc_stream_ctx(hStream, &c, NULL);
     if (r) return r;
     struct fc_pool *p = pool_of(pool);
-    if (!dptr || bytesize == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
+    if (!dptr || bytesize == 0 || !p || p->imported) return CUDA_ERROR_INVALID_VALUE;
     r = fc_pool_take(p, bytesize);
     if (r) return r;
     uint64_t ptr;
@@ -498,6 +574,12 @@ FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     CUresult r = fc_stream_ctx(hStream, &c, NULL);
     if (r) return r;
     struct fc_alloc *a = take_device(dptr);
+    if (!a && (a = fc_take_pool_import(dptr))) { /* an imported pool pointer */
+        uint64_t held = a->size;
+        fc_free_record(a);
+        fc_addr_free(dptr, held, 0);
+        return CUDA_SUCCESS;
+    }
     if (!a) return fc_graph_free_va(dptr); /* a graph allocation, or INVALID_VALUE */
     fc_free_record(a);
     return CUDA_SUCCESS;

@@ -87,6 +87,10 @@
     X(cuDeviceGetMemPool, 11020, 0, cuDeviceGetMemPool)                 \
     X(cuDeviceSetMemPool, 11020, 0, cuDeviceSetMemPool)                 \
     X(cuMemPoolTrimTo, 11020, 0, cuMemPoolTrimTo)                       \
+    X(cuMemPoolExportToShareableHandle, 11020, 0, cuMemPoolExportToShareableHandle) \
+    X(cuMemPoolImportFromShareableHandle, 11020, 0, cuMemPoolImportFromShareableHandle) \
+    X(cuMemPoolExportPointer, 11020, 0, cuMemPoolExportPointer)         \
+    X(cuMemPoolImportPointer, 11020, 0, cuMemPoolImportPointer)         \
     X(cuMemPoolSetAttribute, 11020, 0, cuMemPoolSetAttribute)           \
     X(cuMemPoolGetAttribute, 11020, 0, cuMemPoolGetAttribute)           \
     X(cuMemCreate, 10020, 0, cuMemCreate)                               \

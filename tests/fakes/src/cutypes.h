@@ -36,6 +36,9 @@ typedef struct CUipcMemHandle_st {
     char reserved[CU_IPC_HANDLE_SIZE];
 } CUipcMemHandle;
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+typedef struct CUmemPoolPtrExportData_st {
+    unsigned char reserved[64];
+} CUmemPoolPtrExportData;
 
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)

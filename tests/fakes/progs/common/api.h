@@ -70,6 +70,13 @@
     X(cuDeviceGetMemPool, cuDeviceGetMemPool, 0, (CUmemoryPool *, CUdevice))                 \
     X(cuDeviceSetMemPool, cuDeviceSetMemPool, 0, (CUdevice, CUmemoryPool))                   \
     X(cuMemPoolTrimTo, cuMemPoolTrimTo, 0, (CUmemoryPool, size_t))                           \
+    X(cuMemPoolExportToShareableHandle, cuMemPoolExportToShareableHandle, 0,                    \
+      (void *, CUmemoryPool, CUmemAllocationHandleType, unsigned long long))                   \
+    X(cuMemPoolImportFromShareableHandle, cuMemPoolImportFromShareableHandle, 0,                \
+      (CUmemoryPool *, void *, CUmemAllocationHandleType, unsigned long long))                 \
+    X(cuMemPoolExportPointer, cuMemPoolExportPointer, 0, (CUmemPoolPtrExportData *, CUdeviceptr)) \
+    X(cuMemPoolImportPointer, cuMemPoolImportPointer, 0,                                        \
+      (CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *))                                  \
     X(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 0, (CUmemoryPool, CUmemPool_attribute, void *)) \
     X(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 0, (CUmemoryPool, CUmemPool_attribute, void *)) \
     X(cuMemCreate, cuMemCreate, 0,                                                           \

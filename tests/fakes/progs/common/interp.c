@@ -398,7 +398,7 @@ static void op_pool(const char *op, char **a) {
         emit(op, rc, NULL);
         return;
     }
-    if (!strcmp(op, "pool")) {
+    if (!strcmp(op, "pool")) { /* pool [D [ipc]]: ipc, shareable by a POSIX fd */
         int dev = dev_arg(a[0]);
         int rc = ensure(dev);
         CUmemPoolProps props;
@@ -406,6 +406,8 @@ static void op_pool(const char *op, char **a) {
         props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
         props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         props.location.id = dev;
+        if (a[0] && a[1] && !strcmp(a[1], "ipc"))
+            props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         CUmemoryPool pool = NULL;
         if (!rc) rc = CALL(cuMemPoolCreate, &pool, &props);
         int id = rc ? -1 : new_id((struct rec){.kind = R_POOL, .pool = pool});
@@ -425,6 +427,22 @@ static void op_pool(const char *op, char **a) {
         emit(op, rc, "\"id\":%d,\"ptr\":\"0x%llx\",\"size\":%" PRIu64, id, (unsigned long long)ptr, size);
     } else if (!strcmp(op, "trim")) {
         emit(op, CALL(cuMemPoolTrimTo, p->pool, parse_size(a[1])), NULL);
+    } else if (!strcmp(op, "poolexport")) { /* poolexport POOLID: its shareable fd */
+        int fd = -1;
+        int rc = CALL(cuMemPoolExportToShareableHandle, &fd, p->pool,
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        emit(op, rc, "\"fd\":%d", rc ? -1 : fd);
+    } else if (!strcmp(op, "ptrimport")) { /* ptrimport POOLID HEX: an imported pool's */
+        CUmemPoolPtrExportData d;
+        memset(&d, 0, sizeof d);
+        const char *h = a[1] ? a[1] : "";
+        for (size_t i = 0; i < sizeof d.reserved && h[2 * i] && h[2 * i + 1]; i++) {
+            char b[3] = {h[2 * i], h[2 * i + 1], 0};
+            d.reserved[i] = (unsigned char)strtoul(b, NULL, 16);
+        }
+        CUdeviceptr ptr = 0;
+        int rc = CALL(cuMemPoolImportPointer, &ptr, p->pool, &d);
+        emit(op, rc, "\"ptr\":\"0x%llx\"", (unsigned long long)ptr);
     } else if (!strcmp(op, "poolsetattr")) { /* poolsetattr POOLID NAME VALUE */
         int k = -1;
         for (size_t i = 0; a[1] && i < sizeof pool_attrs / sizeof pool_attrs[0]; i++)
@@ -1491,7 +1509,27 @@ static void run_line(char *line) {
         CUmemAllocationProp p = prop_for(dev_arg(a[0]), 0);
         rc = CALL(cuMemGetAllocationGranularity, &g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
         emit(op, rc, "\"granularity\":%zu", g);
+    } else if (!strcmp(op, "poolimport")) { /* poolimport PATH|FD: a pool id */
+        const char *path = a[0] ? a[0] : "-1";
+        int fd = path[0] == '/' ? open(path, O_RDONLY | O_CLOEXEC) : atoi(path);
+        CUmemoryPool pool = NULL;
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuMemPoolImportFromShareableHandle, &pool, (void *)(intptr_t)fd,
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (path[0] == '/' && fd >= 0) close(fd);
+        int id = rc ? -1 : new_id((struct rec){.kind = R_POOL, .pool = pool});
+        emit(op, rc, "\"id\":%d", id);
+    } else if (!strcmp(op, "ptrexport")) { /* ptrexport 0xADDR: 128 hex digits */
+        CUmemPoolPtrExportData d;
+        memset(&d, 0, sizeof d);
+        rc = ensure(cur_dev);
+        if (!rc) rc = CALL(cuMemPoolExportPointer, &d, a[0] ? strtoull(a[0], NULL, 0) : 0);
+        char hex[2 * sizeof d.reserved + 1];
+        for (size_t i = 0; i < sizeof d.reserved; i++)
+            snprintf(hex + 2 * i, 3, "%02x", d.reserved[i]);
+        emit(op, rc, "\"data\":\"%s\"", rc ? "" : hex);
     } else if (!strcmp(op, "pool") || !strcmp(op, "poolalloc") || !strcmp(op, "trim") ||
+               !strcmp(op, "poolexport") || !strcmp(op, "ptrimport") ||
                !strcmp(op, "poolattr") || !strcmp(op, "poolsetattr") || !strcmp(op, "defpool") ||
                !strcmp(op, "curpool") || !strcmp(op, "setpool")) {
         op_pool(op, a);
