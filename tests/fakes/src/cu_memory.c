@@ -1005,6 +1005,23 @@ struct ipc_handle { /* the 64 bytes of a CUipcMemHandle */
 };
 _Static_assert(sizeof(struct ipc_handle) == CU_IPC_HANDLE_SIZE, "CUipcMemHandle is 64 bytes");
 
+/* a's export entry (made on its first export) in the 64 bytes at out, under magic.
+ * Under fc_obj_mutex. */
+static CUresult export_entry(struct fc_alloc *a, const char *magic, void *out) {
+    if (!a->ipc_id && fc_ipc_export(a->dev, a->size, &a->ipc_index, &a->ipc_id) < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* the export table is full */
+    struct ipc_handle h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, magic, sizeof h.magic);
+    h.index = a->ipc_index;
+    h.dev = a->dev;
+    h.id = a->ipc_id;
+    h.size = a->size;
+    h.pid = (int32_t)getpid();
+    memcpy(out, &h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
 FC_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
     struct fc_ctx *c;
     CUresult r = fc_current(&c);
@@ -1017,21 +1034,9 @@ FC_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
         pthread_mutex_unlock(&fc_obj_mutex);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (!a->ipc_id && fc_ipc_export(a->dev, a->size, &a->ipc_index, &a->ipc_id) < 0) {
-        pthread_mutex_unlock(&fc_obj_mutex);
-        return CUDA_ERROR_OUT_OF_MEMORY; /* the export table is full */
-    }
-    struct ipc_handle h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.magic, IPC_MAGIC, sizeof h.magic);
-    h.index = a->ipc_index;
-    h.dev = a->dev;
-    h.id = a->ipc_id;
-    h.size = a->size;
-    h.pid = (int32_t)getpid();
-    pthread_mutex_unlock(&fc_obj_mutex); /* the same handle each time for one allocation */
-    memcpy(pHandle, &h, sizeof h);
-    return CUDA_SUCCESS;
+    r = export_entry(a, IPC_MAGIC, pHandle); /* the same handle each time for one allocation */
+    pthread_mutex_unlock(&fc_obj_mutex);
+    return r;
 }
 
 /* ---- pool IPC (README.md "Pool IPC"): a pool pointer's export is an entry of the same
@@ -1052,21 +1057,9 @@ FC_API CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CU
         pthread_mutex_unlock(&fc_obj_mutex);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (!a->ipc_id && fc_ipc_export(a->dev, a->size, &a->ipc_index, &a->ipc_id) < 0) {
-        pthread_mutex_unlock(&fc_obj_mutex);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    struct ipc_handle h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.magic, POOL_PTR_MAGIC, sizeof h.magic);
-    h.index = a->ipc_index;
-    h.dev = a->dev;
-    h.id = a->ipc_id;
-    h.size = a->size;
-    h.pid = (int32_t)getpid();
+    r = export_entry(a, POOL_PTR_MAGIC, shareData_out);
     pthread_mutex_unlock(&fc_obj_mutex);
-    memcpy(shareData_out, &h, sizeof h);
-    return CUDA_SUCCESS;
+    return r;
 }
 
 CUresult fc_pool_import_pointer(CUdeviceptr *ptr_out, int pool_dev,
