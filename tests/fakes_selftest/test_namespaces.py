@@ -241,3 +241,24 @@ def test_a_waiter_killed_in_another_namespace_does_not_steal_the_lock(
     acquired = json.loads(host.proc.stdout.readline())
     assert acquired["rc"] == 0
     assert acquired["value"] >= released
+
+
+def test_a_holder_killed_holding_the_lock_lets_the_next_one_in(
+    fake: Fake, pid_namespaces: None
+) -> None:
+    # the lock word names its holder by lock id; the holder's liveness byte (an OFD lock
+    # the kernel drops with the process) says it is gone, and a waiter takes the word over
+    holder = fake.start("viaproc", wrap=IN_NEW_PID_NS)
+    assert holder.ok("fake_state_lock")["value"] > 0
+    host = fake.start("direct")
+    assert host.proc.stdin and host.proc.stdout
+    host.proc.stdin.write("fake_state_lock\n")
+    host.proc.stdin.flush()
+    _wait_blocked_in_lock(host.pid, host.proc.stdout)
+    killed = time.monotonic()
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait()
+    acquired = json.loads(host.proc.stdout.readline())
+    assert acquired["rc"] == 0 and time.monotonic() - killed < 5
+    assert host.ok("fake_state_unlock")["value"] >= acquired["value"]
+    assert host.ok("alloc 0 1m")["rc"] == 0  # and the state works on

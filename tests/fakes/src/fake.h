@@ -195,13 +195,16 @@ struct fc_ipc {
 };
 
 #define FC_MAGIC 0x46414b43u /* "FAKC" */
-#define FC_VERSION 8u
+#define FC_VERSION 9u
 
 struct fc_shared {
     uint32_t magic, version, ndev, reserved;
     uint64_t last_reap_ns;
     uint64_t sample_ns; /* the sampling window of the process that made the state */
-    uint64_t reserved2[8];
+    uint32_t lock_word;     /* the state lock: 0, or its holder's lock id (| FC_LOCK_WAITERS) */
+    uint32_t reserved3;
+    uint64_t lock_next_id;  /* lock ids handed out (one per process, again after fork) */
+    uint64_t reserved2[6];
     struct fc_proc procs[FC_MAX_PROCS];
     uint64_t ipc_next_id;
     struct fc_ipc ipc[FC_IPC];
