@@ -97,9 +97,12 @@ static int settle_each(vg_alloc *p, void *arg)
     return 0;
 }
 
+/* Every pool of dev (-1: of every device) charged at what it reserves now. Only a
+ * reconcile of every device clears vg_pools_dirty: one device's leaves the others', and
+ * its own pools' later releases at a sync, to be settled then. */
 void vg_pools_reconcile(int dev)
 {
-    __atomic_store_n(&vg_pools_dirty, 0, __ATOMIC_RELEASE);
+    if (dev < 0) __atomic_store_n(&vg_pools_dirty, 0, __ATOMIC_RELEASE);
     struct reconcile r = {dev};
     vg_lock(&pool_mu);
     vg_each(VG_T_POOL, settle_each, &r);

@@ -440,6 +440,33 @@ def test_pool_memory_freed_while_another_process_has_it_imported_stays_charged(
             p.wait()
 
 
+def test_pool_memory_shared_in_the_documented_order_is_given_back_at_the_sync(
+        shim: Shim, registration: Registration) -> None:
+    """The importer frees first, then the exporter, whose pool gives the memory back at
+    its next synchronisation: the charge goes with it. (The measurement at the exported
+    pointer's free settled that device's pools and cleared the flag that makes the next
+    sync settle them again: the 600 MiB stayed charged and the next 600 MiB was refused.)"""
+    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    try:
+        pool = ask(a, "pool 0 ipc")["id"]
+        x = ask(a, f"poolalloc {pool} 600m")
+        assert x["rc"] == 0, x
+        data = ask(a, f"ptrexport {x['ptr']}")["data"]
+        fd = ask(a, f"poolexport {pool}")["fd"]
+        theirs = ask(b, f"poolimport /proc/{a.pid}/fd/{fd}")
+        got = ask(b, f"ptrimport {theirs['id']} {data}")
+        assert got["rc"] == 0, got
+        assert ask(b, f"freeasync {got['ptr']}")["rc"] == 0
+        assert ask(a, f"freeasync {x['ptr']}")["rc"] == 0
+        assert ask(a, "sync")["rc"] == 0  # the pool (threshold 0) gives it back here
+        assert ask(a, "fake_device_used_bytes 0")["value"] == 200 * MIB
+        assert ask(a, f"poolalloc {pool} 600m")["rc"] == 0
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
 def test_ipc_memory_an_exporter_leaves_open_is_charged_to_the_opener(
         shim: Shim, registration: Registration) -> None:
     """The exporter exits while B holds its exported allocation open: the memory stays,

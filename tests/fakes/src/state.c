@@ -201,15 +201,21 @@ static int ofd_lock(int fd, short type, off_t byte) {
     return rc;
 }
 
-/* A new open file description of the region's file: its own lock owner. */
+/* A new open file description of the file mapped at the region (through /proc/self/fd,
+ * else by FAKECUDA_STATE's path, checked to be the same file): its own lock owner. */
 static int reopen_region(void) {
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", region_fd);
     const struct fc_knobs *k = fc_knobs();
-    int fd = open(k->state_path ? k->state_path : path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        fprintf(stderr, "fakecuda: cannot reopen the state (%s): %s\n",
-                k->state_path ? k->state_path : path, strerror(errno));
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0 && k->state_path) fd = open(k->state_path, O_RDWR | O_CLOEXEC);
+    struct stat a, b;
+    if (fd >= 0 && (fstat(fd, &a) < 0 || fstat(region_fd, &b) < 0 || a.st_dev != b.st_dev ||
+                    a.st_ino != b.st_ino)) {
+        close(fd); /* FAKECUDA_STATE names another file now (deleted and made again) */
+        fd = -1;
+        errno = ESTALE;
+    }
     return fd;
 }
 
@@ -233,6 +239,7 @@ static void lock_child(void) {
     close(lock_fd);
     lock_fd = fd;
     take_lock_id();
+    if (!lock_id) shm = NULL; /* no lock of its own: no state (calls fail), never unlocked */
 }
 
 static struct fc_shared *open_file(const struct fc_knobs *k) {
@@ -320,12 +327,14 @@ static void state_open(void) {
         if (!s) s = open_memfd(k);
     }
     if (!s) return;
+    pthread_atfork(NULL, NULL, lock_child); /* first: a fork from now on takes its own */
     lock_fd = reopen_region();
-    if (lock_fd < 0) return;
     shm_pending = s;
     take_lock_id();
-    if (!lock_id) return;
-    pthread_atfork(NULL, NULL, lock_child);
+    if (!lock_id) {
+        fprintf(stderr, "fakecuda: cannot lock the state: %s\n", strerror(errno));
+        return;
+    }
     shm = s;
 }
 
@@ -351,6 +360,7 @@ static int holder_gone(uint32_t id) {
 static void word_lock(void) {
     uint32_t *w = &shm->lock_word;
     uint32_t mine = lock_id, cur = 0;
+    if (!mine) abort(); /* no lock id means no state: a caller that went on regardless */
     if (__atomic_compare_exchange_n(w, &cur, mine, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return;
     /* contended: from here on take it marked (others may sleep), sleep marked */
