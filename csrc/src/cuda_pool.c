@@ -88,12 +88,16 @@ static vg_alloc pool_record(uint64_t key, int dev, int graph, int ordinal)
     return p;
 }
 
-struct reconcile { int dev; };
+struct reconcile { int dev; uint64_t measure; /* devices of exported pools that shrank */ };
 
 static int settle_each(vg_alloc *p, void *arg)
 {
-    int dev = ((struct reconcile *)arg)->dev;
-    if (dev < 0 || p->dev == dev) settle(p);
+    struct reconcile *r = arg;
+    if (r->dev >= 0 && p->dev != r->dev) return 0;
+    uint64_t before = p->bytes;
+    settle(p);
+    if ((p->flags & VG_F_EXPORTED) && p->bytes < before && p->dev >= 0 && p->dev < 64)
+        r->measure |= 1ull << p->dev;
     return 0;
 }
 
@@ -103,10 +107,13 @@ static int settle_each(vg_alloc *p, void *arg)
 void vg_pools_reconcile(int dev)
 {
     if (dev < 0) __atomic_store_n(&vg_pools_dirty, 0, __ATOMIC_RELEASE);
-    struct reconcile r = {dev};
+    struct reconcile r = {dev, 0};
     vg_lock(&pool_mu);
     vg_each(VG_T_POOL, settle_each, &r);
     vg_unlock(&pool_mu);
+    /* an exported pool gave memory back (at a sync, say): an importer may keep it */
+    for (int d = 0; d < 64; d++)
+        if (r.measure & (1ull << d)) vg_context_untracked_now(d);
 }
 
 /* ---- stream-ordered allocations ---- */
