@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -404,6 +405,22 @@ def test_ipc_memory_freed_while_another_process_has_it_open_stays_charged(
             p.wait()
 
 
+def _pool_pointer_shared(a: subprocess.Popen[str], b: subprocess.Popen[str],
+                         ) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """A's shareable pool, 600 MiB of it exported and imported by B: (the pool's id, A's
+    allocation, B's import)."""
+    pool = ask(a, "pool 0 ipc")["id"]
+    x = ask(a, f"poolalloc {pool} 600m")
+    assert x["rc"] == 0, x
+    data = ask(a, f"ptrexport {x['ptr']}")["data"]
+    fd = ask(a, f"poolexport {pool}")["fd"]
+    theirs = ask(b, f"poolimport /proc/{a.pid}/fd/{fd}")
+    assert theirs["rc"] == 0, theirs
+    got = ask(b, f"ptrimport {theirs['id']} {data}")
+    assert got["rc"] == 0, got
+    return int(pool), x, got
+
+
 def test_pool_memory_freed_while_another_process_has_it_imported_stays_charged(
         shim: Shim, registration: Registration) -> None:
     """Pool IPC, as legacy IPC above: A's shareable pool gives 600 MiB that B imports; A
@@ -414,15 +431,7 @@ def test_pool_memory_freed_while_another_process_has_it_imported_stays_charged(
     exported pointer's free and the exported pool's trim now measure at once."""
     a, b = _spawned(shim, 2, _ipc_env(shim, registration))
     try:
-        pool = ask(a, "pool 0 ipc")["id"]
-        x = ask(a, f"poolalloc {pool} 600m")
-        assert x["rc"] == 0, x
-        data = ask(a, f"ptrexport {x['ptr']}")["data"]
-        fd = ask(a, f"poolexport {pool}")["fd"]
-        theirs = ask(b, f"poolimport /proc/{a.pid}/fd/{fd}")
-        assert theirs["rc"] == 0, theirs
-        got = ask(b, f"ptrimport {theirs['id']} {data}")
-        assert got["rc"] == 0, got
+        pool, x, got = _pool_pointer_shared(a, b)
         ask(a, "sleep 150")
         assert ask(a, "info")["free"] == GIB - 800 * MIB  # measured: the steps below come
         assert ask(a, f"freeasync {x['ptr']}")["rc"] == 0  # within 100 ms of it
@@ -448,14 +457,7 @@ def test_pool_memory_shared_in_the_documented_order_is_given_back_at_the_sync(
     sync settle them again: the 600 MiB stayed charged and the next 600 MiB was refused.)"""
     a, b = _spawned(shim, 2, _ipc_env(shim, registration))
     try:
-        pool = ask(a, "pool 0 ipc")["id"]
-        x = ask(a, f"poolalloc {pool} 600m")
-        assert x["rc"] == 0, x
-        data = ask(a, f"ptrexport {x['ptr']}")["data"]
-        fd = ask(a, f"poolexport {pool}")["fd"]
-        theirs = ask(b, f"poolimport /proc/{a.pid}/fd/{fd}")
-        got = ask(b, f"ptrimport {theirs['id']} {data}")
-        assert got["rc"] == 0, got
+        pool, x, got = _pool_pointer_shared(a, b)
         assert ask(b, f"freeasync {got['ptr']}")["rc"] == 0
         assert ask(a, f"freeasync {x['ptr']}")["rc"] == 0
         assert ask(a, "sync")["rc"] == 0  # the pool (threshold 0) gives it back here
