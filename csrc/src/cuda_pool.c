@@ -219,13 +219,14 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, int ptsz)
     }
     CUresult r = ptsz ? vg_real.cuMemFreeAsync_ptsz(dptr, s) : vg_real.cuMemFreeAsync(dptr, s);
     if (r == CUDA_SUCCESS && vg_forget(VG_T_PTR, dptr, &a)) {
-        if (a.kind == VG_KIND_POOL) /* back in its pool, which may give it up at a sync */
+        if (a.kind == VG_KIND_POOL) { /* back in its pool, which may give it up at a sync */
             __atomic_store_n(&vg_pools_dirty, 1, __ATOMIC_RELEASE);
-        else
+            /* or now, when an importer keeps it: the reconcile measures an exported pool
+             * that shrank */
+            if (a.flags & VG_F_EXPORTED) vg_pools_reconcile(a.dev);
+        } else {
             vg_release(&a);
-        if (a.flags & VG_F_EXPORTED) { /* an importer may keep it: measure now */
-            if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev);
-            vg_context_untracked_now(a.dev);
+            if (a.flags & VG_F_EXPORTED) vg_context_untracked_now(a.dev); /* legacy IPC's */
         }
     }
     return r;
@@ -252,7 +253,13 @@ CUresult vg_impl_cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool
 CUresult vg_impl_cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr)
 {
     CUresult r = vg_real.cuMemPoolExportPointer(shareData_out, ptr);
-    if (r == CUDA_SUCCESS) vg_mark(VG_T_PTR, ptr, VG_F_EXPORTED);
+    vg_alloc a;
+    if (r == CUDA_SUCCESS && vg_peek(VG_T_PTR, ptr, &a)) {
+        vg_mark(VG_T_PTR, ptr, VG_F_EXPORTED);
+        vg_lock(&pool_mu); /* its pool is exported too, whoever exported the pool */
+        vg_mark(VG_T_POOL, a.aux, VG_F_EXPORTED);
+        vg_unlock(&pool_mu);
+    }
     return r;
 }
 

@@ -79,7 +79,8 @@ def _items(value: Any) -> list[Mapping[str, Any]]:
     return [x for x in value if isinstance(x, Mapping)] if isinstance(value, list) else []
 
 
-def devices(slices: Iterable[Mapping[str, Any]], warnings: list[str]) -> list[Device]:
+def published_devices(slices: Iterable[Mapping[str, Any]], warnings: list[str],
+                      ) -> list[Device]:
     """The devices of vgpud's driver in ``slices`` (any drivers'), newest generation of
     each pool only, in node then index order."""
     newest: dict[str, int] = {}
@@ -132,7 +133,7 @@ def dra_rows(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, 
     """The GPU rows of the DRA nodes and the rows of the pods their claims are reserved
     for."""
     rows = DraRows()
-    devs = devices(slices, rows.warnings)
+    devs = published_devices(slices, rows.warnings)
     by_id = {(d.pool, d.name): d for d in devs}
     use: dict[tuple[str, str], _Use] = {}
     grants: dict[tuple[str, str], tuple[str, str, list[Grant]]] = {}  # pod -> uid, node

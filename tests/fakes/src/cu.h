@@ -166,8 +166,8 @@ CUresult fc_ipc_map(int index, uint64_t id, struct fc_ctx *c, int pool_import, u
 /* cuMemPoolImportPointer's work, for an imported pool of physical device pool_dev. */
 CUresult fc_pool_import_pointer(CUdeviceptr *ptr_out, int pool_dev,
                                 const CUmemPoolPtrExportData *shareData);
-/* Removes the record of key if it is a pointer imported from another process's pool. */
-struct fc_alloc *fc_take_pool_import(uint64_t key);
+/* Frees key if it is a pointer imported from another process's pool (1), else 0. */
+int fc_free_pool_import(uint64_t key);
 /* Synchronisation point: pools over their release threshold release what they can. */
 CUresult fc_pools_sync(void);
 /* No context of this process left on dev: pools and graph memory of dev release every

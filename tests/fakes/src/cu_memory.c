@@ -77,13 +77,16 @@ void fc_free_record(struct fc_alloc *a) {
     free(a);
 }
 
-/* Removes the record of key if it is a pointer imported from another process's pool. */
-struct fc_alloc *fc_take_pool_import(uint64_t key) {
+int fc_free_pool_import(uint64_t key) {
     pthread_mutex_lock(&fc_obj_mutex);
     struct fc_alloc *a = fc_alloc_get(key);
     a = (a && a->kind == A_IPC && a->pool_import) ? fc_alloc_take(key) : NULL;
     pthread_mutex_unlock(&fc_obj_mutex);
-    return a;
+    if (!a) return 0;
+    uint64_t held = a->size;
+    fc_free_record(a); /* this process stops holding it */
+    fc_addr_free(key, held, 0);
+    return 1;
 }
 
 /* Removes the record of key if it is one of the kinds in mask (bit per kind). */
@@ -207,12 +210,7 @@ FC_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (r) return r;
     if (dptr == 0) return CUDA_SUCCESS; /* freeing NULL is a no-op, as in the real driver */
     struct fc_alloc *a = take_kind(dptr, 1u << A_DEVICE | 1u << A_DEVICE32 | 1u << A_MANAGED);
-    if (!a && (a = fc_take_pool_import(dptr))) {
-        uint64_t held = a->size;
-        fc_free_record(a); /* an imported pool pointer: this process stops holding it */
-        fc_addr_free(dptr, held, 0);
-        return CUDA_SUCCESS;
-    }
+    if (!a && fc_free_pool_import(dptr)) return CUDA_SUCCESS;
     if (!a) return fc_graph_free_va(dptr); /* a graph allocation, or INVALID_VALUE */
     uint64_t key = a->key, size = a->size;
     int linear = (a->kind == A_DEVICE || a->kind == A_DEVICE32) && !a->pool;

@@ -574,12 +574,7 @@ FC_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     CUresult r = fc_stream_ctx(hStream, &c, NULL);
     if (r) return r;
     struct fc_alloc *a = take_device(dptr);
-    if (!a && (a = fc_take_pool_import(dptr))) { /* an imported pool pointer */
-        uint64_t held = a->size;
-        fc_free_record(a);
-        fc_addr_free(dptr, held, 0);
-        return CUDA_SUCCESS;
-    }
+    if (!a && fc_free_pool_import(dptr)) return CUDA_SUCCESS; /* an imported pool pointer */
     if (!a) return fc_graph_free_va(dptr); /* a graph allocation, or INVALID_VALUE */
     fc_free_record(a);
     return CUDA_SUCCESS;

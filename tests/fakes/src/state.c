@@ -46,7 +46,6 @@ static int lock_fd = -1;   /* this process's own open file description of it */
 static pthread_mutex_t local_mtx = PTHREAD_MUTEX_INITIALIZER;
 
 static uint32_t lock_id; /* this process's (0: none: no state) */
-static struct fc_shared *shm_pending; /* the region while state_open makes it ready */
 
 #define INIT_LOCK_BYTE 0
 #define LIVE_BASE (1 << 20) /* byte LIVE_BASE + id: held by the process with lock id id */
@@ -219,26 +218,26 @@ static int reopen_region(void) {
     return fd;
 }
 
-/* The child of a fork shares its parent's descriptions: it takes its own, and the
- * threads it did not inherit cannot hold its mutex. */
-static void take_lock_id(void) {
+/* A lock id drawn from region s, its liveness byte held through lock_fd (0: none). */
+static void take_lock_id(struct fc_shared *s) {
     lock_id = 0;
     if (lock_fd < 0) return;
     uint32_t id;
     do { /* 0 is "free"; ids wrap after 2^31 processes, long gone by then */
-        id = (uint32_t)__atomic_add_fetch(&shm_pending->lock_next_id, 1, __ATOMIC_RELAXED) &
-             LOCK_ID_MASK;
+        id = (uint32_t)__atomic_add_fetch(&s->lock_next_id, 1, __ATOMIC_RELAXED) & LOCK_ID_MASK;
     } while (!id);
     if (ofd_lock(lock_fd, F_WRLCK, LIVE_BASE + (off_t)id) == 0) lock_id = id;
 }
 
+/* The child of a fork shares its parent's descriptions (and its lock id): it takes its
+ * own, and the threads it did not inherit cannot hold its mutex. */
 static void lock_child(void) {
     pthread_mutex_init(&local_mtx, NULL);
     if (lock_fd < 0) return;
     int fd = reopen_region(); /* the parent's description holds the parent's id */
     close(lock_fd);
     lock_fd = fd;
-    take_lock_id();
+    take_lock_id(shm);
     if (!lock_id) shm = NULL; /* no lock of its own: no state (calls fail), never unlocked */
 }
 
@@ -329,8 +328,7 @@ static void state_open(void) {
     if (!s) return;
     pthread_atfork(NULL, NULL, lock_child); /* first: a fork from now on takes its own */
     lock_fd = reopen_region();
-    shm_pending = s;
-    take_lock_id();
+    take_lock_id(s);
     if (!lock_id) {
         fprintf(stderr, "fakecuda: cannot lock the state: %s\n", strerror(errno));
         return;
