@@ -57,7 +57,12 @@ typedef struct vg_state_slot {
     uint64_t context[VG_MAX_DEVICES];    /* 152 of which context memory */
     uint64_t spilled[VG_MAX_DEVICES];    /* 280 managed bytes spilled */
     uint32_t flags;                      /* 408 VG_SLOT_LOCKED: alive while its lock byte is held */
-    unsigned char pad[VG_SLOT_SIZE - 412];
+    uint32_t adopted[VG_MAX_DEVICES];    /* 412 of used, 64 KiB units another process of the
+                                          * container charged here: memory NVML counts for this
+                                          * process that no measurement of its own had charged
+                                          * (an IPC allocation its exporter freed); this
+                                          * process's next measurement takes it as its own */
+    unsigned char pad[VG_SLOT_SIZE - 476];
 } vg_state_slot;
 
 /* A slot's process holds an OFD write lock on byte VG_SLOT_LOCK_BASE + its index of the

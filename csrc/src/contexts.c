@@ -82,6 +82,7 @@ static void charge_untracked(int dev)
     if (seen < 0) return;
     vg_lock(&ctx_mu);
     if (!pending[dev]) { /* a context not measured yet is the context charge's */
+        untracked[dev] += vg_state_take_adopted(dev); /* charged here by another process */
         uint64_t was = untracked[dev], own = vg_state_own_used(dev);
         uint64_t tracked = own > was ? own - was : 0;
         uint64_t want = (uint64_t)seen > tracked ? (uint64_t)seen - tracked : 0;
@@ -106,6 +107,37 @@ void vg_context_untracked_now(int dev)
     if (dev < 0 || dev >= VG_MAX_DEVICES) return;
     __atomic_store_n(&untracked_next[dev], 0, __ATOMIC_RELEASE);
     charge_untracked(dev);
+}
+
+/* A free of an IPC-exported allocation that another process of the container still has
+ * open: a real driver keeps the memory and NVML counts it for that process from then on
+ * (seen on an H200: 820 MiB moved from the exporter's figure to the opener's at the free).
+ * The opener's shim would charge it at its own next measurement, which an opener that
+ * holds the mapping and makes no call never takes, and the exporter's next allocation took
+ * the room again (2.8 GiB under a 2 GiB limit). What NVML counts for another process of
+ * the container beyond its charge is charged to it now (vg_state_adopt), and that
+ * process's next measurement takes it as its own, given back as its figure falls. */
+void vg_context_siblings_now(int dev)
+{
+    if (dev < 0 || dev >= VG_MAX_DEVICES || !vg_cfg.dev[dev].memory_limit) return;
+    nvmlDevice_t h = vg_nvml_device(dev);
+    nvmlProcessInfo_t *infos;
+    unsigned int n;
+    if (!h || vg_nvml_compute_processes(h, &infos, &n) != NVML_SUCCESS) return;
+    int *pids = calloc(n ? n : 1, sizeof *pids);
+    uint64_t *bytes = calloc(n ? n : 1, sizeof *bytes);
+    if (pids && bytes) {
+        int k = 0;
+        for (unsigned i = 0; i < n; i++)
+            if (infos[i].usedGpuMemory != ~0ull) {
+                pids[k] = (int)infos[i].pid;
+                bytes[k++] = infos[i].usedGpuMemory;
+            }
+        vg_state_adopt(dev, pids, bytes, k, vg_nvml_namespace_pids());
+    }
+    free(pids);
+    free(bytes);
+    free(infos);
 }
 
 void vg_context_charge(int dev)

@@ -228,7 +228,10 @@ CUresult vg_impl_cuMemFree_v2(CUdeviceptr dptr)
     }
     vg_release(&a);
     if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev); /* freed and synchronised */
-    if (a.flags & VG_F_EXPORTED) vg_context_untracked_now(a.dev); /* an opener may keep it */
+    if (a.flags & VG_F_EXPORTED) { /* an opener may keep it */
+        vg_context_untracked_now(a.dev);
+        vg_context_siblings_now(a.dev);
+    }
     return r;
 }
 
@@ -243,19 +246,35 @@ CUresult vg_impl_cuMemFree(unsigned int dptr)
         return r;
     }
     vg_release(&a);
-    if (a.flags & VG_F_EXPORTED) vg_context_untracked_now(a.dev);
+    if (a.flags & VG_F_EXPORTED) {
+        vg_context_untracked_now(a.dev);
+        vg_context_siblings_now(a.dev);
+    }
     return r;
 }
 
 /* Legacy IPC: another process that opens the handle maps this allocation, and a real
- * driver keeps it allocated while it is open there, even after this process frees it
- * (NVML still counts it for this process). The record is marked so that its free
- * measures the untracked memory at once (contexts.c); the opener's mapping is not charged
- * again: NVML counts it for the exporter only. */
+ * driver keeps it allocated while it is open there, even after this process frees it:
+ * NVML counts it for this process while it holds it, for the opener from its free on.
+ * The record is marked so that its free measures at once both this process's untracked
+ * memory and what the container's other processes now hold uncharged (contexts.c); the
+ * opener's mapping is not charged while the exporter's allocation is. */
 CUresult vg_impl_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
     CUresult r = vg_real.cuIpcGetMemHandle(pHandle, dptr);
     if (r == CUDA_SUCCESS) vg_mark(VG_T_PTR, dptr, VG_F_EXPORTED);
+    return r;
+}
+
+/* The opener's close: a mapping whose exporter has freed it was this process's memory in
+ * NVML's eyes (charged here by vg_context_siblings_now, or by a measurement), and it goes
+ * with the last close: measured at once, so that the charge goes with it. */
+CUresult vg_impl_cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    CUresult r = vg_real.cuIpcCloseMemHandle(dptr);
+    if (r == CUDA_SUCCESS)
+        for (int d = 0; d < vg_cfg.device_count && d < VG_MAX_DEVICES; d++)
+            if (vg_cfg.dev[d].memory_limit) vg_context_untracked_now(d);
     return r;
 }
 

@@ -226,7 +226,10 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, int ptsz)
             if (a.flags & VG_F_EXPORTED) vg_pools_reconcile(a.dev);
         } else {
             vg_release(&a);
-            if (a.flags & VG_F_EXPORTED) vg_context_untracked_now(a.dev); /* legacy IPC's */
+            if (a.flags & VG_F_EXPORTED) { /* legacy IPC's */
+                vg_context_untracked_now(a.dev);
+                vg_context_siblings_now(a.dev);
+            }
         }
     }
     return r;

@@ -134,7 +134,8 @@ typedef struct vg_alloc {
 #define VG_F_RELEASED 1 /* a VMM handle released while still mapped */
 #define VG_F_PENDING 2  /* a context whose memory is not measured yet */
 #define VG_F_PRIMARY 4  /* a primary context */
-#define VG_F_EXPORTED 8 /* a pointer cuIpcGetMemHandle or cuMemPoolExportPointer exported, or a
+#define VG_F_EXPORTED 8 /* a pointer cuIpcGetMemHandle or cuMemPoolExportPointer exported, a VMM
+                         * handle cuMemExportToShareableHandle did, or a
                          * pool cuMemPoolExportToShareableHandle did: other processes may keep
                          * its memory after this one frees it */
 typedef struct vg_alloc_table { vg_alloc *slots; size_t cap; size_t len; } vg_alloc_table;
@@ -159,6 +160,8 @@ uint64_t vg_state_used(int dev);             /* device bytes, all processes */
 uint64_t vg_state_spilled(int dev);          /* spilled bytes, all processes */
 int vg_state_over_limit(int dev, uint64_t more); /* used + spilled + more past the limit */
 uint64_t vg_state_own_used(int dev);         /* device bytes charged to this process */
+void vg_state_adopt(int dev, const int *pids, const uint64_t *bytes, int n, int by_ns_pid);
+uint64_t vg_state_take_adopted(int dev);
 int vg_state_processes(int dev, int *cpids, int *hpids, uint64_t *used, int max);
 void vg_state_set_host_pid(int host_pid);
 int vg_state_own_host_pid(void);
@@ -194,6 +197,7 @@ int vg_oversubscribed(int dev);
 /* ---- contexts.c: the memory contexts (and the driver, outside the hooks) take ---- */
 void vg_context_charge(int dev);             /* measure contexts still pending on dev */
 void vg_context_untracked_now(int dev);      /* measure untracked memory now (see contexts.c) */
+void vg_context_siblings_now(int dev);      /* charge what NVML moved to another process */
 void vg_context_created(CUcontext ctx, CUdevice ordinal, int primary);
 int vg_context_gone(CUcontext ctx);          /* its charge given back; its device or -1 */
 CUcontext vg_context_primary(CUdevice ordinal); /* the primary context known, or NULL */

@@ -501,6 +501,40 @@ int vg_state_own_host_pid(void)
     return A_LOAD(&st->slots[my_slot].host_pid);
 }
 
+/* Memory NVML counts for another process of the container beyond what its slot is
+ * charged (pids[i], bytes[i]: NVML's list, by host PID or, by_ns_pid, by the PIDs of our
+ * namespace) is charged to that slot now, forced, and noted in its adopted[] (see
+ * vgpu_state_abi.h). Called where memory is known to move between processes at once. */
+void vg_state_adopt(int dev, const int *pids, const uint64_t *bytes, int n, int by_ns_pid)
+{
+    if (!st || dev < 0 || dev >= VG_MAX_DEVICES || lock_state() != 0) return;
+    for (int i = 0; i < VG_MAX_SLOTS; i++) {
+        vg_state_slot *s = &st->slots[i];
+        int key = by_ns_pid ? A_LOAD(&s->pid) : A_LOAD(&s->host_pid);
+        if (i == my_slot || A_LOAD(&s->pid) <= 0 || key <= 0) continue;
+        for (int j = 0; j < n; j++) {
+            uint64_t used = A_LOAD(&s->used[dev]);
+            if (pids[j] != key || bytes[j] <= used) continue;
+            uint64_t units = (bytes[j] - used) >> 16;
+            if (!units) break;
+            A_ADD(&st->header.used[dev], units << 16);
+            A_ADD(&s->used[dev], units << 16);
+            A_ADD(&s->adopted[dev], (uint32_t)units);
+            A_ADD(&st->header.generation, 1);
+            break;
+        }
+    }
+    unlock_state();
+}
+
+/* What other processes charged to this one (vg_state_adopt), taken: bytes. */
+uint64_t vg_state_take_adopted(int dev)
+{
+    if (!st || my_slot < 0 || dev < 0 || dev >= VG_MAX_DEVICES) return 0;
+    uint32_t units = __atomic_exchange_n(&st->slots[my_slot].adopted[dev], 0, __ATOMIC_ACQ_REL);
+    return (uint64_t)units << 16;
+}
+
 /* Copies (container pid, host pid, used on dev) of live slots. */
 int vg_state_processes(int dev, int *cpids, int *hpids, uint64_t *used, int max)
 {

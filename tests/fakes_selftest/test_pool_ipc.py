@@ -16,26 +16,28 @@ CTX = 300 * MIB
 INVALID_VALUE = 1
 
 
-def shared_pool(a: Interactive, size: str) -> tuple[int, str, str]:
-    """A's ipc pool, one allocation of it exported: (pool id, address, export data)."""
+def shared_pool(a: Interactive, size: str) -> tuple[int, str, str, int]:
+    """A's ipc pool, exported, one allocation of it exported: (pool id, address, export
+    data, the pool's descriptor). A pointer of a pool not exported yet is refused."""
     a.ok("use 0")
     pool = a.ok("pool 0 ipc")["id"]
     ptr = a.ok(f"poolalloc {pool} {size}")["ptr"]
+    assert a.do(f"ptrexport {ptr}")["rc"] == INVALID_VALUE
+    fd = a.ok(f"poolexport {pool}")["fd"]
     data = a.ok(f"ptrexport {ptr}")["data"]
     assert len(data) == 128
-    return pool, ptr, data
+    return pool, ptr, data, fd
 
 
-def imported(b: Interactive, a: Interactive, pool: int) -> int:
-    fd = a.ok(f"poolexport {pool}")["fd"]
+def imported(b: Interactive, a: Interactive, fd: int) -> int:
     b.ok("use 0")
     return int(b.ok(f"poolimport /proc/{a.pid}/fd/{fd}")["id"])
 
 
 def test_an_imported_pointer_is_the_exporters_memory(fake: Fake) -> None:
     a, b = fake.start("viaproc"), fake.start("viaproc")
-    pool, ptr, data = shared_pool(a, "64m")
-    theirs = imported(b, a, pool)
+    pool, ptr, data, fd = shared_pool(a, "64m")
+    theirs = imported(b, a, fd)
     got = b.ok(f"ptrimport {theirs} {data}")["ptr"]
     assert got != "0x0"
     assert a.used() == 2 * CTX + 64 * MIB  # mapped, not copied
@@ -50,8 +52,8 @@ def test_an_imported_pointer_is_the_exporters_memory(fake: Fake) -> None:
 def test_freed_by_the_exporter_while_imported_it_stays_until_the_importer_frees(
         fake: Fake) -> None:
     a, b, nv = fake.start("viaproc"), fake.start("viaproc"), fake.nvml()
-    pool, ptr, data = shared_pool(a, "600m")
-    got = b.ok(f"ptrimport {imported(b, a, pool)} {data}")["ptr"]
+    pool, ptr, data, fd = shared_pool(a, "600m")
+    got = b.ok(f"ptrimport {imported(b, a, fd)} {data}")["ptr"]
     a.ok(f"freeasync {ptr}")
     a.ok("sync")
     a.ok(f"trim {pool} 0")
@@ -72,8 +74,8 @@ def test_what_is_not_shareable_is_refused(fake: Fake) -> None:
     assert a.do(f"ptrexport {p}")["rc"] == INVALID_VALUE
     i = a.ok("alloc 0 2m")["ptr"]  # nor is a cuMemAlloc allocation
     assert a.do(f"ptrexport {i}")["rc"] == INVALID_VALUE
-    pool, _, data = shared_pool(a, "2m")
-    theirs = imported(b, a, pool)
+    pool, _, data, fd = shared_pool(a, "2m")
+    theirs = imported(b, a, fd)
     assert b.do(f"ptrimport {theirs} 00")["rc"] == INVALID_VALUE  # not export data
     own = b.ok("pool 0")["id"]  # a pointer is imported through an imported pool only
     assert b.do(f"ptrimport {own} {data}")["rc"] == INVALID_VALUE

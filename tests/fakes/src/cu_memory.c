@@ -56,12 +56,12 @@ void fc_free_record(struct fc_alloc *a) {
     case A_DEVICE32:
     case A_ARRAY:
     case A_MIPMAP:
-        if (a->pool && a->ipc_id && fc_ipc_exporter_free(a->ipc_index, a->ipc_id))
+        if (a->pool && a->ipc_id && fc_ipc_exporter_free(a->ipc_index, a->ipc_id, 0))
             fc_pool_give_away(a->pool, a->size); /* imported elsewhere: kept, charged here */
         else if (a->pool)
             fc_pool_give(a->pool, a->size); /* back to the pool: still reserved */
-        else if (a->ipc_id && fc_ipc_exporter_free(a->ipc_index, a->ipc_id))
-            ; /* exported and open elsewhere: the memory stays, still charged here */
+        else if (a->ipc_id && fc_ipc_exporter_free(a->ipc_index, a->ipc_id, 1))
+            ; /* exported and open elsewhere: the memory stays, charged to an opener now */
         else if (a->dev >= 0)
             fc_uncharge(a->dev, a->size);
         break;

@@ -28,6 +28,7 @@ struct fc_pool {
     int is_default;
     int destroyed; /* cuMemPoolDestroy called: frees release at once */
     int exportable; /* created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+    int exported;   /* cuMemPoolExportToShareableHandle done: its pointers can be exported */
     int imported;   /* cuMemPoolImportFromShareableHandle: another process's, no allocations */
     uint64_t used, used_high, reserved, reserved_high, threshold;
     int reuse[3]; /* the reuse-policy attributes: accepted, remembered, ignored */
@@ -132,7 +133,9 @@ CUresult fc_pool_take(struct fc_pool *p, uint64_t size) {
     return CUDA_SUCCESS;
 }
 
-int fc_pool_exportable(const struct fc_pool *p) { return p->exportable; }
+/* A pool whose pointers can be exported: shareable and exported already (a real driver,
+ * an H200 with driver 580, refuses a pointer of a pool not exported yet: INVALID_VALUE) */
+int fc_pool_exportable(const struct fc_pool *p) { return p->exportable && p->exported; }
 
 void fc_pool_give_away(struct fc_pool *p, uint64_t size) {
     pthread_mutex_lock(&pool_mutex);
@@ -413,6 +416,7 @@ FC_API CUresult cuMemPoolExportToShareableHandle(void *handle_out, CUmemoryPool 
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *(int *)handle_out = fd;
+    p->exported = 1;
     return CUDA_SUCCESS;
 }
 

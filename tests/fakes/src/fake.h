@@ -35,6 +35,7 @@ struct fc_knobs {
     long host_pid_offset;
     int driver_version;
     int pool_fragments;     /* FAKECUDA_POOL_FRAGMENTS=1: a pool's freed blocks do not merge */
+    int nvml_window_to_one; /* FAKECUDA_NVML_WINDOW_TO_ONE=1: a window's utilisation goes to one process */
     int reuse_addresses;    /* FAKECUDA_REUSE_ADDRESSES=1: a freed address is handed out again */
     uint64_t free_pause_ms; /* FAKECUDA_FREE_PAUSE_MS: cuMemFree returns this long after freeing */
     int graphmem_lazy;      /* FAKECUDA_GRAPHMEM_LAZY=1: a graph launch maps its memory when
@@ -246,11 +247,13 @@ void fc_ctx_count(int dev, int delta);
  * INVALID_CONTEXT), -3 (no room for another opener: TOO_MANY_PEERS).
  * Close: this process stops holding it; the memory goes with the last opener once the
  * exporter freed it.  Exporter free: 1 when openers keep the memory (still charged: do not
- * uncharge), 0 when the caller gives it back as usual (the entry is gone). */
+ * uncharge; to_opener: charged to an opener from now on, as NVML counts a legacy IPC
+ * allocation on a real driver), 0 when the caller gives it back as usual (the entry is
+ * gone). */
 int fc_ipc_export(int dev, uint64_t size, int *index, uint64_t *id);
 int fc_ipc_open(int index, uint64_t id, int *dev, uint64_t *size);
 void fc_ipc_close(int index, uint64_t id);
-int fc_ipc_exporter_free(int index, uint64_t id);
+int fc_ipc_exporter_free(int index, uint64_t id, int to_opener);
 /* Puts a kernel of dur ns on dev's timeline; returns its end time. */
 uint64_t fc_enqueue(int dev, uint64_t dur_ns);
 uint64_t fc_busy_locked(int dev, long host_pid, uint64_t t0, uint64_t t1);

@@ -195,6 +195,7 @@ static void knobs_read(void) {
     knobs.host_pid_offset = off ? strtol(off, NULL, 10) : 0;
     knobs.driver_version = (int)env_u64("FAKECUDA_DRIVER_VERSION", 12080);
     knobs.pool_fragments = env_u64("FAKECUDA_POOL_FRAGMENTS", 0) != 0;
+    knobs.nvml_window_to_one = env_u64("FAKECUDA_NVML_WINDOW_TO_ONE", 0) != 0;
     knobs.reuse_addresses = env_u64("FAKECUDA_REUSE_ADDRESSES", 0) != 0;
     knobs.free_pause_ms = env_u64("FAKECUDA_FREE_PAUSE_MS", 0);
     knobs.graphmem_lazy = env_u64("FAKECUDA_GRAPHMEM_LAZY", 0) != 0;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "api.h"
@@ -114,13 +115,53 @@ static int ensure(int dev) {
     return CALL(cuCtxSetCurrent, prim[dev]);
 }
 
+/* A descriptor another process shared: PATH is opened (/proc/PID/fd/N: a new open of the
+ * same file, which a memfd allows), PID:FD is duplicated from that process
+ * (pidfd_getfd: the same open file, as SCM_RIGHTS would pass it; what a real driver's
+ * descriptors need). */
+static int open_shared(const char *what) {
+    if (what[0] == '/') return open(what, O_RDONLY | O_CLOEXEC);
+    int pid = atoi(what), fd = atoi(strchr(what, ':') + 1);
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) return -1;
+    int got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    close(pidfd);
+    return got;
+}
+
+/* The image the module ops load: "fake cubin" (the fake driver's), or the contents of the
+ * file INTERP_IMAGE names (for a real driver: PTX text, which cuModuleLoadData compiles;
+ * benchmarks/gpu_verify.py). */
+static const char *module_image(void) {
+    static char *image;
+    if (image) return image;
+    const char *path = getenv("INTERP_IMAGE");
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        image = n >= 0 ? calloc(1, (size_t)n + 1) : NULL;
+        if (image && (fseek(f, 0, SEEK_SET) != 0 || fread(image, 1, (size_t)n, f) != (size_t)n)) {
+            free(image);
+            image = NULL;
+        }
+    }
+    if (f) fclose(f);
+    if (!image) image = "fake cubin";
+    return image;
+}
+
 static int ensure_kernel(void) {
     int rc = ensure(cur_dev);
     if (rc) return rc;
     if (kernel) return 0;
-    static const char image[] = "fake cubin";
     if (!module) {
-        rc = CALL(cuModuleLoadData, &module, image);
+        rc = CALL(cuModuleLoadData, &module, module_image());
         if (rc) return rc;
         CALL(cuCtxGetCurrent, &module_ctx);
     }
@@ -1054,7 +1095,7 @@ static void op_map(char **a) {
 static void op_module(char **a) {
     int dev = dev_arg(a[0]);
     const char *how = a[1] ? a[1] : "data";
-    static const char image[] = "fake cubin";
+    const char *image = module_image();
     CUmodule m = NULL;
     CUlibrary lib = NULL;
     int rc = ensure(dev);
@@ -1509,14 +1550,14 @@ static void run_line(char *line) {
         CUmemAllocationProp p = prop_for(dev_arg(a[0]), 0);
         rc = CALL(cuMemGetAllocationGranularity, &g, &p, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
         emit(op, rc, "\"granularity\":%zu", g);
-    } else if (!strcmp(op, "poolimport")) { /* poolimport PATH|FD: a pool id */
+    } else if (!strcmp(op, "poolimport")) { /* poolimport PATH|FD|PID:FD: a pool id */
         const char *path = a[0] ? a[0] : "-1";
-        int fd = path[0] == '/' ? open(path, O_RDONLY | O_CLOEXEC) : atoi(path);
+        int fd = path[0] == '/' || strchr(path, ':') ? open_shared(path) : atoi(path);
         CUmemoryPool pool = NULL;
         rc = ensure(cur_dev);
         if (!rc) rc = CALL(cuMemPoolImportFromShareableHandle, &pool, (void *)(intptr_t)fd,
                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (path[0] == '/' && fd >= 0) close(fd);
+        if ((path[0] == '/' || strchr(path, ':')) && fd >= 0) close(fd);
         int id = rc ? -1 : new_id((struct rec){.kind = R_POOL, .pool = pool});
         emit(op, rc, "\"id\":%d", id);
     } else if (!strcmp(op, "ptrexport")) { /* ptrexport 0xADDR: 128 hex digits */
