@@ -438,7 +438,7 @@ def esc_contexts(s: Scenario, limit: int) -> bool:
     """Finding 6: created contexts, each the driver's own few hundred MiB."""
     a = s.spawn()
     got = [s.ask(a, "ctx 0")["rc"] for _ in range(limit // (256 * MIB) + 2)]
-    return OOM in got and got[0] == 0
+    return bool(OOM in got and got[0] == 0)
 
 
 def esc_pool(s: Scenario, limit: int) -> bool:
@@ -464,7 +464,7 @@ def esc_graph(s: Scenario, limit: int) -> bool:
     launched = s.ask(a, f"graphlaunch {g['id']}")
     up = s.ask(a, f"graphalloc 0 {limit // 2} 1 up")
     after = s.ask(a, f"alloc 0 {limit // 2}")
-    return g["rc"] == 0 and launched["rc"] == OOM and up["rc"] == 0 and after["rc"] == OOM
+    return bool(g["rc"] == 0 and launched["rc"] == OOM and up["rc"] == 0 and after["rc"] == OOM)
 
 
 def esc_vmm(how: str) -> Callable[[Scenario, int], bool]:
@@ -504,7 +504,7 @@ def esc_ipc(s: Scenario, limit: int) -> bool:
     o = s.ask(b, f"ipcopen {h.get('handle', '')}")
     s.ask(a, f"free {x['id']}")
     again = s.ask(a, f"alloc 0 {size}")
-    return x["rc"] == 0 and o["rc"] == 0 and again["rc"] == OOM
+    return bool(x["rc"] == 0 and o["rc"] == 0 and again["rc"] == OOM)
 
 
 def esc_pool_ipc(s: Scenario, limit: int) -> bool:
@@ -526,7 +526,7 @@ def esc_pool_ipc(s: Scenario, limit: int) -> bool:
     s.ask(a, f"trim {pool} 0")
     s.ask(a, f"poolalloc {pool} {size}")  # refused, or the pool's freed block again (an
     # H200 gave it back to the pool and took it again, NVML unchanged): the peak decides
-    return early["rc"] == 1 and x["rc"] == 0 and got["rc"] == 0
+    return bool(early["rc"] == 1 and x["rc"] == 0 and got["rc"] == 0)
 
 
 def esc_green(s: Scenario, limit: int) -> bool:
@@ -535,7 +535,7 @@ def esc_green(s: Scenario, limit: int) -> bool:
     takes is the driver's: the peak decides)."""
     a = s.spawn()
     got = [s.ask(a, "green 0 8")["rc"] for _ in range(limit // (256 * MIB) + 2)]
-    return got[0] == 0
+    return bool(got[0] == 0)
 
 
 def esc_module(s: Scenario, limit: int) -> bool:
@@ -550,7 +550,7 @@ def esc_module(s: Scenario, limit: int) -> bool:
     k = s.ask(a, "launch 1 10")
     s.ask(a, "sleep 150")
     rest = s.ask(a, f"alloc 0 {before.get('free', 0) - 16 * MIB}")
-    return m["rc"] == 0 and k["rc"] == 0 and rest["rc"] == OOM
+    return bool(m["rc"] == 0 and k["rc"] == 0 and rest["rc"] == OOM)
 
 
 OOM = 2
@@ -694,23 +694,24 @@ def main() -> int:
         wanted = [float(x) for x in args.kernel_ms.split(",")]
         cycles = tuple(str(int(ms * cal["cycles_per_ms"])) for ms in wanted) \
             if cal.get("ok") else ()
-        free = child("sleep", None, limit, 0, base_env, cycles) if cycles else {}
+        free_sleep = child("sleep", None, limit, 0, base_env, cycles) if cycles else {}
         for core in cores if cycles else ():
-            runs = []
+            runs: list[tuple[str, list[dict[str, Any]]]] = []
             if "sleep" in groups:
                 runs.append(("sleep", [child("sleep", config(core), limit, core, base_env,
                                              cycles)]))
             if "sleep2" in groups:
                 runs.append(("sleep2", children(2, "sleep", config(
                     core, state=Path(d) / f"state-two-{core}"), limit, core, base_env, cycles)))
-            for name, capped in runs:
+            for name, procs in runs:
                 for i, ms in enumerate(wanted):
-                    f = (free.get("kernels_per_s") or [0] * len(wanted))[i]
-                    c = sum((r.get("kernels_per_s") or [0] * len(wanted))[i] for r in capped)
+                    f = (free_sleep.get("kernels_per_s") or [0] * len(wanted))[i]
+                    c = sum((r.get("kernels_per_s") or [0] * len(wanted))[i] for r in procs)
                     ratio = c / f if f else 0.0
-                    bad = [r for r in [free, *capped] if not r.get("ok")]
+                    bad = [r for r in [free_sleep, *procs] if not r.get("ok")]
                     results.append({"check": f"{name}_sm_limit_{ms}ms",
-                                    "kernel_ms": (free.get("kernel_ms") or [None] * len(wanted))[i],
+                                    "kernel_ms": (free_sleep.get("kernel_ms")
+                                                  or [None] * len(wanted))[i],
                                     "unlimited": f, "limited": c, "ratio": ratio,
                                     "target": core / 100,
                                     "ok": not bad and abs(ratio - core / 100) <= 0.05,

@@ -74,7 +74,7 @@ def test_what_is_not_shareable_is_refused(fake: Fake) -> None:
     assert a.do(f"ptrexport {p}")["rc"] == INVALID_VALUE
     i = a.ok("alloc 0 2m")["ptr"]  # nor is a cuMemAlloc allocation
     assert a.do(f"ptrexport {i}")["rc"] == INVALID_VALUE
-    pool, _, data, fd = shared_pool(a, "2m")
+    _, _, data, fd = shared_pool(a, "2m")
     theirs = imported(b, a, fd)
     assert b.do(f"ptrimport {theirs} 00")["rc"] == INVALID_VALUE  # not export data
     own = b.ok("pool 0")["id"]  # a pointer is imported through an imported pool only
