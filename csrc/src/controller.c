@@ -76,6 +76,8 @@ int vg_sm_any_limited;
 #define SPAN_LAUNCHES 4             /* calibrate over at least 4 launches ... */
 #define SPAN_MIN_NS 150000000ull    /* ... and 150 ms, */
 #define SPAN_MAX_NS 2000000000ull   /* or 2 s whatever was launched */
+#define SPAN_SHARED_NS 2000000000ull /* 2 s where NVML gives a window to one process ... */
+#define SHARED_FOR_NS 5000000000ull  /* ... since it was last seen doing so */
 #define PERIOD_MAX_NS 1000000000ull /* NVML samples at least every second */
 #define STEP_MAX 1000.0             /* the largest step up, over a whole span */
 #define FIRST_STEP_MAX 1000000.0    /* ... and the first one, from the starting estimate */
@@ -102,6 +104,8 @@ typedef struct sm_dev {
     int misses;                     /* consecutive ticks of NOT_FOUND while charging */
     uint64_t period_ns;             /* NVML's sample period, as the last two samples showed */
     int calibrated;                 /* steps taken from INITIAL_PS, up to WHOLE_STEPS */
+    uint64_t shared_at;             /* when NVML last gave a sibling a window this process
+                                     * ran in (CLOCK_MONOTONIC ns; 0: never) */
 } sm_dev;
 
 static sm_dev devs[VG_MAX_DEVICES];
@@ -327,7 +331,7 @@ static void adjust_rate(int d, unsigned total_util, unsigned container_util)
     __atomic_store_n(&devs[d].rate, (uint32_t)rate, __ATOMIC_RELEASE);
 }
 
-static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
+static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged, int whole)
 {
     /* too little charged (< 0.1 ms) to tell anything, unless the GPU saw this process
      * busy for far longer: kernels so long that a span of launches charged microseconds
@@ -344,8 +348,8 @@ static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
     if (ratio > most) ratio = most;
     /* far off (a new kernel mix), or the first few steps (the first one's span has the
      * fewest launches, and its edge cut one short): the whole step; close: half steps */
-    double step = ratio > 1.5 || ratio < 0.67 || s->calibrated < WHOLE_STEPS ? ratio
-                                                                            : sqrt(ratio);
+    double step = whole || ratio > 1.5 || ratio < 0.67 || s->calibrated < WHOLE_STEPS
+                      ? ratio : sqrt(ratio);
     double ps = (double)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED) * step;
     if (ps < PS_MIN) ps = PS_MIN;
     if (ps > PS_MAX) ps = PS_MAX;
@@ -386,7 +390,7 @@ static void tick(int d, int host_pid)
         if (host_pid > 0 && mono > settle &&
             charged_between(s, since, mono - settle, NULL) > 2 * TICK_NS / 100 &&
             ++s->misses >= 3) {
-            calibrate(s, 0, 1 << 30); /* the GPU saw nothing of it: far too high */
+            calibrate(s, 0, 1 << 30, 0); /* the GPU saw nothing of it: far too high */
             s->misses = 0;
         }
         return;
@@ -398,13 +402,17 @@ static void tick(int d, int host_pid)
     s->misses = 0;
     unsigned long long newest = s->last_seen_us;
     unsigned own = 0, total = 0, container = 0;
+    int ours = 0; /* rows of the container's processes */
     int cp[VG_MAX_SLOTS], hp[VG_MAX_SLOTS];
     int m = vg_state_processes(d, cp, hp, NULL, VG_MAX_SLOTS);
     for (unsigned i = 0; i < n; i++) {
         total += buf[i].smUtil;
         if (host_pid > 0 && (int)buf[i].pid == host_pid) own = buf[i].smUtil;
         for (int j = 0; j < m; j++)
-            if (hp[j] > 0 && (unsigned)hp[j] == buf[i].pid) container += buf[i].smUtil;
+            if (hp[j] > 0 && (unsigned)hp[j] == buf[i].pid) {
+                container += buf[i].smUtil;
+                ours++;
+            }
         if (buf[i].timeStamp > newest) newest = buf[i].timeStamp;
     }
     free(buf);
@@ -416,6 +424,9 @@ static void tick(int d, int host_pid)
     if (total > 100) total = 100;
     if (host_pid > 0) { /* our share of the interval, as the GPU saw it, vs what we charged */
         uint64_t nl = 0, ch = charged_between(s, t0, t1, &nl);
+        /* charged over 1 % of the interval, seen at 0 % while a sibling was seen busy:
+         * the window went wholly to the sibling (a real NVML does so, below) */
+        if (own == 0 && ours > 1 && container > 0 && ch > (t1 - t0) / 100) s->shared_at = mono;
         VG_DEBUG("sm dev %d: interval %.0f ms, NVML %u%%, charged %.1f%%, ps/wave %llu", d,
                  (double)(t1 - t0) / 1e6, own, 100.0 * (double)ch / (double)(t1 - t0),
                  (unsigned long long)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED));
@@ -438,9 +449,18 @@ static void tick(int d, int host_pid)
                            s->span_launches >= 1 &&
                            s->span_seen >= LONG_SEEN_NS &&
                            s->span_seen > OVERWHELMING * s->span_charged;
-        if ((s->span_launches >= SPAN_LAUNCHES && s->span_ns >= SPAN_MIN_NS) ||
+        /* where NVML gives windows wholly to one process, once the first whole steps are
+         * taken, a span is 2 s: a real NVML (an H200, driver 580) gives each sampling
+         * window to one of the processes that ran in it, so each sees 0 % and twice its
+         * share in turn, and spans of a window or two swung the estimate three-fold back
+         * and forth (two processes of a 30 % container ran 1 ms kernels at 40-44 %). Over
+         * 2 s the turns even out, and the step is taken whole */
+        int lumpy = s->calibrated >= WHOLE_STEPS && s->shared_at &&
+                    mono - s->shared_at < SHARED_FOR_NS;
+        uint64_t span_min = lumpy ? SPAN_SHARED_NS : SPAN_MIN_NS;
+        if ((s->span_launches >= SPAN_LAUNCHES && s->span_ns >= span_min) ||
             s->span_ns >= SPAN_MAX_NS || overwhelming) {
-            calibrate(s, s->span_seen, s->span_charged);
+            calibrate(s, s->span_seen, s->span_charged, lumpy); /* a long span: whole */
             s->span_seen = s->span_charged = s->span_launches = s->span_ns = 0;
         }
     }

@@ -311,6 +311,7 @@ def test_processes_of_a_container_are_held_where_nvml_gives_each_window_to_one(
     half of the run: the mean within 3 points."""
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
     a.env["FAKECUDA_NVML_WINDOW_TO_ONE"] = "1"
+    a.env["FAKECUDA_NVML_SAMPLE_MS"] = "200"  # as the H200 sampled
     ps = [a.start("1ms", seconds=8.0) for _ in range(2)]
     shares = [a.share(p) for p in ps]
     total = [sum(w) for w in zip(*shares, strict=False)]
