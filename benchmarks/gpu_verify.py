@@ -79,7 +79,7 @@ elif check == "sleep":
     # One-block spin kernels of a fixed length (torch.cuda._sleep counts SM clock
     # cycles): the device time each launch takes is known, whatever the shim charged.
     # argv[4:]: cycles per kernel, one entry per length. Reports kernels per second
-    # for each length, each measured over 4 s; the unlimited run also times one kernel
+    # for each length, each measured over 4 s (VERIFY_SLEEP_S); the unlimited run also times one kernel
     # with CUDA events so the lengths are read, not assumed.
     rates, lengths = [], []
     torch.cuda._sleep(1000); torch.cuda.synchronize()
@@ -91,7 +91,7 @@ elif check == "sleep":
             torch.cuda.synchronize(); e0.record(); torch.cuda._sleep(cycles); e1.record()
             torch.cuda.synchronize(); lengths.append(e0.elapsed_time(e1))
         n = 0; t0 = time.monotonic()
-        while time.monotonic() - t0 < 4:
+        while time.monotonic() - t0 < float(os.environ.get("VERIFY_SLEEP_S", "4")):
             torch.cuda._sleep(cycles); n += 1
             if n % 4 == 0: torch.cuda.synchronize()
         torch.cuda.synchronize()

@@ -402,17 +402,13 @@ static void tick(int d, int host_pid)
     s->misses = 0;
     unsigned long long newest = s->last_seen_us;
     unsigned own = 0, total = 0, container = 0;
-    int ours = 0; /* rows of the container's processes */
     int cp[VG_MAX_SLOTS], hp[VG_MAX_SLOTS];
     int m = vg_state_processes(d, cp, hp, NULL, VG_MAX_SLOTS);
     for (unsigned i = 0; i < n; i++) {
         total += buf[i].smUtil;
         if (host_pid > 0 && (int)buf[i].pid == host_pid) own = buf[i].smUtil;
         for (int j = 0; j < m; j++)
-            if (hp[j] > 0 && (unsigned)hp[j] == buf[i].pid) {
-                container += buf[i].smUtil;
-                ours++;
-            }
+            if (hp[j] > 0 && (unsigned)hp[j] == buf[i].pid) container += buf[i].smUtil;
         if (buf[i].timeStamp > newest) newest = buf[i].timeStamp;
     }
     free(buf);
@@ -424,9 +420,10 @@ static void tick(int d, int host_pid)
     if (total > 100) total = 100;
     if (host_pid > 0) { /* our share of the interval, as the GPU saw it, vs what we charged */
         uint64_t nl = 0, ch = charged_between(s, t0, t1, &nl);
-        /* charged over 1 % of the interval, seen at 0 % while a sibling was seen busy:
-         * the window went wholly to the sibling (a real NVML does so, below) */
-        if (own == 0 && ours > 1 && container > 0 && ch > (t1 - t0) / 100) s->shared_at = mono;
+        /* charged over 1 % of the interval, not seen while another process of the
+         * container was seen busy: the window went wholly to it (a real NVML does so,
+         * below, and lists no row for this process then) */
+        if (own == 0 && container > 0 && ch > (t1 - t0) / 100) s->shared_at = mono;
         VG_DEBUG("sm dev %d: interval %.0f ms, NVML %u%%, charged %.1f%%, ps/wave %llu", d,
                  (double)(t1 - t0) / 1e6, own, 100.0 * (double)ch / (double)(t1 - t0),
                  (unsigned long long)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED));
@@ -458,9 +455,14 @@ static void tick(int d, int host_pid)
         int lumpy = s->calibrated >= WHOLE_STEPS && s->shared_at &&
                     mono - s->shared_at < SHARED_FOR_NS;
         uint64_t span_min = lumpy ? SPAN_SHARED_NS : SPAN_MIN_NS;
+        /* ... but a span of two windows that saw three times what it charged cannot be
+         * the turns' noise (at most twice): kernels grew longer, and waiting 2 s would let
+         * them run past the limit */
+        int grew = lumpy && s->span_ns >= 2 * s->period_ns && s->span_launches >= 1 &&
+                   s->span_seen >= 3 * s->span_charged && s->span_seen >= LONG_SEEN_NS;
         if ((s->span_launches >= SPAN_LAUNCHES && s->span_ns >= span_min) ||
-            s->span_ns >= SPAN_MAX_NS || overwhelming) {
-            calibrate(s, s->span_seen, s->span_charged, lumpy); /* a long span: whole */
+            s->span_ns >= SPAN_MAX_NS || overwhelming || grew) {
+            calibrate(s, s->span_seen, s->span_charged, 0);
             s->span_seen = s->span_charged = s->span_launches = s->span_ns = 0;
         }
     }

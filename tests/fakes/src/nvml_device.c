@@ -782,6 +782,9 @@ static int util_rows(int i, unsigned long long last_seen_us, struct util_row *ro
         if (smp->index != w || !smp->end_us || smp->end_us <= last_seen_us) continue;
         (*windows)++;
         for (uint32_t j = 0; j < smp->n; j++) {
+            /* a window given to another process (FAKECUDA_NVML_WINDOW_TO_ONE): not listed
+             * for this one, as the real NVML did not list it */
+            if (fc_knobs()->nvml_window_to_one && smp->n > 1 && !smp->pid[j].sm_util) continue;
             int k = 0;
             while (k < n && rows[k].host_pid != smp->pid[j].host_pid) k++;
             if (k == n) {
