@@ -79,8 +79,8 @@ elif check == "sleep":
     # One-block spin kernels of a fixed length (torch.cuda._sleep counts SM clock
     # cycles): the device time each launch takes is known, whatever the shim charged.
     # argv[4:]: cycles per kernel, one entry per length. Reports kernels per second
-    # for each length, each measured over 4 s (VERIFY_SLEEP_S); the unlimited run also times one kernel
-    # with CUDA events so the lengths are read, not assumed.
+    # for each length, each measured over 4 s (VERIFY_SLEEP_S); the unlimited run also
+    # times one kernel with CUDA events so the lengths are read, not assumed.
     rates, lengths = [], []
     torch.cuda._sleep(1000); torch.cuda.synchronize()
     for cycles in map(int, sys.argv[4:]):

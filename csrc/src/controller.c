@@ -32,7 +32,10 @@
  *     far off, in half steps (the square root) when close, against the noise of
  *     integer-percent samples;
  *   - a sample of 0 % is a measurement too, once the host PID is known (pidmap.c): a
- *     throttled process shows 0 %, and that is the sign its estimate is too high.
+ *     throttled process shows 0 %, and that is the sign its estimate is too high;
+ *   - a real NVML gives a sampling window of several processes wholly to one of them
+ *     and lists no row for the others: where that is seen, spans are 2 s, so that every
+ *     process's turns even out.
  * NVML names processes by host PID; without one no calibration is possible and the
  * shim says so once.
  *
@@ -331,7 +334,7 @@ static void adjust_rate(int d, unsigned total_util, unsigned container_util)
     __atomic_store_n(&devs[d].rate, (uint32_t)rate, __ATOMIC_RELEASE);
 }
 
-static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged, int whole)
+static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged)
 {
     /* too little charged (< 0.1 ms) to tell anything, unless the GPU saw this process
      * busy for far longer: kernels so long that a span of launches charged microseconds
@@ -348,8 +351,8 @@ static void calibrate(sm_dev *s, uint64_t measured, uint64_t charged, int whole)
     if (ratio > most) ratio = most;
     /* far off (a new kernel mix), or the first few steps (the first one's span has the
      * fewest launches, and its edge cut one short): the whole step; close: half steps */
-    double step = whole || ratio > 1.5 || ratio < 0.67 || s->calibrated < WHOLE_STEPS
-                      ? ratio : sqrt(ratio);
+    double step = ratio > 1.5 || ratio < 0.67 || s->calibrated < WHOLE_STEPS ? ratio
+                                                                            : sqrt(ratio);
     double ps = (double)__atomic_load_n(&s->ps_per_wave, __ATOMIC_RELAXED) * step;
     if (ps < PS_MIN) ps = PS_MIN;
     if (ps > PS_MAX) ps = PS_MAX;
@@ -390,7 +393,7 @@ static void tick(int d, int host_pid)
         if (host_pid > 0 && mono > settle &&
             charged_between(s, since, mono - settle, NULL) > 2 * TICK_NS / 100 &&
             ++s->misses >= 3) {
-            calibrate(s, 0, 1 << 30, 0); /* the GPU saw nothing of it: far too high */
+            calibrate(s, 0, 1 << 30); /* the GPU saw nothing of it: far too high */
             s->misses = 0;
         }
         return;
@@ -450,8 +453,8 @@ static void tick(int d, int host_pid)
          * taken, a span is 2 s: a real NVML (an H200, driver 580) gives each sampling
          * window to one of the processes that ran in it, so each sees 0 % and twice its
          * share in turn, and spans of a window or two swung the estimate three-fold back
-         * and forth (two processes of a 30 % container ran 1 ms kernels at 40-44 %). Over
-         * 2 s the turns even out, and the step is taken whole */
+         * and forth (two processes of a 30 % container ran 1 ms kernels at 40-44 %); over
+         * 2 s the turns even out */
         int lumpy = s->calibrated >= WHOLE_STEPS && s->shared_at &&
                     mono - s->shared_at < SHARED_FOR_NS;
         uint64_t span_min = lumpy ? SPAN_SHARED_NS : SPAN_MIN_NS;
@@ -462,7 +465,7 @@ static void tick(int d, int host_pid)
                    s->span_seen >= 3 * s->span_charged && s->span_seen >= LONG_SEEN_NS;
         if ((s->span_launches >= SPAN_LAUNCHES && s->span_ns >= span_min) ||
             s->span_ns >= SPAN_MAX_NS || overwhelming || grew) {
-            calibrate(s, s->span_seen, s->span_charged, 0);
+            calibrate(s, s->span_seen, s->span_charged);
             s->span_seen = s->span_charged = s->span_launches = s->span_ns = 0;
         }
     }

@@ -319,6 +319,22 @@ def test_memory_the_driver_takes_outside_the_hooks_counts(
     assert rcs(out, "alloc") == [0, OOM, 0]
 
 
+def _spawned(shim: Shim, n: int, env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    procs = [shim.spawn(prog="viaproc", env=env) for _ in range(n)]
+    for p in procs:
+        assert ask(p, "use 0")["rc"] == 0  # each context (100 MiB) measured first
+    return procs
+
+
+def _registered_env(shim: Shim, registration: Registration) -> dict[str, str]:
+    """A container under a 1 GiB limit whose processes registered their host PIDs (NVML's
+    figures are theirs to measure), contexts of 100 MiB."""
+    offset = 100000
+    registration.offset = offset
+    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
+    return {"FAKECUDA_CTX_MIB": "100", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
+
+
 # Finding 3: VMM memory that other handles keep alive after the creator's release and
 # unmap. {fd} is the exported descriptor (the 'export' op's answer).
 VMM_KEPT = {
@@ -336,13 +352,8 @@ def test_vmm_memory_another_handle_keeps_stays_charged(
     back, and a loop of them took memory without limit. A retain is a handle the shim
     counts; what an open descriptor or an import keeps, NVML still shows for the creator,
     and it is charged as memory no hook saw."""
-    offset = 100000
-    registration.offset = offset
-    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
-    env = {"FAKECUDA_CTX_MIB": "100", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
-    p = shim.spawn(prog="viaproc", env=env)
+    (p,) = _spawned(shim, 1, _registered_env(shim, registration))
     try:
-        ask(p, "use 0")  # the context (100 MiB) is measured first: none of the rest is its
         assert ask(p, "info")["free"] == GIB - 100 * MIB
         fd = None
         for op in VMM_KEPT[how].split("; "):
@@ -362,16 +373,11 @@ def test_vmm_memory_imported_in_a_loop_faster_than_the_measurements_is_held(
         shim: Shim, registration: Registration) -> None:
     """Create, export, import the descriptor, release and unmap, again and again within
     100 ms: each import keeps its 300 MiB, which NVML counts and the shim charged only at
-    its next measurement, at most every 100 ms (3.3 GiB under a 2 GiB limit on the GPU
-    verification's first run of this loop). The release of an exported handle now
+    its next measurement, at most every 100 ms (3.3 GiB under a 2 GiB limit when the GPU
+    verification's loop first ran, on the fake). The release of an exported handle now
     measures at once: the loop is refused at the limit, with no sleep in between."""
-    offset = 100000
-    registration.offset = offset
-    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
-    env = {"FAKECUDA_CTX_MIB": "100", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
-    p = shim.spawn(prog="viaproc", env=env)
+    (p,) = _spawned(shim, 1, _registered_env(shim, registration))
     try:
-        ask(p, "use 0")
         ask(p, "info")  # the context measured: what follows comes within 100 ms of it
         got = []
         for _ in range(4):
@@ -395,20 +401,6 @@ def test_vmm_memory_imported_in_a_loop_faster_than_the_measurements_is_held(
 # exported allocation keeps it allocated after the exporter frees it (the real driver;
 # the fake models it: tests/fakes_selftest/test_ipc.py), and NVML keeps counting it for
 # the exporter.
-def _spawned(shim: Shim, n: int, env: dict[str, str]) -> list[subprocess.Popen[str]]:
-    procs = [shim.spawn(prog="viaproc", env=env) for _ in range(n)]
-    for p in procs:
-        assert ask(p, "use 0")["rc"] == 0  # each context (100 MiB) measured first
-    return procs
-
-
-def _ipc_env(shim: Shim, registration: Registration) -> dict[str, str]:
-    offset = 100000
-    registration.offset = offset
-    shim.config(device__0__memory_limit=str(GIB), register=str(registration.path))
-    return {"FAKECUDA_CTX_MIB": "100", "FAKECUDA_HOST_PID_OFFSET": str(offset)}
-
-
 def test_ipc_memory_freed_while_another_process_has_it_open_stays_charged(
         shim: Shim, registration: Registration) -> None:
     """A allocates 600 MiB, exports it, B opens it, A frees it and allocates 600 MiB
@@ -419,7 +411,7 @@ def test_ipc_memory_freed_while_another_process_has_it_open_stays_charged(
     exported pointer now measures the container's other processes at once: what NVML
     counts for B beyond its charge is charged to B, the allocation is refused, and B's
     close gives it back."""
-    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    a, b = _spawned(shim, 2, _registered_env(shim, registration))
     try:
         ask(a, "sleep 150")  # the next call measures; the steps below come within 100 ms
         x = ask(a, "alloc 0 600m")
@@ -467,7 +459,7 @@ def test_pool_memory_freed_while_another_process_has_it_imported_stays_charged(
     them for A. The shim gave their charge back with the pool's reserve and, within 100 ms
     of A's last measurement, let another 600 MiB of the pool in (1.4 GiB under 1 GiB). The
     exported pointer's free and the exported pool's trim now measure at once."""
-    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    a, b = _spawned(shim, 2, _registered_env(shim, registration))
     try:
         pool, x, got = _pool_pointer_shared(a, b)
         ask(a, "sleep 150")
@@ -493,7 +485,7 @@ def test_pool_memory_shared_in_the_documented_order_is_given_back_at_the_sync(
     its next synchronisation: the charge goes with it. (The measurement at the exported
     pointer's free settled that device's pools and cleared the flag that makes the next
     sync settle them again: the 600 MiB stayed charged and the next 600 MiB was refused.)"""
-    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    a, b = _spawned(shim, 2, _registered_env(shim, registration))
     try:
         pool, x, got = _pool_pointer_shared(a, b)
         assert ask(b, f"freeasync {got['ptr']}")["rc"] == 0
@@ -511,7 +503,7 @@ def test_ipc_memory_an_exporter_leaves_open_is_charged_to_the_opener(
         shim: Shim, registration: Registration) -> None:
     """The exporter exits while B holds its exported allocation open: the memory stays,
     and NVML counts it for B from then on; B's next measurement charges it."""
-    a, b = _spawned(shim, 2, _ipc_env(shim, registration))
+    a, b = _spawned(shim, 2, _registered_env(shim, registration))
     try:
         x = ask(a, "alloc 0 600m")
         h = ask(a, f"ipcget {x['id']}")["handle"]

@@ -257,6 +257,14 @@ def test_kernels_longer_than_a_window_are_held_to_the_limit(built: Built, tmp_pa
     assert mean >= limit - 3.0 - 2 * one_kernel, (kernel, limit, share)
 
 
+def _together(a: Container, kernel: str, n: int, seconds: float) -> list[float]:
+    """What n processes of container a launching ``kernel`` at once reach together, per
+    window."""
+    ps = [a.start(kernel, seconds=seconds) for _ in range(n)]
+    shares = [a.share(p) for p in ps]
+    return [sum(w) for w in zip(*shares, strict=False)]
+
+
 def test_processes_sharing_a_limit_with_long_kernels_are_held_together(
         built: Built, tmp_path: Path, gpu: Path) -> None:
     """Four processes of one container launching 50 ms kernels under 21 %: the shared
@@ -269,9 +277,7 @@ def test_processes_sharing_a_limit_with_long_kernels_are_held_together(
     one; a fresh-clone run read 15.7, its windows holding the four at one kernel a 200 ms
     window for 2 s)."""
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="21")
-    ps = [a.start("50ms", seconds=5.0) for _ in range(4)]
-    shares = [a.share(p) for p in ps]
-    total = [sum(w) for w in zip(*shares, strict=False)]
+    total = _together(a, "50ms", 4, 5.0)
     late = total[len(total) // 2:]
     one_kernel = 100.0 * 50 / (len(late) * 200)
     print(f"4 x 50ms fixed 21: {[round(t, 1) for t in total]}, late mean "
@@ -292,9 +298,7 @@ def test_samples_slower_than_the_tick_are_not_taken_for_an_idle_gpu(
     run: the mean within 3 points, no 400 ms window over 10 points above."""
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="40")
     a.env["FAKECUDA_NVML_SAMPLE_MS"] = "300"
-    ps = [a.start("100us", seconds=6.0) for _ in range(4)]
-    shares = [a.share(p) for p in ps]
-    total = [sum(w) for w in zip(*shares, strict=False)]
+    total = _together(a, "100us", 4, 6.0)
     late = total[len(total) // 2:]
     print(f"4 x 100us fixed 40, 300 ms samples: {[round(t, 1) for t in total]}")
     assert abs(statistics.mean(late) - 40) <= 3.0, total
@@ -312,9 +316,7 @@ def test_processes_of_a_container_are_held_where_nvml_gives_each_window_to_one(
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
     a.env["FAKECUDA_NVML_WINDOW_TO_ONE"] = "1"
     a.env["FAKECUDA_NVML_SAMPLE_MS"] = "200"  # as the H200 sampled
-    ps = [a.start("1ms", seconds=8.0) for _ in range(2)]
-    shares = [a.share(p) for p in ps]
-    total = [sum(w) for w in zip(*shares, strict=False)]
+    total = _together(a, "1ms", 2, 8.0)
     late = total[len(total) // 2:]
     print(f"2 x 1ms fixed 30, a window to one: {[round(t, 1) for t in total]}")
     assert abs(statistics.mean(late) - 30) <= 3.0, total
