@@ -615,8 +615,8 @@ def main() -> int:
                     help="which groups to run: memory, views (NVML), routing, escapes (issue "
                          "22's paths, through tests/fakes' test programs), sm (matmul, graph), "
                          "sleep, sleep2 (two processes of one container), smi")
-    ap.add_argument("--shim", type=Path, help="the libvgpu.so to preload (default: the one "
-                    "csrc's make builds)")
+    ap.add_argument("--shim", type=Path, help="the libvgpu.so to preload, as it is (default: "
+                    "the one csrc's make builds first)")
     args = ap.parse_args()
     if args.shim:
         global SHIM
@@ -631,7 +631,8 @@ def main() -> int:
     if torch_groups and (torch is None or not torch.cuda.is_available()):
         print("torch with a usable CUDA device is needed for: " + ",".join(sorted(torch_groups)))
         return 77
-    subprocess.run(["make", "-s", "-C", str(ROOT / "csrc")], check=True)
+    if not args.shim:  # a build given is used as it is
+        subprocess.run(["make", "-s", "-C", str(ROOT / "csrc")], check=True)
     limit = args.limit_mib * MIB
     base_env = {"CUDA_VISIBLE_DEVICES": str(args.device)}
     results = Results(args.out)
