@@ -226,49 +226,46 @@ print(json.dumps(out))
 """
 
 
-def child(
-    check: str, cfg: Path | None, limit: int, core: int, extra: dict[str, str],
-    args: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    env = dict(os.environ, **extra)
-    if cfg is not None:
-        env["LD_PRELOAD"] = str(SHIM)
-        env["VGPUD_CONFIG"] = str(cfg)
-    p = subprocess.run([sys.executable, "-c", CHILD, check, str(limit), str(core), *args],
-                       env=env, capture_output=True, text=True, timeout=300)
-    keep = os.environ.get("VERIFY_STDERR_DIR")  # the shim's log (VGPUD_LOG_LEVEL), kept
-    if keep and cfg is not None:
-        Path(keep, f"{check}-{core}.log").write_text(p.stderr)
-    if p.returncode != 0 or not p.stdout.strip():
-        return {"check": check, "ok": False, "rc": p.returncode, "error": p.stderr[-2000:]}
-    result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
-    if p.stderr.strip():
-        result["stderr"] = p.stderr[-600:]
-    return result
-
-
 def children(
-    n: int, check: str, cfg: Path, limit: int, core: int, extra: dict[str, str],
+    n: int, check: str, cfg: Path | None, limit: int, core: int, extra: dict[str, str],
     args: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
-    """``n`` copies of a check at once under one config: the processes of one container."""
-    env = dict(os.environ, **extra, LD_PRELOAD=str(SHIM),
-               VGPUD_CONFIG=str(cfg))
+    """``n`` copies of a check at once, under the shim with ``cfg`` (one usage state: the
+    processes of one container) or, with None, without it; each one's result."""
+    env = dict(os.environ, **extra)
+    if cfg is not None:
+        env.update(LD_PRELOAD=str(SHIM), VGPUD_CONFIG=str(cfg))
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, check, str(limit), str(core), *args],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(n)]
+    keep = os.environ.get("VERIFY_STDERR_DIR")  # the shim's log (VGPUD_LOG_LEVEL), kept
     results = []
     for i, p in enumerate(procs):
-        out, err = p.communicate(timeout=300)
-        keep = os.environ.get("VERIFY_STDERR_DIR")  # the shim's log (VGPUD_LOG_LEVEL), kept
-        if keep:
+        try:
+            out, err = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            err += "\n(killed after 300 s)"
+        if keep and cfg is not None:
             Path(keep, f"{check}-{core}-{i}.log").write_text(err)
         if p.returncode != 0 or not out.strip():
             results.append({"check": check, "ok": False, "rc": p.returncode,
                             "error": err[-2000:]})
-        else:
-            results.append(json.loads(out.strip().splitlines()[-1]))
+            continue
+        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        if err.strip():
+            result["stderr"] = err[-600:]
+        results.append(result)
     return results
+
+
+def child(
+    check: str, cfg: Path | None, limit: int, core: int, extra: dict[str, str],
+    args: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One process of a check (see children)."""
+    return children(1, check, cfg, limit, core, extra, args)[0]
 
 
 PROC_NAMES = ("cuMemAlloc", "cuMemFree", "cuMemGetInfo", "cuLaunchKernel", "cuCtxCreate",

@@ -109,16 +109,18 @@ void vg_context_untracked_now(int dev)
     charge_untracked(dev);
 }
 
-/* A free of an IPC-exported allocation that another process of the container still has
- * open: a real driver keeps the memory and NVML counts it for that process from then on
+/* A free of an IPC-exported allocation, which another process of the container may still
+ * have open: this process's untracked memory is measured at once (above), and so is the
+ * opener's. A real driver keeps the memory and NVML counts it for the opener from then on
  * (seen on an H200: 820 MiB moved from the exporter's figure to the opener's at the free).
  * The opener's shim would charge it at its own next measurement, which an opener that
  * holds the mapping and makes no call never takes, and the exporter's next allocation took
  * the room again (2.8 GiB under a 2 GiB limit). What NVML counts for another process of
  * the container beyond its charge is charged to it now (vg_state_adopt), and that
  * process's next measurement takes it as its own, given back as its figure falls. */
-void vg_context_siblings_now(int dev)
+void vg_context_exported_freed(int dev)
 {
+    vg_context_untracked_now(dev);
     if (dev < 0 || dev >= VG_MAX_DEVICES || !vg_cfg.dev[dev].memory_limit) return;
     nvmlDevice_t h = vg_nvml_device(dev);
     nvmlProcessInfo_t *infos;
@@ -138,6 +140,13 @@ void vg_context_siblings_now(int dev)
     free(pids);
     free(bytes);
     free(infos);
+}
+
+/* vg_context_untracked_now for each device of a mask (bit d: device d) */
+void vg_context_untracked_now_on(uint64_t devices)
+{
+    for (int d = 0; d < VG_MAX_DEVICES && devices >> d; d++)
+        if (devices & (1ull << d)) vg_context_untracked_now(d);
 }
 
 void vg_context_charge(int dev)

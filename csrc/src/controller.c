@@ -79,8 +79,7 @@ int vg_sm_any_limited;
 #define SPAN_LAUNCHES 4             /* calibrate over at least 4 launches ... */
 #define SPAN_MIN_NS 150000000ull    /* ... and 150 ms, */
 #define SPAN_MAX_NS 2000000000ull   /* or 2 s whatever was launched */
-#define SPAN_SHARED_NS 2000000000ull /* 2 s where NVML gives a window to one process ... */
-#define SHARED_FOR_NS 5000000000ull  /* ... since it was last seen doing so */
+#define SHARED_FOR_NS 5000000000ull /* NVML gave a window to one process: SPAN_MAX_NS spans */
 #define PERIOD_MAX_NS 1000000000ull /* NVML samples at least every second */
 #define STEP_MAX 1000.0             /* the largest step up, over a whole span */
 #define FIRST_STEP_MAX 1000000.0    /* ... and the first one, from the starting estimate */
@@ -457,7 +456,7 @@ static void tick(int d, int host_pid)
          * 2 s the turns even out */
         int lumpy = s->calibrated >= WHOLE_STEPS && s->shared_at &&
                     mono - s->shared_at < SHARED_FOR_NS;
-        uint64_t span_min = lumpy ? SPAN_SHARED_NS : SPAN_MIN_NS;
+        uint64_t span_min = lumpy ? SPAN_MAX_NS : SPAN_MIN_NS;
         /* ... but a span of two windows that saw three times what it charged cannot be
          * the turns' noise (at most twice): kernels grew longer, and waiting 2 s would let
          * them run past the limit */

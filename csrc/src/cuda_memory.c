@@ -228,10 +228,7 @@ CUresult vg_impl_cuMemFree_v2(CUdeviceptr dptr)
     }
     vg_release(&a);
     if (a.kind == VG_KIND_POOL) vg_pools_reconcile(a.dev); /* freed and synchronised */
-    if (a.flags & VG_F_EXPORTED) { /* an opener may keep it */
-        vg_context_untracked_now(a.dev);
-        vg_context_siblings_now(a.dev);
-    }
+    if (a.flags & VG_F_EXPORTED) vg_context_exported_freed(a.dev); /* an opener may keep it */
     return r;
 }
 
@@ -246,10 +243,7 @@ CUresult vg_impl_cuMemFree(unsigned int dptr)
         return r;
     }
     vg_release(&a);
-    if (a.flags & VG_F_EXPORTED) {
-        vg_context_untracked_now(a.dev);
-        vg_context_siblings_now(a.dev);
-    }
+    if (a.flags & VG_F_EXPORTED) vg_context_exported_freed(a.dev);
     return r;
 }
 
@@ -267,14 +261,12 @@ CUresult vg_impl_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 }
 
 /* The opener's close: a mapping whose exporter has freed it was this process's memory in
- * NVML's eyes (charged here by vg_context_siblings_now, or by a measurement), and it goes
+ * NVML's eyes (charged here by vg_context_exported_freed, or by a measurement), and it goes
  * with the last close: measured at once, so that the charge goes with it. */
 CUresult vg_impl_cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
     CUresult r = vg_real.cuIpcCloseMemHandle(dptr);
-    if (r == CUDA_SUCCESS)
-        for (int d = 0; d < vg_cfg.device_count && d < VG_MAX_DEVICES; d++)
-            if (vg_cfg.dev[d].memory_limit) vg_context_untracked_now(d);
+    if (r == CUDA_SUCCESS) vg_context_untracked_now_on(~0ull); /* its device is not known */
     return r;
 }
 

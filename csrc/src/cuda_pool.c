@@ -112,8 +112,7 @@ void vg_pools_reconcile(int dev)
     vg_each(VG_T_POOL, settle_each, &r);
     vg_unlock(&pool_mu);
     /* an exported pool gave memory back (at a sync, say): an importer may keep it */
-    for (int d = 0; d < 64; d++)
-        if (r.measure & (1ull << d)) vg_context_untracked_now(d);
+    vg_context_untracked_now_on(r.measure);
 }
 
 /* ---- stream-ordered allocations ---- */
@@ -226,10 +225,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, int ptsz)
             if (a.flags & VG_F_EXPORTED) vg_pools_reconcile(a.dev);
         } else {
             vg_release(&a);
-            if (a.flags & VG_F_EXPORTED) { /* legacy IPC's */
-                vg_context_untracked_now(a.dev);
-                vg_context_siblings_now(a.dev);
-            }
+            if (a.flags & VG_F_EXPORTED) vg_context_exported_freed(a.dev); /* legacy IPC's */
         }
     }
     return r;

@@ -113,8 +113,7 @@ CUresult vg_impl_cuMemUnmap(CUdeviceptr ptr, size_t size)
     vg_lock(&vmm_mu);
     vg_each(VG_T_MAP, unmapped, &u);
     vg_unlock(&vmm_mu);
-    for (int d = 0; u.measure; d++, u.measure >>= 1)
-        if (u.measure & 1) vg_context_untracked_now(d);
+    vg_context_untracked_now_on(u.measure);
     return r;
 }
 

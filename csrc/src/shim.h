@@ -197,7 +197,8 @@ int vg_oversubscribed(int dev);
 /* ---- contexts.c: the memory contexts (and the driver, outside the hooks) take ---- */
 void vg_context_charge(int dev);             /* measure contexts still pending on dev */
 void vg_context_untracked_now(int dev);      /* measure untracked memory now (see contexts.c) */
-void vg_context_siblings_now(int dev);      /* charge what NVML moved to another process */
+void vg_context_untracked_now_on(uint64_t devices); /* ... on each device of a mask */
+void vg_context_exported_freed(int dev);   /* and what NVML moved to another process */
 void vg_context_created(CUcontext ctx, CUdevice ordinal, int primary);
 int vg_context_gone(CUcontext ctx);          /* its charge given back; its device or -1 */
 CUcontext vg_context_primary(CUdevice ordinal); /* the primary context known, or NULL */

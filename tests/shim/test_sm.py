@@ -316,7 +316,7 @@ def test_processes_of_a_container_are_held_where_nvml_gives_each_window_to_one(
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
     a.env["FAKECUDA_NVML_WINDOW_TO_ONE"] = "1"
     a.env["FAKECUDA_NVML_SAMPLE_MS"] = "200"  # as the H200 sampled
-    total = _together(a, "1ms", 2, 8.0)
+    total = _together(a, "1ms", 2, 12.0)
     late = total[len(total) // 2:]
     print(f"2 x 1ms fixed 30, a window to one: {[round(t, 1) for t in total]}")
     assert abs(statistics.mean(late) - 30) <= 3.0, total

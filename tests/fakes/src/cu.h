@@ -157,9 +157,9 @@ void fc_pool_give(struct fc_pool *p, uint64_t size);
 /* An exported allocation freed while another process has it imported: its bytes leave
  * the pool (used and reserved) without being uncharged; the export entry holds them. */
 void fc_pool_give_away(struct fc_pool *p, uint64_t size);
-/* The pool was created with a POSIX file descriptor handle type (cuMemPoolExportPointer
- * may export its allocations). */
-int fc_pool_exportable(const struct fc_pool *p);
+/* The pool was created with a POSIX file descriptor handle type and exported already
+ * (cuMemPoolExportPointer may export its allocations). */
+int fc_pool_pointers_exportable(const struct fc_pool *p);
 /* Maps the export entry (index, id) into this process under a fresh address: an A_IPC
  * record (pool_import: a pool pointer's import). Under fc_obj_mutex. */
 CUresult fc_ipc_map(int index, uint64_t id, struct fc_ctx *c, int pool_import, uint64_t *out);

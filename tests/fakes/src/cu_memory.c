@@ -1051,7 +1051,7 @@ FC_API CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CU
     pthread_mutex_lock(&fc_obj_mutex);
     struct fc_alloc *a = fc_alloc_get(ptr);
     /* the base of an allocation of a pool made shareable */
-    if (!a || a->kind != A_DEVICE || !a->pool || !fc_pool_exportable(a->pool)) {
+    if (!a || a->kind != A_DEVICE || !a->pool || !fc_pool_pointers_exportable(a->pool)) {
         pthread_mutex_unlock(&fc_obj_mutex);
         return CUDA_ERROR_INVALID_VALUE;
     }

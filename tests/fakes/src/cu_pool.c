@@ -135,7 +135,7 @@ CUresult fc_pool_take(struct fc_pool *p, uint64_t size) {
 
 /* A pool whose pointers can be exported: shareable and exported already (a real driver,
  * an H200 with driver 580, refuses a pointer of a pool not exported yet: INVALID_VALUE) */
-int fc_pool_exportable(const struct fc_pool *p) { return p->exportable && p->exported; }
+int fc_pool_pointers_exportable(const struct fc_pool *p) { return p->exportable && p->exported; }
 
 void fc_pool_give_away(struct fc_pool *p, uint64_t size) {
     pthread_mutex_lock(&pool_mutex);

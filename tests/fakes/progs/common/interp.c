@@ -1552,12 +1552,13 @@ static void run_line(char *line) {
         emit(op, rc, "\"granularity\":%zu", g);
     } else if (!strcmp(op, "poolimport")) { /* poolimport PATH|FD|PID:FD: a pool id */
         const char *path = a[0] ? a[0] : "-1";
-        int fd = path[0] == '/' || strchr(path, ':') ? open_shared(path) : atoi(path);
+        int opened = path[0] == '/' || strchr(path, ':'); /* else this process's fd */
+        int fd = opened ? open_shared(path) : atoi(path);
         CUmemoryPool pool = NULL;
         rc = ensure(cur_dev);
         if (!rc) rc = CALL(cuMemPoolImportFromShareableHandle, &pool, (void *)(intptr_t)fd,
                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if ((path[0] == '/' || strchr(path, ':')) && fd >= 0) close(fd);
+        if (opened && fd >= 0) close(fd);
         int id = rc ? -1 : new_id((struct rec){.kind = R_POOL, .pool = pool});
         emit(op, rc, "\"id\":%d", id);
     } else if (!strcmp(op, "ptrexport")) { /* ptrexport 0xADDR: 128 hex digits */
