@@ -619,7 +619,18 @@ def main() -> int:
         global SHIM
         SHIM = args.shim.resolve()
     groups = set(args.checks.split(","))
-    cores = [int(c) for c in str(args.core).split(",")]
+    only = set(filter(None, args.escapes.split(",")))
+    known = {"memory", "views", "routing", "escapes", "sm", "sleep", "sleep2", "smi"}
+    if groups - known or only - set(ESCAPES):
+        ap.error("unknown: " + ", ".join(sorted((groups - known) | (only - set(ESCAPES))))
+                 + f" (groups: {', '.join(sorted(known))}; escapes: {', '.join(ESCAPES)})")
+    try:
+        cores = [int(c) for c in str(args.core).split(",")]
+        wanted = [float(x) for x in args.kernel_ms.split(",")]
+    except ValueError as e:
+        ap.error(f"--core takes whole percents and --kernel-ms milliseconds, comma-separated: {e}")
+    if not all(0 < c <= 100 for c in cores) or not all(ms > 0 for ms in wanted):
+        ap.error("--core takes percents from 1 to 100, --kernel-ms lengths above 0")
     torch_groups = groups - {"escapes"}
     try:
         import torch
@@ -674,7 +685,7 @@ def main() -> int:
             for r in escapes(esc_limit, lambda name: config(
                     0, memory=esc_limit, state=Path(d) / f"state-{name}"),
                     dict(base_env, VERIFY_ARCH=arch), Path(d),
-                    set(filter(None, args.escapes.split(",")))):
+                    only):
                 results.append(r)
         for core in cores:
             for check in ("matmul", "graph") if "sm" in groups else ():
@@ -689,7 +700,6 @@ def main() -> int:
             if groups & {"sleep", "sleep2"} else {}
         if cal:
             results.append(cal)
-        wanted = [float(x) for x in args.kernel_ms.split(",")]
         cycles = tuple(str(int(ms * cal["cycles_per_ms"])) for ms in wanted) \
             if cal.get("ok") else ()
         free_sleep = child("sleep", None, limit, 0, base_env, cycles) if cycles else {}
