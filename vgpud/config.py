@@ -119,8 +119,11 @@ class SchedulerSettings(_Model):
 
 class DraSettings(_Model):
     """The webhook's side of DRA (vgpud/core/translate.py): which vGPU pods it rewrites
-    into ResourceClaims for kube-scheduler, and the chart's DeviceClass names."""
+    into ResourceClaims for kube-scheduler, and the chart's DeviceClass names; and whether
+    the scheduler watches vgpud's ResourceSlices and ResourceClaims to show the DRA nodes
+    on its status page (the chart's ``dra.enabled``, which grants it that)."""
 
+    enabled: bool = False
     # off | selected (pods whose nodeSelector names vgpud.io/node-mode: dra) | always
     translate: Mode = "off"
     vgpuClass: str = Field(default="vgpu.vgpud.io", min_length=1)

@@ -702,6 +702,25 @@ def test_dra_adds_device_classes_and_a_least_privilege_node_role(helm: Path) -> 
     assert len(bare.of_kind("DeviceClass")) == 3
 
 
+def test_with_dra_the_scheduler_may_read_the_dra_nodes_slices_and_claims(helm: Path) -> None:
+    """dra.enabled turns on the scheduler's two DRA informers (its settings' dra.enabled)
+    and grants them list and watch, nothing more: the status page shows the DRA nodes
+    (tests/realkube/test_dra_end_to_end.py runs it with this role)."""
+    m = template(helm, "dra.enabled=true")
+    settings = parse_settings(yaml.safe_load(m.configmap_file("vgpud-settings", "vgpud.yaml")))
+    assert settings.dra.enabled
+    rules = m.rules("ClusterRole", "vgpud-scheduler")
+    assert {k: v for k, v in rules.items() if k[0] == "resource.k8s.io"} == {
+        ("resource.k8s.io", "resourceslices", ()): {"list", "watch"},
+        ("resource.k8s.io", "resourceclaims", ()): {"list", "watch"},
+    }
+    assert rules == {**Manifests.committed().rules("ClusterRole", "vgpud-scheduler"),
+                     **{k: v for k, v in rules.items() if k[0] == "resource.k8s.io"}}
+    off = Manifests.committed()
+    assert not parse_settings(yaml.safe_load(
+        off.configmap_file("vgpud-settings", "vgpud.yaml"))).dra.enabled
+
+
 def test_dra_rbac_is_what_its_code_calls(helm: Path) -> None:
     """`vgpud dra`'s role against every call its code can make (vgpud/dra and the node
     runtime under it), as the other roles' in test_manifests.py: equal, but for the two

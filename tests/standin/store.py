@@ -110,6 +110,9 @@ KINDS: tuple[Kind, ...] = (
     Kind("apps", "v1", "replicasets", "ReplicaSet", namespaced=True, has_status=True),
     Kind("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate",
          namespaced=True),
+    Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False),
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True,
+         has_status=True),
 )
 
 

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.anyio
 
 GPU_KEYS = {"node", "uuid", "index", "model", "healthy", "mig", "memoryCapacity",
             "memoryAllocated", "coresCapacity", "coresAllocated", "vgpusCapacity",
-            "vgpusAllocated", "slices", "profile", "parent"}
+            "vgpusAllocated", "slices", "profile", "parent", "dra"}
 SLICE_KEYS = {"namespace", "pod", "container", "memory", "cores", "priority", "state"}
 POD_KEYS = {"namespace", "name", "uid", "node", "state", "priority", "grants", "reason",
             "since"}
@@ -100,7 +100,8 @@ async def test_gpus_api_shape(served: Served) -> None:
         "node": "gpu-b", "uuid": "GPU-gpu-b-1", "index": 1, "model": "NVIDIA A100-SXM4-80GB",
         "healthy": True, "mig": False, "memoryCapacity": 16384 << 20,
         "memoryAllocated": 3000 << 20, "coresCapacity": 100, "coresAllocated": 30,
-        "vgpusCapacity": 10, "vgpusAllocated": 2, "slices": None, "profile": "", "parent": ""}
+        "vgpusCapacity": 10, "vgpusAllocated": 2, "slices": None, "profile": "", "parent": "",
+        "dra": False}
     assert b1["slices"] == [
         {"namespace": "team-a", "pod": "infer", "container": "main", "memory": 1000 << 20,
          "cores": 10, "priority": 5, "state": "confirmed"},
@@ -308,3 +309,75 @@ async def test_real_scheduler_asks_for_the_token_its_settings_name(tmp_path: Pat
                     assert (await r.json())["NodeNames"] == ["n1"]
         finally:
             sched.stop()
+
+
+async def test_dra_nodes_fed_by_their_informers_show_on_the_page_and_the_api() -> None:
+    """The scheduler's DRA informers (projected as they project) feed the state's
+    :class:`DraNodes`; the API and the page list the DRA nodes' GPUs after the cluster's,
+    with a DRA badge, count them in the totals, and drop a claim's use once it is
+    deallocated (its projection then empty) and a node's GPUs once its slices go. Until
+    those informers have listed, the page says it is still syncing (``shown``)."""
+    from tests.core.test_dra_report import _claim, _gpu, _result, _slices
+    from vgpud.core.dra_report import claim_projection, slice_projection
+    from vgpud.kube.cache import Added, Deleted, Modified
+    from vgpud.kube.resources import object_key
+
+    alloc = Allocator()
+    alloc.set_node(node("gpu-a", 1, 32768))
+    state = SchedulerState(alloc)
+    ready, shown = [True], [False]
+    ext = Extender(state, writer=None, events=None, metrics=Metrics(alloc))
+    runner = web.AppRunner(make_app(ext, ready=lambda: ready[0], shown=lambda: shown[0]))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    slices = _slices("d-node", _gpu(0), _gpu(1))
+    other = {"metadata": {"name": "other-driver"}, "spec": {"driver": "gpu.nvidia.com",
+                                                              "pool": {"name": "d-node"}}}
+    for s in [*slices, other]:
+        state.dra.on_slice(Added(object_key(s), slice_projection(s)))
+    assert len(state.dra.slices) == len(slices)  # not the other driver's
+    claim = _claim("c1", _result("gpu-1", pool="d-node", memory="4Gi", cores="30"),
+                   pods=("serve",), namespace="team-d")
+    state.dra.on_claim(Added("team-d/c1", claim_projection(claim)))
+    try:
+        async with aiohttp.ClientSession() as session:
+            s = Served(f"http://127.0.0.1:{port}", alloc, ready, session)
+            status, doc, _ = await s.get("/api/v1/gpus")
+            assert status == 503 and "still syncing" in doc["error"]
+            shown[0] = True
+            _, doc, _ = await s.get("/api/v1/gpus")
+            assert [(g["node"], g["uuid"], g["dra"]) for g in doc["items"]] == [
+                ("gpu-a", "GPU-gpu-a-0", False), ("d-node", "GPU-0", True),
+                ("d-node", "GPU-1", True)]
+            g1 = doc["items"][2]
+            assert (g1["memoryAllocated"], g1["coresAllocated"], g1["vgpusAllocated"]) == (
+                4 << 30, 30, 1)
+            assert [(x["namespace"], x["pod"], x["container"], x["state"])
+                    for x in g1["slices"]] == [("team-d", "serve", "c1/gpu", "reserved")]
+            _, pods, _ = await s.get("/api/v1/pods?node=d-node")
+            assert [(p["name"], p["grants"][0]["uuid"]) for p in pods["items"]] == [
+                ("serve", "GPU-1")]
+            _, total, _ = await s.get("/api/v1/summary")
+            assert (total["nodes"], total["gpus"], total["pods"]) == (2, 3, 1)
+            assert total["memoryAllocated"] == 4 << 30
+            _, html, _ = await s.get("/?node=d-node")
+            assert len(re.findall(r'<tr class="gpu">', html)) == 2
+            assert html.count('title="allocated by DRA ResourceClaims">DRA</span>') == 2
+            assert "team-d/serve" in html and "c1/gpu" in html
+
+            # deallocated: its projection is empty, its use goes
+            done = {**claim, "status": {}}
+            state.dra.on_claim(Modified("team-d/c1", claim_projection(claim),
+                                        claim_projection(done)))
+            _, doc, _ = await s.get("/api/v1/gpus?node=d-node")
+            assert [g["memoryAllocated"] for g in doc["items"]] == [0, 0]
+            _, total, _ = await s.get("/api/v1/summary")
+            assert total["pods"] == 0
+            for sl in slices:
+                state.dra.on_slice(Deleted(object_key(sl), slice_projection(sl)))
+            _, doc, _ = await s.get("/api/v1/gpus")
+            assert [g["uuid"] for g in doc["items"]] == ["GPU-gpu-a-0"]
+    finally:
+        await runner.cleanup()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +30,7 @@ import pytest
 
 from tests.builders import gpu_pod
 from tests.debian import unavailable
-from tests.e2e.cluster import Driver
+from tests.e2e.cluster import Driver, Scheduler, free_port, standin
 from tests.status.browser import (
     BrowserUnavailable,
     console_errors,
@@ -211,6 +213,61 @@ def test_the_script_draws_what_the_server_drew(browser: Any, cluster: Placed) ->
     for part in PARTS:
         assert script[part] == server[part], part
     assert console_errors(d) == []
+
+
+def test_the_script_draws_a_dra_nodes_gpus_as_the_server_did(
+        browser: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A scheduler with DRA on shows a DRA node's GPUs from its ResourceSlices and the
+    ResourceClaims allocated from them; the script's rows are the server's, DRA badge and
+    claim slices included."""
+    from tests.core.test_dra_report import _claim, _gpu, _result, _slices
+
+    tmp = tmp_path_factory.mktemp("status-dra")
+    with standin(tmp) as (api_url, kubeconfig):
+        claim = _claim("c1", _result("gpu-1", pool="d-node", memory="4Gi", cores="30"),
+                       pods=("serve",), namespace="team-d")
+        items = [*_slices("d-node", _gpu(0), _gpu(1)),
+                 {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim}]
+        req = urllib.request.Request(f"{api_url}/_standin/objects",
+                                     json.dumps({"items": items}).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert json.load(r)["created"] == len(items)
+        sched = Scheduler(kubeconfig, tmp, config={"dra": {"enabled": True}},
+                          ops_port=free_port())
+        sched.start()
+        try:
+            anyio.run(sched.wait_ready)
+
+            def two_gpus() -> bool:
+                try:
+                    with urllib.request.urlopen(sched.ops_url + "/api/v1/gpus",
+                                                timeout=10) as r:
+                        return len(json.load(r)["items"]) == 2
+                except urllib.error.HTTPError:  # 503 while its DRA informers list
+                    return False
+            deadline = time.monotonic() + 30
+            while not two_gpus():
+                assert time.monotonic() < deadline, sched.log()
+                time.sleep(0.05)
+            d = browser
+            console_errors(d)
+            emulate(d, 1280, 800)
+            load(d, sched.ops_url + "/?node=d-node")
+            html = (f"return Object.fromEntries({json.dumps(list(PARTS))}.map(id => [id, "
+                    "document.getElementById(id).innerHTML.replace(/>\\s+</g, '><')"
+                    ".trim()]));")
+            server = d.execute_script(html)
+            assert server["gpu-table"].count(">DRA</span>") == 2
+            assert "team-d/serve" in server["gpu-table"]
+            d.execute_script("document.getElementById('filters').requestSubmit();")
+            wait(d, "Number(document.body.dataset.loaded || 0) >= 1")
+            script = d.execute_script(html)
+            for part in PARTS:
+                assert script[part] == server[part], part
+            assert console_errors(d) == []
+        finally:
+            sched.stop()
 
 
 def test_pages_and_refreshes_without_reloading(browser: Any, cluster: Placed) -> None:

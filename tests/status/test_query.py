@@ -11,6 +11,7 @@ import pytest
 
 from tests.builders import node
 from vgpud.core.allocate import Allocator
+from vgpud.core.dra_report import DraRows, dra_rows
 from vgpud.core.model import ContainerGrant, DeviceGrant, Placement
 from vgpud.core.query import (
     MAX_LIMIT,
@@ -217,3 +218,88 @@ def test_a_page_of_40000_gpus_is_cheap_and_steps_are_short() -> None:
                 longest, t = max(longest, now - t), now
         assert page.items and longest < 0.05, (query, longest)
     assert complete(select_pods(a.ledger, [], Query(q="pod-0499"))).total == 100  # pod-049900…
+
+
+# -- the DRA nodes' rows, beside the cluster's ---------------------------------------------
+
+
+@pytest.fixture
+def dra() -> DraRows:
+    """Two DRA nodes: d-node (two GPUs, one unhealthy; two claims share GPU 0) and
+    e-node (one GPU held whole by a claim reserved for no pod yet)."""
+    from tests.core.test_dra_report import _claim, _gpu, _result, _slices
+
+    slices = [*_slices("d-node", _gpu(0), _gpu(1, healthy=False)),
+              *_slices("e-node", _gpu(7, memory=81920))]
+    claims = [_claim("c1", _result("gpu-0", pool="d-node", memory="4Gi", cores="30"),
+                     pods=("serve",), namespace="team-d"),
+              _claim("c2", _result("gpu-0", pool="d-node", memory="2Gi", cores="10"),
+                     pods=("train-9",), namespace="team-a"),
+              _claim("c3", _result("gpu-7", pool="e-node"), namespace="team-e")]
+    rows = dra_rows(slices, claims)
+    assert not rows.warnings
+    return rows
+
+
+def test_dra_nodes_gpus_follow_the_clusters_and_page_across_the_seam(
+        alloc: Allocator, dra: DraRows) -> None:
+    cluster = uuids(complete(select_gpus(alloc.cluster, alloc.ledger, Query())).items)
+    everything = [*cluster, "GPU-0", "GPU-1", "GPU-7"]
+    page = complete(select_gpus(alloc.cluster, alloc.ledger, Query(), dra=dra.gpus))
+    assert uuids(page.items) == everything and page.total == 8
+    assert all(r.dra for r in page.items[5:]) and not any(r.dra for r in page.items[:5])
+    for offset in range(10):
+        for limit in (1, 2, 3, 5):
+            got = complete(select_gpus(alloc.cluster, alloc.ledger,
+                                       Query(offset=offset, limit=limit), dra=dra.gpus, step=2))
+            assert uuids(got.items) == everything[offset:offset + limit], (offset, limit)
+            assert got.total == 8
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    (Query(node="d-node"), ["GPU-0", "GPU-1"]),
+    (Query(node="e-node"), ["GPU-7"]),
+    (Query(namespace="team-a"), ["GPU-a-node-0", "GPU-b-node-1", "GPU-0"]),
+    (Query(namespace="team-e"), ["GPU-7"]),  # a claim no pod holds yet
+    (Query(q="TRAIN"), ["GPU-a-node-0", "GPU-b-node-1", "GPU-0"]),  # pod names, any case
+    (Query(q="team-d/serve"), ["GPU-0"]),
+    (Query(q="e-no"), ["GPU-7"]),  # node name
+    (Query(q="nvidia l4"), ["GPU-0", "GPU-1", "GPU-7"]),  # model
+    (Query(health="unhealthy"), ["GPU-a-node-1", "GPU-1"]),
+    (Query(health="healthy", node="d-node"), ["GPU-0"]),
+    (Query(node="d-node", q="team-e"), []),
+])
+def test_dra_nodes_gpus_match_the_same_filters(alloc: Allocator, dra: DraRows, query: Query,
+                                               expected: list[str]) -> None:
+    page = complete(select_gpus(alloc.cluster, alloc.ledger, query, dra=dra.gpus))
+    assert uuids(page.items) == expected
+    assert page.total == len(expected)
+
+
+def test_pods_of_dra_claims_are_listed_with_the_ledgers(alloc: Allocator, dra: DraRows) -> None:
+    page = complete(select_pods(alloc.ledger, [], Query(), dra=dra.pods))
+    assert [(p.namespace, p.name, p.state, p.node) for p in page.items] == [
+        ("team-a", "infer", "confirmed", "b-node"), ("team-a", "train-1", "confirmed", "a-node"),
+        ("team-a", "train-9", "confirmed", "d-node"), ("team-b", "train-2", "assumed", "b-node"),
+        ("team-d", "serve", "confirmed", "d-node")]
+    for q, names in [(Query(state="assumed"), ["train-2"]),
+                     (Query(state="pending"), []),
+                     (Query(node="d-node"), ["train-9", "serve"]),
+                     (Query(q="gpu-0"), ["train-9", "serve"]),  # the uuid it holds
+                     (Query(namespace="team-d", offset=0, limit=1), ["serve"])]:
+        got = complete(select_pods(alloc.ledger, [], q, dra=dra.pods))
+        assert [p.name for p in got.items] == names, q
+
+
+def test_summary_counts_the_dra_nodes(alloc: Allocator, dra: DraRows) -> None:
+    base = summary(alloc.cluster, alloc.ledger, pending=0)
+    s = summary(alloc.cluster, alloc.ledger, pending=0, dra_gpus=dra.gpus,
+                dra_pods=len(dra.pods))
+    gib = 1 << 30
+    assert {k: s[k] - base[k] for k in s} == {
+        "nodes": 2, "gpus": 3, "unhealthyGpus": 1,
+        "memoryCapacity": (16384 * 2 + 81920) * MIB,
+        "memoryAllocated": 6 * gib + 81920 * MIB,  # c3 holds its GPU whole
+        "coresCapacity": 300, "coresAllocated": 40 + 100,
+        "vgpusCapacity": sum(r.vgpus_capacity for r in dra.gpus), "vgpusAllocated": 3,
+        "pods": 2, "assumedPods": 0, "pendingPods": 0}

@@ -128,6 +128,28 @@ class _Use:
     slices: list[Slice] = field(default_factory=list)
 
 
+def slice_projection(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What :func:`dra_rows` reads of a ResourceSlice (for an informer to hold): its spec
+    when it is vgpud's driver's, nothing of any other driver's."""
+    spec = _dict(obj.get("spec"))
+    return {"spec": spec} if spec.get("driver") == DRIVER else {}
+
+
+def claim_projection(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What :func:`dra_rows` reads of a ResourceClaim: its name, the results of its
+    allocation on vgpud's driver's devices and whom it is reserved for; nothing of a claim
+    that holds none of them."""
+    status = _dict(obj.get("status"))
+    results = [r for r in _items(_dict(_dict(status.get("allocation")).get("devices"))
+                                 .get("results")) if r.get("driver") == DRIVER]
+    if not results:
+        return {}
+    meta = _dict(obj.get("metadata"))
+    return {"metadata": {"namespace": meta.get("namespace", ""), "name": meta.get("name", "")},
+            "status": {"allocation": {"devices": {"results": results}},
+                       "reservedFor": status.get("reservedFor") or []}}
+
+
 def dra_rows(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
              ) -> DraRows:
     """The GPU rows of the DRA nodes and the rows of the pods their claims are reserved
@@ -185,7 +207,7 @@ def dra_rows(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, 
             cores_capacity=d.cores, cores_allocated=u.cores,
             vgpus_capacity=d.vgpus, vgpus_allocated=u.vgpus,
             slices=tuple(sorted(u.slices, key=lambda s: (s.namespace, s.pod, s.container))),
-            profile=d.profile, parent=d.parent))
+            profile=d.profile, parent=d.parent, dra=True))
     rows.pods = sorted((PodRow(ns, pod, uid, node, "confirmed", 0, tuple(gs))
                         for (ns, pod), (uid, node, gs) in grants.items()),
                        key=lambda r: (r.namespace, r.name))

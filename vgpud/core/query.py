@@ -15,6 +15,11 @@ caller runs them to the end with :func:`complete`. Between steps the cluster may
 change; each row is built in one step, so a row is always consistent, and the total
 is what was counted (a status page's answer, not a transaction).
 
+The nodes vgpud's DRA driver serves are not in the cluster: their rows come ready made
+(:func:`vgpud.core.dra_report.dra_rows`, from the API's ResourceSlices and ResourceClaims)
+and are passed as ``dra``. They match the same query, and are listed after the
+device-plugin nodes' GPUs (and counted in the same totals).
+
 Pure: values in, rows out.
 """
 
@@ -131,10 +136,25 @@ def _entry_gpus(e: Entry) -> Iterable[str]:
             yield d.uuid
 
 
+def _gpu_row_matches(r: GpuRow, query: Query) -> bool:
+    """A ready-made row (a DRA node's GPU) against ``query``, as :func:`select_gpus`
+    matches the cluster's."""
+    if query.node and r.node != query.node:
+        return False
+    if query.health and r.healthy != (query.health == "healthy"):
+        return False
+    if query.namespace and not any(s.namespace == query.namespace for s in r.slices):
+        return False
+    q = query.q.lower()
+    return not q or any(q in text.lower() for text in (
+        r.node, r.uuid, r.model, *(f"{s.namespace}/{s.pod}" for s in r.slices)))
+
+
 def select_gpus(cluster: Cluster, ledger: Ledger, query: Query, *,
-                step: int = STEP) -> Steps[Page]:
-    """The GPUs ``query`` matches, in node then index order: the page asked for, and
-    how many match in all. Rows are built only for the page's nodes."""
+                dra: Sequence[GpuRow] = (), step: int = STEP) -> Steps[Page]:
+    """The GPUs ``query`` matches, in node then index order (the DRA nodes' rows
+    ``dra`` after the cluster's): the page asked for, and how many match in all. Rows
+    are built only for the page's nodes."""
     q = query.q.lower()
     if query.node:
         names = [query.node] if cluster.has_node(query.node) else []
@@ -207,7 +227,13 @@ def select_gpus(cluster: Cluster, ledger: Ledger, query: Query, *,
             else:
                 rows += [r for r in these if r.uuid in pick]
         yield
-    return Page(rows, total, query.offset, query.limit)
+    more: list[GpuRow] = []
+    for ready_made in _chunks(dra, step * 4):
+        more += [r for r in ready_made if _gpu_row_matches(r, query)]
+        yield
+    skip = max(0, query.offset - total)
+    rows += more[skip:skip + query.limit - len(rows)]
+    return Page(rows, total + len(more), query.offset, query.limit)
 
 
 def _pod_matches(row_key: str, node: str | None, uuids: Iterable[str], query: Query) -> bool:
@@ -230,10 +256,10 @@ def _order(x: Entry | PodRow) -> tuple[str, str]:
 
 
 def select_pods(ledger: Ledger, pending: Sequence[PodRow], query: Query, *,
-                step: int = STEP) -> Steps[Page]:
+                dra: Sequence[PodRow] = (), step: int = STEP) -> Steps[Page]:
     """The pods ``query`` matches, by namespace then name: pods holding GPUs (assumed
-    or confirmed, from the ledger) and ``pending`` ones (filter found no node for
-    them, with the reason)."""
+    or confirmed, from the ledger; ``dra``: those whose claims hold a DRA node's GPUs)
+    and ``pending`` ones (filter found no node for them, with the reason)."""
     # References only (no per-pod keys kept): 50,000 tuples would cost ~10 ms just to free.
     found: list[Entry | PodRow] = []
     if query.state in ("", "assumed", "confirmed"):
@@ -245,6 +271,13 @@ def select_pods(ledger: Ledger, pending: Sequence[PodRow], query: Query, *,
                     continue
                 if _pod_matches(e.key, e.placement.node, _entry_gpus(e), query):
                     found.append(e)
+            yield
+    if query.state in ("", "confirmed"):
+        for held in _chunks(dra, step * 4):
+            for p in held:
+                if _pod_matches(f"{p.namespace}/{p.name}", p.node,
+                                (g.uuid for g in p.grants), query):
+                    found.append(p)
             yield
     if query.state in ("", "pending") and not query.node:
         for waiting in _chunks(pending, step * 4):
@@ -268,22 +301,31 @@ def select_pods(ledger: Ledger, pending: Sequence[PodRow], query: Query, *,
     return Page(rows, len(found), query.offset, query.limit)
 
 
-def summary(cluster: Cluster, ledger: Ledger, pending: int) -> dict[str, int]:
-    """Cluster totals for the page's header (memory in bytes, cores in percent)."""
+def summary(cluster: Cluster, ledger: Ledger, pending: int, *,
+            dra_gpus: Sequence[GpuRow] = (), dra_pods: int = 0) -> dict[str, int]:
+    """Cluster totals for the page's header (memory in bytes, cores in percent), the
+    DRA nodes' GPUs and the pods their claims are reserved for included."""
     n = cluster.slots
     live = cluster.alive[:n]
     assumed = ledger.counts()[State.ASSUMED]
     return {
-        "nodes": cluster.n_nodes(),
-        "gpus": int(live.sum()),
-        "unhealthyGpus": int((live & ~cluster.healthy[:n]).sum()),
-        "memoryCapacity": int(cluster.cap_mem[:n][live].sum()) * MIB,
-        "memoryAllocated": int(cluster.used_mem[:n][live].sum()) * MIB,
-        "coresCapacity": int(cluster.cap_cores[:n][live].sum()),
-        "coresAllocated": int(cluster.used_cores[:n][live].sum()),
-        "vgpusCapacity": int(cluster.cap_split[:n][live].sum()),
-        "vgpusAllocated": int(cluster.used_split[:n][live].sum()),
-        "pods": len(ledger),
+        "nodes": cluster.n_nodes() + len({r.node for r in dra_gpus}),
+        "gpus": int(live.sum()) + len(dra_gpus),
+        "unhealthyGpus": (int((live & ~cluster.healthy[:n]).sum())
+                          + sum(not r.healthy for r in dra_gpus)),
+        "memoryCapacity": (int(cluster.cap_mem[:n][live].sum()) * MIB
+                           + sum(r.memory_capacity for r in dra_gpus)),
+        "memoryAllocated": (int(cluster.used_mem[:n][live].sum()) * MIB
+                            + sum(r.memory_allocated for r in dra_gpus)),
+        "coresCapacity": (int(cluster.cap_cores[:n][live].sum())
+                          + sum(r.cores_capacity for r in dra_gpus)),
+        "coresAllocated": (int(cluster.used_cores[:n][live].sum())
+                           + sum(r.cores_allocated for r in dra_gpus)),
+        "vgpusCapacity": (int(cluster.cap_split[:n][live].sum())
+                          + sum(r.vgpus_capacity for r in dra_gpus)),
+        "vgpusAllocated": (int(cluster.used_split[:n][live].sum())
+                           + sum(r.vgpus_allocated for r in dra_gpus)),
+        "pods": len(ledger) + dra_pods,
         "assumedPods": assumed,
         "pendingPods": pending,
     }

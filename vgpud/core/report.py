@@ -57,6 +57,7 @@ class GpuRow:
     slices: tuple[Slice, ...]
     profile: str = ""  # a MIG instance placed whole: its profile
     parent: str = ""  # a MIG instance: its GPU's uuid
+    dra: bool = False  # a device of a DRA node (kube-scheduler's claims hold it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,10 +78,10 @@ async def run_scheduler(settings: Settings, *, kubeconfig: str | None, listen: s
                            serial_binds=sched.featureGates.SerialBindNode,
                            allow_privileged=settings.allowPrivilegedGPUPods,
                            topology=sched.featureGates.GPUTopology)
-            ready = service.ready
-            apps = [make_app(ext, ready, ops=ops_at is None, guard=guard)]
+            ready, shown = service.ready, service.informers.views_ready
+            apps = [make_app(ext, ready, ops=ops_at is None, guard=guard, shown=shown)]
             if ops_at is not None:
-                apps.append(make_app(ext, ready, verbs=False, guard=guard))
+                apps.append(make_app(ext, ready, verbs=False, guard=guard, shown=shown))
             for app, (h, p) in zip(apps, [(host, port), *([ops_at] if ops_at else [])],
                                    strict=True):
                 await tg.start(serve, app, h, p)

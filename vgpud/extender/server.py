@@ -57,7 +57,11 @@ VERBS = ("/filter", "/prioritize", "/bind", "/preempt")
 
 
 def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
-             ops: bool = True, guard: Guard | None = None) -> web.Application:
+             ops: bool = True, guard: Guard | None = None,
+             shown: Callable[[], bool] | None = None) -> web.Application:
+    """The verbs (``verbs``) and the ops routes (``ops``: probes, metrics, the status
+    page). ``ready``: the verbs may decide (and ``/readyz``); ``shown``: what the status
+    page shows is complete (``ready`` when not given)."""
     app = web.Application(client_max_size=MAX_BODY)
     if guard is not None and ops:
         guard.install(app, exempt=VERBS if verbs else ())
@@ -125,5 +129,5 @@ def make_app(ext: Extender, ready: Callable[[], bool], *, verbs: bool = True,
     if ops:
         add_probes(app, ready, "caches not synced yet")
         app.router.add_get("/metrics", metrics)
-        add_status_routes(app, ext, ready)
+        add_status_routes(app, ext, shown or ready)
     return app

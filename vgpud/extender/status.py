@@ -148,6 +148,8 @@ def gpu_row_html(r: GpuRow) -> str:
     elif r.parent:
         health += (f' <span class="badge" title="on {escape(r.parent)}">MIG '
                    f'{escape(r.profile or "shared")}</span>')
+    if r.dra:
+        health += ' <span class="badge" title="allocated by DRA ResourceClaims">DRA</span>'
     slices = ("<ul class=\"slices\">" + "".join(_slice_html(s) for s in r.slices) + "</ul>"
               if r.slices else '<span class="muted">free</span>')
     cls = "gpu" if r.healthy else "gpu sick"

@@ -42,7 +42,8 @@ class SchedulerService:
                  expired: Callable[[Entry], None] = lambda entry: None,
                  rescheduled: Callable[[str], None] = lambda action: None) -> None:
         self.alloc = alloc
-        self.informers = SchedulerInformers(kube, alloc, settings.schedulerName)
+        self.informers = SchedulerInformers(kube, alloc, settings.schedulerName,
+                                            dra=settings.dra.enabled)
         self.state = self.informers.state
         self.expired = expired
         sched = settings.scheduler

@@ -10,7 +10,10 @@ operations:
 * an annotated pod that is not bound yet is a bind in flight (or one that failed
   after its patch): it stays assumed until bound, or expires;
 * a ResourceQuota's limits on vGPU memory and cores (:mod:`vgpud.core.quota`) are kept
-  by namespace, so a changed quota counts from the next filter on.
+  by namespace, so a changed quota counts from the next filter on;
+* vgpud's ResourceSlices and the ResourceClaims allocated from them (when DRA is on) are
+  kept in :class:`DraNodes`, for the status page to show the DRA nodes beside the
+  others; kube-scheduler places on those nodes, so they never enter the ledger.
 
 The scheduler feeds it from its informers (:mod:`vgpud.scheduling.informers`);
 ``vgpud inspect`` from one list of nodes and pods (:func:`rebuild`), so both lay out
@@ -21,13 +24,14 @@ pods in a few tens of MiB. Decoding is the projections'; this module only routes
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
 from vgpud.core.allocate import Allocator
+from vgpud.core.dra_report import DraRows, dra_rows
 from vgpud.core.model import Node, PodRequest
 from vgpud.core.quota import Quota
 from vgpud.kube.cache import Added, Deleted, Event, Modified, Synced
@@ -58,6 +62,45 @@ class Refused:
     priority: int  # nvidia.com/vgpu-priority
 
 
+class DraNodes:
+    """The DRA nodes' GPUs and the pods their claims are reserved for, as the API shows
+    them: fed by a ResourceSlice and a ResourceClaim informer (projected by
+    :func:`~vgpud.core.dra_report.slice_projection` and
+    :func:`~vgpud.core.dra_report.claim_projection`), laid into rows when asked and
+    only again after a change."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, Mapping[str, Any]] = {}
+        self.claims: dict[str, Mapping[str, Any]] = {}
+        self._rows: DraRows | None = DraRows()
+
+    @staticmethod
+    def _apply(held: dict[str, Mapping[str, Any]],
+               event: Event[Mapping[str, Any]]) -> bool:
+        if isinstance(event, Synced):
+            return False
+        if isinstance(event, Deleted):
+            return held.pop(event.key, None) is not None
+        obj = event.obj if isinstance(event, Added) else event.new
+        if obj:
+            held[event.key] = obj
+            return True
+        return held.pop(event.key, None) is not None
+
+    def on_slice(self, event: Event[Mapping[str, Any]]) -> None:
+        if self._apply(self.slices, event):
+            self._rows = None
+
+    def on_claim(self, event: Event[Mapping[str, Any]]) -> None:
+        if self._apply(self.claims, event):
+            self._rows = None
+
+    def rows(self) -> DraRows:
+        if self._rows is None:
+            self._rows = dra_rows(list(self.slices.values()), list(self.claims.values()))
+        return self._rows
+
+
 class SchedulerState:
     """The allocator, fed by node, pod and quota events; an adapter's verbs (the
     extender's routes) read it and remember what filter saw for bind."""
@@ -77,6 +120,7 @@ class SchedulerState:
         self.bad_nodes: dict[str, str] = {}
         # nodes whose GPUs DRA manages (vgpud.io/node-mode=dra): never placed on here
         self.dra_nodes: set[str] = set()
+        self.dra = DraNodes()  # their GPUs and claims (fed only when DRA is on)
         self._requests: OrderedDict[str, PodRequest] = OrderedDict()
         self._request_cache = request_cache
         # pods filter found no node for, until they bind or go (bounded like requests)

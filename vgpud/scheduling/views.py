@@ -5,6 +5,8 @@ The data side of the status page and its JSON API (the extender serves them:
 Rows come from :mod:`vgpud.core.report`, selected by :mod:`vgpud.core.query` as steps
 (the caller yields to its event loop between them). The pods holding GPUs are the
 ledger's entries; the pending ones are those the last filter refused, with its reason.
+The DRA nodes' GPUs and pods (:class:`~vgpud.scheduling.state.DraNodes`, when DRA is on)
+are listed after the device-plugin nodes' and counted in the totals.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ class StateViews:
 
     def gpus(self, query: Query) -> Steps[Page]:
         a = self.state.alloc
-        return select_gpus(a.cluster, a.ledger, query)
+        return select_gpus(a.cluster, a.ledger, query, dra=self.state.dra.rows().gpus)
 
     def pods(self, query: Query) -> Steps[Page]:
-        return select_pods(self.state.alloc.ledger, self.pending(), query)
+        return select_pods(self.state.alloc.ledger, self.pending(), query,
+                           dra=self.state.dra.rows().pods)
 
     def quotas(self) -> list[QuotaRow]:
         held = self.state.quotas
@@ -44,4 +47,6 @@ class StateViews:
 
     def summary(self) -> dict[str, int]:
         a = self.state.alloc
-        return summary(a.cluster, a.ledger, len(self.state.refused))
+        dra = self.state.dra.rows()
+        return summary(a.cluster, a.ledger, len(self.state.refused), dra_gpus=dra.gpus,
+                       dra_pods=len(dra.pods))

@@ -58,7 +58,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $config := deepCopy .Values.config -}}
 {{- /* the webhook's DRA translation: off unless DRA is on; the classes are the chart's */ -}}
 {{- $translate := ternary .Values.dra.translate "off" .Values.dra.enabled -}}
-{{- $_ := set $config "dra" (dict "translate" $translate "vgpuClass" .Values.dra.deviceClasses.vgpu "gpuClass" .Values.dra.deviceClasses.gpu) -}}
+{{- $_ := set $config "dra" (dict "enabled" .Values.dra.enabled "translate" $translate "vgpuClass" .Values.dra.deviceClasses.vgpu "gpuClass" .Values.dra.deviceClasses.gpu) -}}
 {{- if .Values.opsAuth.enabled -}}
 {{- $_ := set $config.ops "tokenFile" (include "vgpud.opsTokenFile" .) -}}
 {{- end -}}

@@ -69,7 +69,16 @@
     const health = el('td', { 'data-label': 'Health' },
       r.healthy ? el('span', { class: 'badge ok' }, 'healthy')
         : el('span', { class: 'badge bad' }, 'unhealthy'));
-    if (r.mig) health.append(' ', el('span', { class: 'badge' }, 'MIG'));
+    if (r.mig) {
+      health.append(' ', el('span', { class: 'badge' }, 'MIG mode'));
+    } else if (r.parent) {
+      health.append(' ', el('span', { class: 'badge', title: `on ${r.parent}` },
+        `MIG ${r.profile || 'shared'}`));
+    }
+    if (r.dra) {
+      health.append(' ', el('span', { class: 'badge', title: 'allocated by DRA ResourceClaims' },
+        'DRA'));
+    }
     const slices = r.slices.length
       ? el('ul', { class: 'slices' }, ...r.slices.map(sliceItem))
       : el('span', { class: 'muted' }, 'free');
