@@ -287,3 +287,75 @@ def test_a_vgpu_pod_through_the_webhook_gets_a_claim_and_the_same_limits(
             fake_gpu_uuid(got.gpu), 4 * GIB, 30)
     finally:
         rel.uninstall()
+
+
+MIG_PARENT = fake_gpu_uuid(1)
+MIG_3G = "MIG-0b7e9d4a-3c1f-5e2a-9d8b-3g20gb000001"
+MIG_1G = "MIG-0b7e9d4a-3c1f-5e2a-9d8b-1g10gb000007"
+A100 = "NVIDIA A100-SXM4-40GB"
+MIG_DEVICES = {"devices": [
+    {"uuid": fake_gpu_uuid(0), "index": 0, "model": A100, "memory": 40960, "numa": 0,
+     "links": [], "healthy": True, "mig": False},
+    {"uuid": MIG_PARENT, "index": 1, "model": A100, "memory": 40960, "numa": 0, "links": [],
+     "healthy": True, "mig": True},
+    {"uuid": MIG_3G, "index": 1, "model": A100, "memory": 20096, "numa": 0, "links": [],
+     "healthy": True, "mig": False, "parent": MIG_PARENT, "profile": "3g.20gb",
+     "instance": "1-0"},
+    {"uuid": MIG_1G, "index": 1, "model": A100, "memory": 9856, "numa": 0, "links": [],
+     "healthy": True, "mig": False, "parent": MIG_PARENT, "profile": "1g.10gb",
+     "instance": "7-0"}]}
+
+
+@pytest.fixture
+def mig_kubelet(dra: Dra, control_plane: ControlPlane, dra_role: Manifests,  # noqa: F811
+                scenario: Scenario) -> Iterator[DraPlugin]:
+    """The kubelet's node with ``vgpud dra`` (``migStrategy: mixed``): GPU 0 whole, GPU 1
+    in MIG mode with a 3g.20gb and a 1g.10gb instance, each offered whole."""
+    with running_dra_node(control_plane, scenario, devices=MIG_DEVICES,
+                          settings={"migStrategy": "mixed"}) as plugin:
+        yield plugin
+
+
+def test_a_mig_instance_claimed_by_profile_is_prepared_by_the_kubelet_with_its_limits(
+        dra: Dra, mig_kubelet: DraPlugin, scenario: Scenario) -> None:  # noqa: F811
+    """Issue 26 with MIG on the real components: ``vgpud dra`` publishes the instances of a
+    GPU in MIG mode (not the GPU itself); a claim from a template of the chart's MIG class
+    that selects a profile is allocated the instance by the stock kube-scheduler, made by
+    kube-controller-manager, prepared through the real kubelet; the CDI spec gives the
+    container the instance's GPU's device node and a limits file naming the instance, with
+    all of its memory. A share of a GPU (the vGPU class) lands on the GPU not in MIG mode."""
+    plugin, kubelet = mig_kubelet, mig_kubelet.kubelet
+
+    def published() -> list[str] | None:
+        names = [d["name"] for s in scenario.admin.list("ResourceSlice")
+                 if s["spec"].get("nodeName") == kubelet.name and s["spec"]["driver"] == DRIVER
+                 for d in s["spec"]["devices"]]
+        return names or None
+    names = wait_for("vgpud dra to publish the node's devices", published, timeout=60,
+                     detail=plugin.tails)
+    assert sorted(names) == ["gpu-0", "gpu-1-mig-1-0", "gpu-1-mig-7-0"]
+
+    scenario.admin.create({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "mig-3g", "namespace": scenario.ns},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": "mig.vgpud.io", "selectors": [{"cel": {"expression":
+                f'device.attributes["{DRIVER}"].migProfile == "3g.20gb"'}}]}}]}}}})
+    whole = Prepared(scenario, plugin, dra, "mig", "mig-3g")
+    assert (whole.allocated.node, whole.allocated.device) == (kubelet.name, "gpu-1-mig-1-0")
+    # the instance whole: all of its memory, its one vGPU
+    assert whole.allocated.consumed["memory"] == 20096 << 20, whole.allocated
+    assert whole.allocated.consumed["vgpus"] == 1, whole.allocated
+    assert whole.allocated.consumed["cores"] == 100, whole.allocated
+    assert whole.gpu == 1  # the device node of the instance's GPU
+    limits = whole.limits()
+    assert (limits.uuid, limits.memory_limit, limits.core_limit) == (
+        MIG_3G, 20096 << 20, 100)
+
+    # a share of a GPU: only the GPU not in MIG mode has one
+    share = Prepared(scenario, plugin, dra, "share",
+                     _template(scenario, "share", {"memory": "4Gi", "cores": "30"}))
+    assert share.allocated.device == "gpu-0"
+    limits = share.limits()
+    assert (limits.uuid, limits.memory_limit, limits.core_limit) == (
+        fake_gpu_uuid(0), 4 * GIB, 30)

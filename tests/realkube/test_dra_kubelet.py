@@ -76,6 +76,9 @@ class DraPlugin:
     kubelet: Kubelet
     gpus: int = 2
     memory: int = 24576
+    # a --fake-devices document of its own (MIG instances, say) instead of ``gpus`` alike
+    devices: Obj | None = None
+    settings: Obj = field(default_factory=dict)  # more of vgpud.yaml's plugin section
     proc: Proc = field(init=False)
     driver_pod: Obj = field(init=False)
 
@@ -84,10 +87,10 @@ class DraPlugin:
         d.mkdir()
         self.state_dir, self.cdi_dir = d / "state", d / "cdi"
         devices = d / "devices.json"
-        devices.write_text(json.dumps(fake_devices(self.gpus, self.memory)))
+        devices.write_text(json.dumps(self.devices or fake_devices(self.gpus, self.memory)))
         config = d / "vgpud.yaml"
         config.write_text(yaml.safe_dump({"logLevel": "debug", "plugin": {
-            "shimHostDir": str(d / "shim")}}))
+            "shimHostDir": str(d / "shim"), **self.settings}}))
         libs = sorted((ROOT / "csrc" / "build").glob("libvgpu.so.*.*"))
         assert libs, "the shim is not built (make -C csrc)"
         self.metrics_port = free_port()
