@@ -292,3 +292,31 @@ def test_missing_symbols_answer_minus_one(d: Drv, tmp_path: pathlib.Path) -> Non
     lines = d.run("gfxprocs", "mpsprocs", "detail", "0", "utilinfo", "acctpids", "acctstats", "1",
                   env={"LD_LIBRARY_PATH": str(lib)})  # fmt: skip
     assert [x["rc"] for x in lines] == [-1] * 6
+
+
+def test_memory_a_graphics_api_takes_is_listed_where_nvml_lists_it(fake: Fake, d: Drv) -> None:
+    """fake_graphics_alloc (interp's gfxalloc: what vkAllocateMemory does, no CUDA call):
+    a process that only does that is in the graphics list alone ("G"); one with a CUDA
+    context too is in both, with all of its memory in each ("C+G"); the device's memory
+    counts both, and a process's goes when it exits. Not the fake driver: the op says so."""
+    gfx = fake.start("viaproc")
+    assert gfx.ok("gfxalloc 0 128m")["size"] == 128 * MIB
+    both = fake.start("viaproc")
+    both.ok("use 0")
+    both.ok("gfxalloc 0 64m")
+    hg, hb = gfx.pid + OFFSET, both.pid + OFFSET
+    assert gfx.used() == 128 * MIB + CTX + 64 * MIB
+    assert compute_list(d) == {hb: CTX + 64 * MIB}
+    graphics, every, compute = d.run("gfxprocs", "3", "detail", "3", "detail", "0")
+    assert graphics["rc"] == SUCCESS
+    assert sorted((r["pid"], r["usedGpuMemory"]) for r in graphics["procs"]) == sorted(
+        [(hg, 128 * MIB), (hb, CTX + 64 * MIB)])
+    assert sorted(r["pid"] for r in every["procs"]) == sorted([hg, hb])
+    assert [r["pid"] for r in compute["procs"]] == [hb]
+    # more than the device has: refused, nothing taken
+    assert gfx.do("gfxalloc 0 9g")["rc"] == 2
+    assert gfx.used() == 128 * MIB + CTX + 64 * MIB
+    gfx.kill()
+    assert both.used() == CTX + 64 * MIB
+    assert d.one("gfxprocs", "3")["procs"] == [{"pid": hb, "usedGpuMemory": CTX + 64 * MIB,
+                                                "gpuInstanceId": NA, "computeInstanceId": NA}]

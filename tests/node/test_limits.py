@@ -140,6 +140,30 @@ async def test_nothing_a_container_does_lifts_its_limit(node: Node) -> None:
         assert await g.events("VgpuEnvIgnored")
 
 
+async def test_memory_taken_through_a_graphics_api_is_caught_by_the_watchdog(
+        node: Node) -> None:
+    """Issue 22, finding 19 (external memory): device memory a container takes through a
+    graphics API (Vulkan's own allocation, which CUDA's external memory imports) passes
+    no CUDA call, so no hook of the shim sees it, and NVML lists its process among the
+    graphics processes, not the compute ones. The watchdog reads every list: under a
+    1 GiB limit, 300 MiB of CUDA context and 1200 MiB taken that way, the graphics process
+    is killed within the grace period, the largest first, and the CUDA one lives on."""
+    async with gpu_node(node, action="kill") as g:
+        g.add_pod("v", placement({"main": [(0, 1024, 0)]}))
+        admitted = await g.admit("v", {"main": 1})
+        c = g.container("v", "main", admitted, INTERP)
+        p = c.start(interactive=True)
+        assert p.ask_json("use 0")["rc"] == 0  # registered, and 300 MiB of context
+        gfx = c.spawn(INTERP, interactive=True)
+        assert gfx.ask_json("gfxalloc 0 1200m")["rc"] == 0  # the shim saw no call
+        await _until(lambda: anyio.to_thread.run_sync(lambda: gfx.returncode is not None))
+        assert gfx.returncode == 128 + signal.SIGKILL, gfx.stderr
+        (event,) = await g.events("VgpuOverLimit")
+        assert "1500 MiB" in event["message"], event["message"]
+        assert p.returncode is None
+        assert p.ask_json("alloc 0 700m")["rc"] == 0  # its room is back
+
+
 async def test_a_restarted_container_reclaims_its_dead_pid_1(node: Node) -> None:
     """Issue 9 item 11: the state directory outlives a container; its restarted first
     process is PID 1 again, and a dead PID 1's usage used to stay charged forever."""

@@ -206,19 +206,33 @@ def _memory_used() -> dict[str, int]:
     return out
 
 
+# Every list a process holding device memory can be in: compute (CUDA), graphics (Vulkan,
+# OpenGL: memory no CUDA hook sees, external memory's usual source) and MPS clients. A
+# process in two lists ("C+G") shows all of its memory in each: it counts once, its largest.
+_PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses",
+                  "nvmlDeviceGetGraphicsRunningProcesses",
+                  "nvmlDeviceGetMPSComputeRunningProcesses")
+
+
 def _processes() -> dict[str, list[tuple[int, int]]]:
+    """Per GPU uuid, (host PID, bytes) of each process NVML lists with memory there, from
+    all its process lists; a GPU whose compute list cannot be read is left out."""
     out: dict[str, list[tuple[int, int]]] = {}
     for h, uuid in _handles():
-        rows = []
-        try:
-            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-        except pynvml.NVMLError:
-            continue
-        for p in procs:
-            used = p.usedGpuMemory
-            if used is not None:  # None: NVML cannot tell (not permitted, WDDM)
-                rows.append((int(p.pid), int(used)))
-        out[uuid] = rows
+        used_by: dict[int, int] = {}
+        for i, name in enumerate(_PROCESS_LISTS):
+            try:
+                procs = getattr(pynvml, name)(h)
+            except pynvml.NVMLError:
+                if i == 0:
+                    break  # the GPU cannot be read now
+                continue  # a list this GPU or driver does not keep
+            for p in procs:
+                used = p.usedGpuMemory
+                if used is not None:  # None: NVML cannot tell (not permitted, WDDM)
+                    used_by[int(p.pid)] = max(used_by.get(int(p.pid), 0), int(used))
+        else:
+            out[uuid] = list(used_by.items())
     return out
 
 

@@ -704,6 +704,13 @@ FC_API unsigned long long fake_state_unlock(void) {
  * getpid() + FAKECUDA_HOST_PID_OFFSET). */
 FC_API int fake_host_pid(void) { return (int)fc_ident()->host_pid; }
 
+/* Not CUDA: what a graphics API's allocation (vkAllocateMemory) does to the device, which
+ * no CUDA hook sees.  0, or -1 when the device has no room (or no such device). */
+FC_API int fake_graphics_alloc(int dev, unsigned long long bytes) {
+    if (!fc_state() || dev < 0 || dev >= fc_knobs()->ndev || bytes == 0) return -1;
+    return fc_graphics_charge(dev, bytes);
+}
+
 FC_API unsigned long long fake_now_ns(void) { return fc_now(); }
 
 static int valid_dev(int dev) { return fc_state() && dev >= 0 && dev < fc_knobs()->ndev; }

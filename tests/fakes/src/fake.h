@@ -80,6 +80,7 @@ struct fc_seg {
 #define FC_PROC_HOSTPID_REAL 1u /* host_pid came from the FAKECUDA_HOST_PID_SOCK oracle */
 #define FC_PROC_MIG 2u          /* its CUDA device mig_dev is MIG instance (mig_gi, mig_ci) */
 #define FC_PROC_MPS 4u          /* an MPS client (FAKECUDA_MPS=1 in its environment) */
+#define FC_PROC_GRAPHICS 8u     /* took memory through a graphics API (fake_graphics_alloc) */
 
 struct fc_proc {
     int32_t pid; /* getpid() of the process, in its own PID namespace; 0: free slot */
@@ -237,6 +238,7 @@ int fc_self_slot_locked(void);
 void fc_release_self(void);
 /* 0 or -1 (out of physical memory). */
 int fc_charge(int dev, uint64_t bytes);
+int fc_graphics_charge(int dev, uint64_t bytes);
 void fc_uncharge(int dev, uint64_t bytes);
 void fc_managed(int64_t delta);
 void fc_ctx_count(int dev, int delta);

@@ -561,10 +561,14 @@ struct proc_row {
     unsigned int gi, ci; /* NVML_VALUE_NOT_AVAILABLE_UINT: not on a MIG device */
 };
 
-/* Which processes a list shows.  The fake is compute-only: no process has a graphics
- * context; MPS clients (FAKECUDA_MPS=1 in their environment) are compute processes too,
- * as a real MPS client is listed by both (nvidia-smi's "M+C"). */
-enum proc_kind { KIND_COMPUTE, KIND_GRAPHICS, KIND_MPS };
+/* Which processes a list shows.  A process with a CUDA context on the device is a compute
+ * process; one that took memory through a graphics API (fake_graphics_alloc) has a
+ * graphics context, and is a compute process only if it has a CUDA context there too (a
+ * Vulkan-only process is listed by the graphics list alone, nvidia-smi's "G"; both: "C+G",
+ * each list showing all of its memory).  MPS clients (FAKECUDA_MPS=1 in their
+ * environment) are compute processes too, as a real MPS client is listed by both
+ * (nvidia-smi's "M+C"). */
+enum proc_kind { KIND_COMPUTE, KIND_GRAPHICS, KIND_MPS, KIND_ALL };
 
 /* The pid under which the caller sees a process (host_pid, pid in namespace (ino, off)).
  * Drivers before 560 report host pids whatever the caller's PID namespace; from 560 on,
@@ -600,7 +604,6 @@ static int processes_on(int i, int mig, int gi, int ci, enum proc_kind kind,
     struct fc_shared *s = fc_state();
     const struct fc_ident *me = fc_ident();
     int n = 0;
-    if (kind == KIND_GRAPHICS) return 0;
     fc_lock();
     fc_reap_locked();
     for (int k = 0; k < FC_MAX_PROCS && n < max; k++) {
@@ -608,7 +611,11 @@ static int processes_on(int i, int mig, int gi, int ci, enum proc_kind kind,
         int on_mig = (p->flags & FC_PROC_MIG) && p->mig_dev == i;
         if (mig && !(on_mig && p->mig_gi == (uint32_t)gi && p->mig_ci == (uint32_t)ci)) continue;
         if (kind == KIND_MPS && !(p->flags & FC_PROC_MPS)) continue;
-        if (p->pid && (p->nctx[i] || p->used[i]) && pid_seen(p, me, &rows[n].pid)) {
+        int graphics = (p->flags & FC_PROC_GRAPHICS) != 0;
+        int listed = kind == KIND_GRAPHICS ? graphics && p->used[i]
+                     : kind == KIND_ALL    ? p->nctx[i] || p->used[i]
+                                           : p->nctx[i] || (p->used[i] && !graphics);
+        if (p->pid && listed && pid_seen(p, me, &rows[n].pid)) {
             rows[n].used = p->used[i];
             rows[n].gi = on_mig ? p->mig_gi : NVML_VALUE_NOT_AVAILABLE_UINT;
             rows[n].ci = on_mig ? p->mig_ci : NVML_VALUE_NOT_AVAILABLE_UINT;
@@ -667,7 +674,7 @@ FC_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
     return list_processes(device, infoCount, infos, 1, KIND_COMPUTE);
 }
 
-/* A compute-only fake: no graphics contexts, always an empty list. */
+/* The processes that took memory through a graphics API (fake_graphics_alloc). */
 FC_API nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
                                                             unsigned int *infoCount,
                                                             nvmlProcessInfo_t *infos) {
@@ -709,7 +716,7 @@ FC_API nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device,
 /* The version is checked first (the real driver answers a version of 0 with
  * ARGUMENT_VERSION_MISMATCH, whatever nvml.h's comment says); then the mode; then the
  * INSUFFICIENT_SIZE semantics of the lists (numProcArrayEntries in = room, out = entries
- * or entries needed).  MODE_ALL: every process (the compute ones: nothing else runs). */
+ * or entries needed).  MODE_ALL: every process, compute or graphics. */
 FC_API nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
                                                          nvmlProcessDetailList_t *plist) {
     int i, mig, gi, ci;
@@ -722,7 +729,7 @@ FC_API nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device,
     case NVML_PROCESS_MODE_COMPUTE: kind = KIND_COMPUTE; break;
     case NVML_PROCESS_MODE_GRAPHICS: kind = KIND_GRAPHICS; break;
     case NVML_PROCESS_MODE_MPS: kind = KIND_MPS; break;
-    case NVML_PROCESS_MODE_ALL: kind = KIND_COMPUTE; break;
+    case NVML_PROCESS_MODE_ALL: kind = KIND_ALL; break;
     default: return NVML_ERROR_INVALID_ARGUMENT;
     }
     static __thread struct proc_row rows[FC_MAX_PROCS];

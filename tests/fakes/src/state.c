@@ -760,6 +760,18 @@ int fc_charge(int dev, uint64_t bytes) {
     return 0;
 }
 
+/* Device memory a graphics API (Vulkan, OpenGL) takes: charged as fc_charge does, and the
+ * process has a graphics context from then on (NVML's graphics list shows it; without a
+ * CUDA context too, the compute list does not).  Held until the process ends. */
+int fc_graphics_charge(int dev, uint64_t bytes) {
+    if (fc_charge(dev, bytes) < 0) return -1;
+    fc_lock();
+    int slot = fc_self_slot_locked();
+    if (slot >= 0) shm->procs[slot].flags |= FC_PROC_GRAPHICS;
+    fc_unlock();
+    return 0;
+}
+
 void fc_uncharge(int dev, uint64_t bytes) {
     fc_lock();
     int slot = fc_self_slot_locked();

@@ -1529,6 +1529,12 @@ static void run_line(char *line) {
         op_null("info");
     } else if (!strcmp(op, "null")) {
         op_null(a[0] ? a[0] : "");
+    } else if (!strcmp(op, "gfxalloc")) { /* gfxalloc D SIZE: memory no CUDA call takes */
+        int (*gfx)(int, unsigned long long) =
+            (int (*)(int, unsigned long long))dlsym(RTLD_DEFAULT, "fake_graphics_alloc");
+        uint64_t size = parse_size(a[1]);
+        if (!gfx) emit(op, MISSING, "\"error\":\"not the fake driver\"");
+        else emit(op, gfx(dev_arg(a[0]), size) ? 2 : 0, "\"size\":%" PRIu64, size);
     } else if (!strcmp(op, "alloc") || !strcmp(op, "alloc32") || !strcmp(op, "managed") ||
                !strcmp(op, "host") || !strcmp(op, "hostalloc") || !strcmp(op, "async") ||
                !strcmp(op, "defpoolalloc")) {
