@@ -387,7 +387,7 @@ def _raw_need(call: ast.Call) -> tuple[str, str]:
     plural = getattr(resources, path.func.value.id).plural
     kind = "binding" if sub == "binding" else path.func.attr.removesuffix("_path")
     verb = _RAW_VERBS.get((method, kind))
-    if verb is None or sub not in ("", "binding"):
+    if verb is None or sub not in ("", "binding", "status"):
         raise UnmappedCall(f"raw API request {where}: map it to RBAC")
     return (f"{plural}/{sub}" if sub else plural), verb
 

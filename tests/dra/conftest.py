@@ -24,18 +24,28 @@ REF = ClaimRef("ns", "c", UID)
 
 
 class MemoryClaims:
-    """:class:`vgpud.dra.prepare.ClaimReader` in memory; counts its reads."""
+    """:class:`vgpud.dra.prepare.ClaimReader` in memory; counts its reads, keeps the
+    device statuses written."""
 
     def __init__(self, *claims: Mapping[str, Any]) -> None:
         self.claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in claims}
         self.reads = 0
         self.fail: Exception | None = None
+        self.fail_status: Exception | None = None
+        self.statuses: dict[str, list[dict[str, Any]]] = {}
 
     async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         self.reads += 1
         if self.fail is not None:
             raise self.fail
         return self.claims.get((namespace, name))
+
+    async def apply_status(self, ref: ClaimRef, devices: list[dict[str, Any]]) -> None:
+        """What the driver wrote of ``status.devices``, by claim uid (``fail_status``:
+        the API refuses it)."""
+        if self.fail_status is not None:
+            raise self.fail_status
+        self.statuses[ref.uid] = devices
 
 
 def named(obj: dict[str, Any], name: str, uid: str) -> dict[str, Any]:

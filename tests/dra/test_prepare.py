@@ -33,7 +33,7 @@ from vgpud.dra._pb.k8s.io.kubelet.pkg.apis.dra import v1, v1beta1
 from vgpud.dra.kubelet import plugin_socket, registry_socket, serve_sockets
 from vgpud.dra.prepare import ClaimRef, PrepareFailed
 from vgpud.dra.service import DraService, DraServiceV1beta1, RegistrationService
-from vgpud.kube.errors import ServerError
+from vgpud.kube.errors import Forbidden, ServerError
 from vgpud.node.runtime import collect
 from vgpud.node.vendors import Nvidia
 
@@ -73,6 +73,44 @@ async def test_a_prepared_claim_is_a_limits_file_and_a_cdi_spec(tmp_path: Path,
     (a,) = p.store.configured()
     assert a.owner is not None and a.resource == DRIVER
     assert (a.owner.pod, a.owner.uid, a.owner.container) == ("trainer", "pod-uid-1", "claim:c")
+
+
+async def test_a_prepared_claim_reports_its_devices_in_the_claims_status(
+        tmp_path: Path, gpus: Nvidia) -> None:
+    """KEP-4817: per device of this driver, its identity and the limits its containers are
+    held to, with a Ready condition, keyed as the API keys them (shareID included); a MIG
+    instance names its GPU and profile. Written once: a second prepare is the checkpoint's
+    answer. The API refusing it is logged, never the claim's failure."""
+    claims = MemoryClaims(claim(result("gpu-0", "a"),
+                                result("gpu-1", "b", memory="8Gi", cores="0", share=None)))
+    p = await preparer(tmp_path, gpus, claims)
+    await p.prepare(REF)
+    first, second = claims.statuses[UID]
+    assert {k: first[k] for k in ("driver", "pool", "device", "shareID")} == {
+        "driver": DRIVER, "pool": NODE, "device": "gpu-0", "shareID": "s-1"}
+    assert first["data"] == {"uuid": "GPU-0", "index": 0, "model": "NVIDIA Fake",
+                             "memoryLimitBytes": 4 * GIB, "coreLimitPercent": 30}
+    (ready,) = first["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    assert "4096 MiB" in ready["message"] and "30 % of its SMs" in ready["message"]
+    assert ready["lastTransitionTime"].endswith("Z")
+    assert "shareID" not in second and second["data"]["coreLimitPercent"] == 0
+    assert "no SM limit" in second["conditions"][0]["message"]
+    claims.statuses.clear()
+    await p.prepare(REF)
+    assert claims.statuses == {}
+    # refused by the API: prepared all the same
+    refused = MemoryClaims(claim())
+    refused.fail_status = Forbidden(403, "Forbidden", "cannot patch resourceclaims/driver")
+    q = await preparer(tmp_path / "q", gpus, refused)
+    assert (await q.prepare(REF)).devices[0].device == "gpu-0"
+    # a MIG instance: its GPU and profile
+    m = MemoryClaims(claim(result("gpu-1-mig-1", memory=None, cores=None, share=None)))
+    r = await preparer(tmp_path / "r", gpus, m, found=mig_node(), mig="mixed")
+    await r.prepare(REF)
+    (mig,) = m.statuses[UID]
+    assert {k: mig["data"].get(k) for k in ("uuid", "parentUUID", "migProfile")} == {
+        "uuid": "MIG-b", "parentUUID": "GPU-mig-parent", "migProfile": "1g.10gb"}
 
 
 async def test_a_claim_on_two_gpus_has_a_cdi_device_per_gpu_and_one_limits_file(

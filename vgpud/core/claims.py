@@ -196,3 +196,34 @@ def grant_of(claim: Mapping[str, Any], *, namespace: str, name: str, uid: str, n
                              for x in _list(status.get("reservedFor"), f"{where}: reservedFor"))
                  if ref.get("resource") == "pods" and not ref.get("apiGroup"))
     return ClaimGrant(namespace=namespace, name=name, uid=uid, shares=tuple(shares), pods=pods)
+
+
+def device_status(grant: ClaimGrant, inventory: NodeInventory, *, driver: str = DRIVER,
+                  now: str) -> list[dict[str, Any]]:
+    """The claim's ``status.devices`` entries of this driver once it is prepared (KEP-4817):
+    per share, its device's identity (uuid, index, model; a MIG instance's GPU and profile)
+    and the limits its containers are held to, with a ``Ready`` condition dated ``now``
+    (RFC 3339). Keyed as the API keys them: driver, pool, device and shareID."""
+    gpus = {g.uuid: g for g in inventory.devices}
+    out = []
+    for s in grant.shares:
+        g = gpus.get(s.uuid)
+        data: dict[str, Any] = {"uuid": s.uuid, "memoryLimitBytes": s.memory * MIB,
+                                "coreLimitPercent": s.cores}
+        if g is not None:
+            data |= {"index": g.index, "model": g.model}
+            if g.parent:
+                data |= {"parentUUID": g.parent, "migProfile": g.profile}
+        cores = f"{s.cores} % of its SMs" if s.cores else "no SM limit"
+        entry: dict[str, Any] = {
+            "driver": driver, "pool": s.pool, "device": s.device,
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "Prepared",
+                "message": (f"prepared: held to {s.memory} MiB of device memory and "
+                            f"{cores} by vgpud's shim"),
+                "lastTransitionTime": now}],
+            "data": data}
+        if s.share_id:
+            entry["shareID"] = s.share_id
+        out.append(entry)
+    return out

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import anyio
 import structlog
 
-from vgpud.core.claims import ClaimError, ClaimGrant, Share, grant_of
+from vgpud.core.claims import ClaimError, ClaimGrant, Share, device_status, grant_of
 from vgpud.core.dra import DRIVER
 from vgpud.core.limits import GrantError, LimitsError, limits_for, render
 from vgpud.core.model import ComputePolicy
@@ -46,6 +46,7 @@ from vgpud.kube.client import Json, KubeClient
 from vgpud.kube.clock import SYSTEM_CLOCK, Clock
 from vgpud.kube.errors import KubeError, NotFound
 from vgpud.kube.resources import RESOURCECLAIMS
+from vgpud.kube.timestamps import rfc3339
 from vgpud.kube.writes import RetryPolicy
 from vgpud.node import edits
 from vgpud.node.allocations import Allocation, AllocationOwner, AllocationStore, write_atomic
@@ -57,6 +58,7 @@ from vgpud.node.vendors import Backend
 log = structlog.get_logger(__name__)
 
 CHECKPOINT_VERSION = 1
+STATUS_MANAGER = "vgpud-dra"  # the field manager of the claims' status.devices it writes
 
 
 class PrepareFailed(Exception):
@@ -99,6 +101,11 @@ class ClaimReader(Protocol):
         """The ResourceClaim (None: it does not exist); raises ``KubeError``."""
         ...
 
+    async def apply_status(self, ref: ClaimRef, devices: list[dict[str, Any]]) -> None:
+        """Make ``devices`` this driver's entries of the claim's ``status.devices``;
+        raises ``KubeError``."""
+        ...
+
 
 class KubeClaims:
     """:class:`ClaimReader` over :class:`~vgpud.kube.client.KubeClient`, with the retry
@@ -117,6 +124,22 @@ class KubeClaims:
                 clock=self.clock, what="read_resourceclaim")
         except NotFound:
             return None
+
+    async def apply_status(self, ref: ClaimRef, devices: list[dict[str, Any]]) -> None:
+        """Server-side apply of ``status.devices`` (KEP-4817) as the driver's field manager:
+        its entries only, whoever wrote the rest; the claim's uid a precondition. The API
+        server lets a node's driver write the devices of its own node only
+        (``resourceclaims/driver``, ``associated-node:patch``)."""
+        body = {"apiVersion": RESOURCECLAIMS.api_version,
+                "kind": RESOURCECLAIMS.kind,
+                "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+                "status": {"devices": devices}}
+        await self.retry.run(
+            lambda: self.kube.request(
+                "PATCH", RESOURCECLAIMS.object_path(ref.name, ref.namespace) + "/status",
+                query={"fieldManager": STATUS_MANAGER, "force": "true"}, body=body,
+                content_type="application/apply-patch+yaml"),
+            clock=self.clock, what="apply_resourceclaim_status")
 
 
 # -- the checkpoint --------------------------------------------------------------------------
@@ -187,6 +210,7 @@ class Preparer:
         arbiter: Path | None = None,
         policy: ComputePolicy = ComputePolicy.FIXED,
         driver: str = DRIVER,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.node = node
         self.devices = devices
@@ -200,6 +224,7 @@ class Preparer:
         self.arbiter = arbiter
         self.policy = policy
         self.driver = driver
+        self.clock = clock
         self.prepared: dict[str, Prepared] = {}
         self._lock = anyio.Lock()  # one change of the checkpoint at a time
 
@@ -239,7 +264,20 @@ class Preparer:
             self.prepared[ref.uid] = prepared
         log.info("dra_prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid,
                  key=alloc.key, devices=[(s.device, s.memory, s.cores) for s in grant.shares])
+        await self._report(ref, grant)
         return prepared
+
+    async def _report(self, ref: ClaimRef, grant: ClaimGrant) -> None:
+        """The claim's device status: what it was given, for ``kubectl describe`` and the
+        pod's owner. Informational: a failure to write it is logged, the claim stays
+        prepared (kubelet's retry would not prepare it again: the checkpoint answers)."""
+        devices = device_status(grant, self.devices.inventory(), driver=self.driver,
+                                now=rfc3339(self.clock.wall()))
+        try:
+            await self.claims.apply_status(ref, devices)
+        except KubeError as e:
+            log.warning("dra_status_unwritten", claim=f"{ref.namespace}/{ref.name}",
+                        uid=ref.uid, error=str(e))
 
     async def _grant(self, ref: ClaimRef) -> ClaimGrant:
         try:
