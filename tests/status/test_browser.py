@@ -198,21 +198,27 @@ async def _schedule_one(api: str, ext: str) -> str:
 PARTS = ("summary", "pending-table", "gpu-table", "range")
 
 
-def test_the_script_draws_what_the_server_drew(browser: Any, cluster: Placed) -> None:
-    """The rows the script builds from the JSON API are the server's HTML, node for node."""
-    d = browser
+def drawn_twice(d: Any, url: str) -> dict[str, str]:
+    """``url`` as the server drew it, then redrawn by the script from the JSON API: the
+    two must be the same, part for part; the server's parts."""
     console_errors(d)
     emulate(d, 1280, 800)
-    load(d, cluster.sched.ops_url + "/?limit=5")
+    load(d, url)
     html = (f"return Object.fromEntries({json.dumps(list(PARTS))}.map(id => [id, "
             "document.getElementById(id).innerHTML.replace(/>\\s+</g, '><').trim()]));")
-    server = d.execute_script(html)
+    server: dict[str, str] = d.execute_script(html)
     d.execute_script("document.getElementById('filters').requestSubmit();")
     wait(d, "Number(document.body.dataset.loaded || 0) >= 1")
     script = d.execute_script(html)
     for part in PARTS:
         assert script[part] == server[part], part
     assert console_errors(d) == []
+    return server
+
+
+def test_the_script_draws_what_the_server_drew(browser: Any, cluster: Placed) -> None:
+    """The rows the script builds from the JSON API are the server's HTML, node for node."""
+    drawn_twice(browser, cluster.sched.ops_url + "/?limit=5")
 
 
 def test_the_script_draws_a_dra_nodes_gpus_as_the_server_did(
@@ -250,22 +256,9 @@ def test_the_script_draws_a_dra_nodes_gpus_as_the_server_did(
             while not two_gpus():
                 assert time.monotonic() < deadline, sched.log()
                 time.sleep(0.05)
-            d = browser
-            console_errors(d)
-            emulate(d, 1280, 800)
-            load(d, sched.ops_url + "/?node=d-node")
-            html = (f"return Object.fromEntries({json.dumps(list(PARTS))}.map(id => [id, "
-                    "document.getElementById(id).innerHTML.replace(/>\\s+</g, '><')"
-                    ".trim()]));")
-            server = d.execute_script(html)
+            server = drawn_twice(browser, sched.ops_url + "/?node=d-node")
             assert server["gpu-table"].count(">DRA</span>") == 2
             assert "team-d/serve" in server["gpu-table"]
-            d.execute_script("document.getElementById('filters').requestSubmit();")
-            wait(d, "Number(document.body.dataset.loaded || 0) >= 1")
-            script = d.execute_script(html)
-            for part in PARTS:
-                assert script[part] == server[part], part
-            assert console_errors(d) == []
         finally:
             sched.stop()
 
