@@ -111,12 +111,37 @@ def _slice(name: str, node: str, driver: str = DRIVER) -> Obj:
                      "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}}
 
 
-def _denied(call: Callable[[], Any], says: str) -> str:
+def _denied(call: Callable[[], Any], says: str, code: int = 403) -> str:
+    """``call`` refused with ``code`` (403; 422: a status field the API server's own
+    authorization check refused, as a field error) saying ``says``."""
     with pytest.raises(ApiError) as denied:
         call()
-    assert denied.value.code == 403, denied.value
+    assert denied.value.code == code, denied.value
     assert says in denied.value.message, denied.value
     return denied.value.message
+
+
+def _allocated(cp: ControlPlane, ns: str, claim: str, node: str) -> None:
+    """What kube-scheduler writes: ``claim`` allocated a share of ``node``'s gpu-0."""
+    cp.admin.request("PATCH", f"{CLAIMS.format(ns=ns)}/{claim}/status", {"status": {
+        "allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node,
+                                     "device": "gpu-0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}},
+        content_type="application/merge-patch+json")
+
+
+def _device_status(ns: str, claim: str, node: str) -> Obj:
+    """A status.devices entry as ``vgpud dra`` applies it (vgpud/dra/prepare.py)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": claim, "namespace": ns},
+            "status": {"devices": [{"driver": DRIVER, "pool": node, "device": "gpu-0",
+                                    "conditions": [{"type": "Ready", "status": "True",
+                                                    "reason": "Prepared", "message": "test",
+                                                    "lastTransitionTime":
+                                                        "2026-11-28T00:00:00Z"}],
+                                    "data": {"uuid": "GPU-x"}}]}}
 
 
 def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
@@ -156,8 +181,23 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
                                "namespace": ns, "uid": here["metadata"]["uid"]},
             "reason": "VgpuOverLimit", "message": "a test's", "type": "Warning", "count": 1})
         dra.patch("Event", event["metadata"]["name"], {"count": 2}, ns)
-        # the kubelet plugin: the claim it prepares read
+        # the kubelet plugin: the claim it prepares read, its device status written (a
+        # claim kube-scheduler allocated on this node's device)
         dra.request("GET", CLAIMS.format(ns=ns) + "/claim")
+        _allocated(cp, ns, "claim", mine)
+        dra.request("PATCH", CLAIMS.format(ns=ns) + "/claim/status",
+                    _device_status(ns, "claim", mine),
+                    query={"fieldManager": "vgpud-dra", "force": "true"},
+                    content_type="application/apply-patch+yaml")
+        assert cp.admin.request("GET", CLAIMS.format(ns=ns) + "/claim")["status"][
+            "devices"][0]["data"] == {"uuid": "GPU-x"}
+        cp.admin.request("POST", CLAIMS.format(ns=ns), {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "theirs", "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "vgpu.vgpud.io", "allocationMode": "ExactCount",
+                "count": 1}}]}}})
+        _allocated(cp, ns, "theirs", other)
         # the publisher: this node's slices of its driver listed, created, updated, deleted
         made.append(f"{mine}-gpu")
         dra.create(_slice(made[-1], mine))
@@ -193,6 +233,19 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
                 f"node {other}")
         _denied(lambda: dra.delete("ResourceSlice", made[-1]),
                 f"not {made[-1]} of node {other}")
+        # another node's claim: its device status is not this driver's to write (the
+        # API server's node-aware check of resourceclaims/driver), nor is any allocation
+        _denied(lambda: dra.request(
+            "PATCH", CLAIMS.format(ns=ns) + "/theirs/status",
+            _device_status(ns, "theirs", other),
+            query={"fieldManager": "vgpud-dra", "force": "true"},
+            content_type="application/apply-patch+yaml"),
+            'cannot arbitrary-node:patch resource "resourceclaims/driver"', 422)
+        _denied(lambda: dra.request(
+            "PATCH", CLAIMS.format(ns=ns) + "/claim/status",
+            {"status": {"allocation": None}},
+            content_type="application/merge-patch+json"),
+            'cannot patch resource "resourceclaims/binding"', 422)
         # a token bound to no pod names no node: it writes neither slices nor nodes
         _denied(lambda: unbound.create(_slice(f"{mine}-unbound", mine)),
                 "the DRA driver's token names no node")
@@ -200,7 +253,7 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
             NODE_DEVICES: "[]"}}}), "the DRA driver's token names no node")
         events, _ = cp.audit(start)
         seen = [line for line in refused(events) if DRA_ACCOUNT in line]
-        assert len(seen) == 9, seen  # the audit check sees each
+        assert len(seen) == 9, seen  # the audit check sees each (the 422s are not RBAC's)
         cp.audit_forget(start)  # and they were the test's own doing
         # nothing refused was written
         kept = cp.admin.get("ResourceSlice", made[-1])
@@ -210,6 +263,10 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
         assert "x" not in node["metadata"]["labels"] and not node["spec"].get("unschedulable")
         for name in (f"{other}-forged", f"{mine}-other-driver", f"{mine}-unbound"):
             assert cp.admin.find("ResourceSlice", name) is None
+        assert "devices" not in cp.admin.request("GET", CLAIMS.format(ns=ns) + "/theirs")[
+            "status"]
+        assert cp.admin.request("GET", CLAIMS.format(ns=ns) + "/claim")["status"][
+            "allocation"]["devices"]["results"][0]["pool"] == mine
     finally:
         for name in made:
             cp.admin.delete("ResourceSlice", name)
