@@ -121,6 +121,15 @@ def _denied(call: Callable[[], Any], says: str, code: int = 403) -> str:
     return denied.value.message
 
 
+def _claim(cp: ControlPlane, ns: str, name: str) -> None:
+    cp.admin.request("POST", CLAIMS.format(ns=ns), {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "vgpu.vgpud.io", "allocationMode": "ExactCount",
+            "count": 1}}]}}})
+
+
 def _allocated(cp: ControlPlane, ns: str, claim: str, node: str) -> None:
     """What kube-scheduler writes: ``claim`` allocated a share of ``node``'s gpu-0."""
     cp.admin.request("PATCH", f"{CLAIMS.format(ns=ns)}/{claim}/status", {"status": {
@@ -158,12 +167,7 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
     try:
         dra = cp.admin.as_token(cp.token(NAMESPACE, DRA_ACCOUNT, pod=pod))
         here = cp.admin.create(scenario.pod("here", scheduler="nobody", node_name=mine))
-        cp.admin.request("POST", CLAIMS.format(ns=ns), {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "claim", "namespace": ns},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "vgpu.vgpud.io", "allocationMode": "ExactCount",
-                "count": 1}}]}}})
+        _claim(cp, ns, "claim")
 
         # the node runtime: its Node read and its inventory annotation written, the pods
         # on it listed, watched and read, events on them posted and counted
@@ -191,12 +195,7 @@ def test_the_dra_role_does_on_its_node_what_vgpud_dra_does_and_nothing_else(
                     content_type="application/apply-patch+yaml")
         assert cp.admin.request("GET", CLAIMS.format(ns=ns) + "/claim")["status"][
             "devices"][0]["data"] == {"uuid": "GPU-x"}
-        cp.admin.request("POST", CLAIMS.format(ns=ns), {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "theirs", "namespace": ns},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": "vgpu.vgpud.io", "allocationMode": "ExactCount",
-                "count": 1}}]}}})
+        _claim(cp, ns, "theirs")
         _allocated(cp, ns, "theirs", other)
         # the publisher: this node's slices of its driver listed, created, updated, deleted
         made.append(f"{mine}-gpu")
