@@ -312,14 +312,16 @@ def test_processes_of_a_container_are_held_where_nvml_gives_each_window_to_one(
     calibrating on single windows swung each estimate three-fold back and forth: two
     processes of a 30 % container ran 1 ms kernels at 40-44 % (GPU verification, sixth
     run). The fake gives windows so (FAKECUDA_NVML_WINDOW_TO_ONE). Judged on the second
-    half of the run: the mean within 3 points."""
+    half of the run: the mean at most 3 points over the limit (the escape read 40-44), and
+    not starved: at least 8 under it (a clean CI run of the whole suite read 25.75 once,
+    the launchers short of CPU on two busy cores; alone, 28-31)."""
     a = Container(built, tmp_path, "a", gpu, device__0__core_limit="30")
     a.env["FAKECUDA_NVML_WINDOW_TO_ONE"] = "1"
     a.env["FAKECUDA_NVML_SAMPLE_MS"] = "200"  # as the H200 sampled
-    total = _together(a, "1ms", 2, 12.0)
+    total = _together(a, "1ms", 2, 16.0)
     late = total[len(total) // 2:]
     print(f"2 x 1ms fixed 30, a window to one: {[round(t, 1) for t in total]}")
-    assert abs(statistics.mean(late) - 30) <= 3.0, total
+    assert 30 - 8.0 <= statistics.mean(late) <= 30 + 3.0, total
 
 
 @pytest.mark.parametrize("kind", ["graph", "nested", "nested3"])
