@@ -25,7 +25,7 @@ from vgpud.core.model import ContainerRequest, PodRequest
 from vgpud.extender.metrics import Metrics
 from vgpud.extender.routes import Extender
 from vgpud.extender.server import make_app
-from vgpud.scheduling.state import SchedulerState
+from vgpud.scheduling.state import DraNodes, SchedulerState
 
 pytestmark = pytest.mark.anyio
 
@@ -312,10 +312,11 @@ async def test_real_scheduler_asks_for_the_token_its_settings_name(tmp_path: Pat
 
 
 async def test_dra_nodes_fed_by_their_informers_show_on_the_page_and_the_api() -> None:
-    """The scheduler's DRA informers (projected as they project) feed the state's
-    :class:`DraNodes`; the API and the page list the DRA nodes' GPUs after the cluster's,
-    with a DRA badge, count them in the totals, and drop a claim's use once it is
-    deallocated (its projection then empty) and a node's GPUs once its slices go. Until
+    """The scheduler's DRA informers (projected as they project; here two dicts as their
+    caches, and their events) feed the state's :class:`DraNodes`; the API and the page
+    list the DRA nodes' GPUs after the cluster's, with a DRA badge, count them in the
+    totals, and drop a claim's use once it is deallocated (its projection then empty)
+    and a node's GPUs once its slices go. Until
     those informers have listed, the page says it is still syncing (``shown``)."""
     from tests.core.test_dra_report import _claim, _gpu, _result, _slices
     from vgpud.core.dra_report import claim_projection, slice_projection
@@ -324,10 +325,21 @@ async def test_dra_nodes_fed_by_their_informers_show_on_the_page_and_the_api() -
 
     alloc = Allocator()
     alloc.set_node(node("gpu-a", 1, 32768))
-    state = SchedulerState(alloc)
+    slice_cache: dict[str, Any] = {}
+    claim_cache: dict[str, Any] = {}
+    dra = DraNodes(slices=slice_cache.values, claims=claim_cache.values)
+    state = SchedulerState(alloc, dra=dra)
     ready, shown = [True], [False]
     ext = Extender(state, writer=None, events=None, metrics=Metrics(alloc))
     runner = web.AppRunner(make_app(ext, ready=lambda: ready[0], shown=lambda: shown[0]))
+
+    def event(cache: dict[str, Any], e: Any) -> None:
+        """What an informer does: its cache changed, then its subscribers told."""
+        if isinstance(e, Deleted):
+            cache.pop(e.key)
+        else:
+            cache[e.key] = e.obj if isinstance(e, Added) else e.new
+        dra.changed(e)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -336,11 +348,11 @@ async def test_dra_nodes_fed_by_their_informers_show_on_the_page_and_the_api() -
     other = {"metadata": {"name": "other-driver"}, "spec": {"driver": "gpu.nvidia.com",
                                                               "pool": {"name": "d-node"}}}
     for s in [*slices, other]:
-        state.dra.on_slice(Added(object_key(s), slice_projection(s)))
-    assert len(state.dra.slices) == len(slices)  # not the other driver's
+        event(slice_cache, Added(object_key(s), slice_projection(s)))
+    assert sum(1 for v in slice_cache.values() if v) == len(slices)  # not the other's
     claim = _claim("c1", _result("gpu-1", pool="d-node", memory="4Gi", cores="30"),
                    pods=("serve",), namespace="team-d")
-    state.dra.on_claim(Added("team-d/c1", claim_projection(claim)))
+    event(claim_cache, Added("team-d/c1", claim_projection(claim)))
     try:
         async with aiohttp.ClientSession() as session:
             s = Served(f"http://127.0.0.1:{port}", alloc, ready, session)
@@ -369,14 +381,14 @@ async def test_dra_nodes_fed_by_their_informers_show_on_the_page_and_the_api() -
 
             # deallocated: its projection is empty, its use goes
             done = {**claim, "status": {}}
-            state.dra.on_claim(Modified("team-d/c1", claim_projection(claim),
+            event(claim_cache, Modified("team-d/c1", claim_projection(claim),
                                         claim_projection(done)))
             _, doc, _ = await s.get("/api/v1/gpus?node=d-node")
             assert [g["memoryAllocated"] for g in doc["items"]] == [0, 0]
             _, total, _ = await s.get("/api/v1/summary")
             assert total["pods"] == 0
             for sl in slices:
-                state.dra.on_slice(Deleted(object_key(sl), slice_projection(sl)))
+                event(slice_cache, Deleted(object_key(sl), slice_projection(sl)))
             _, doc, _ = await s.get("/api/v1/gpus")
             assert [g["uuid"] for g in doc["items"]] == ["GPU-gpu-a-0"]
     finally:

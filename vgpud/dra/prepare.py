@@ -29,7 +29,7 @@ the pod; nothing about one claim stops another.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -211,7 +211,10 @@ class Preparer:
         policy: ComputePolicy = ComputePolicy.FIXED,
         driver: str = DRIVER,
         clock: Clock = SYSTEM_CLOCK,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None,
     ) -> None:
+        """``spawn`` runs the claims' status writes beside kubelet's call, not in its
+        path (a task group's ``start_soon``); without it they are awaited."""
         self.node = node
         self.devices = devices
         self.store = store
@@ -225,6 +228,7 @@ class Preparer:
         self.policy = policy
         self.driver = driver
         self.clock = clock
+        self.spawn = spawn
         self.prepared: dict[str, Prepared] = {}
         self._lock = anyio.Lock()  # one change of the checkpoint at a time
 
@@ -264,20 +268,25 @@ class Preparer:
             self.prepared[ref.uid] = prepared
         log.info("dra_prepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid,
                  key=alloc.key, devices=[(s.device, s.memory, s.cores) for s in grant.shares])
-        await self._report(ref, grant)
-        return prepared
-
-    async def _report(self, ref: ClaimRef, grant: ClaimGrant) -> None:
-        """The claim's device status: what it was given, for ``kubectl describe`` and the
-        pod's owner. Informational: a failure to write it is logged, the claim stays
-        prepared (kubelet's retry would not prepare it again: the checkpoint answers)."""
         devices = device_status(grant, self.devices.inventory(), driver=self.driver,
                                 now=rfc3339(self.clock.wall()))
-        try:
-            await self.claims.apply_status(ref, devices)
-        except KubeError as e:
-            log.warning("dra_status_unwritten", claim=f"{ref.namespace}/{ref.name}",
-                        uid=ref.uid, error=str(e))
+
+        async def report() -> None:
+            """The claim's device status: what it was given, for ``kubectl describe`` and
+            the pod's owner. Informational: a failure to write it is logged, the claim
+            stays prepared (kubelet's retry would not prepare it again: the checkpoint
+            answers)."""
+            try:
+                await self.claims.apply_status(ref, devices)
+            except KubeError as e:
+                log.warning("dra_status_unwritten", claim=f"{ref.namespace}/{ref.name}",
+                            uid=ref.uid, error=str(e))
+
+        if self.spawn is not None:
+            self.spawn(report)
+        else:
+            await report()
+        return prepared
 
     async def _grant(self, ref: ClaimRef) -> ClaimGrant:
         try:

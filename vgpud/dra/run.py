@@ -92,7 +92,7 @@ async def run_dra(
                 node=node.name, devices=node.devices, store=node.store, gpus=node.gpus,
                 claims=claims, cdi_dir=opts.cdi_dir, checkpoint=opts.checkpoint,
                 registrar=node.registrar, shim=node.shim, arbiter=node.arbiter_dir,
-                policy=settings.computePolicy, driver=opts.driver)
+                policy=settings.computePolicy, driver=opts.driver, spawn=tg.start_soon)
             await preparer.load()
             registration = RegistrationService(opts.driver, str(opts.plugin_socket))
             await tg.start(lambda task_status: serve_sockets(

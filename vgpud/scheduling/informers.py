@@ -44,7 +44,7 @@ from vgpud.scheduling.projections import (
     project_budget,
     project_node,
 )
-from vgpud.scheduling.state import SchedulerState
+from vgpud.scheduling.state import DraNodes, SchedulerState
 
 
 class SchedulerInformers:
@@ -58,19 +58,22 @@ class SchedulerInformers:
         self.budgets: Informer[Budget] = Informer(kube, PDBS, project=project_budget)
         self.quotas: Informer[Quota] = Informer(kube, RESOURCEQUOTAS, project=partial(
             read_quota, keys=quota_keys(alloc.defaults)))
-        self.state = SchedulerState(alloc, pod_lookup=self.pods.get)
-        self.nodes.subscribe(self.state.on_node)
-        self.pods.subscribe(self.state.on_pod)
-        self.quotas.subscribe(self.state.on_quota)
         self.dra: tuple[Informer[Mapping[str, Any]], ...] = ()
+        dra_nodes = None
         if dra:
             slices: Informer[Mapping[str, Any]] = Informer(kube, RESOURCESLICES,
                                                            project=slice_projection)
             claims: Informer[Mapping[str, Any]] = Informer(kube, RESOURCECLAIMS,
                                                            project=claim_projection)
-            slices.subscribe(self.state.dra.on_slice)
-            claims.subscribe(self.state.dra.on_claim)
+            dra_nodes = DraNodes(slices=lambda: (v for _, v in slices.items()),
+                                 claims=lambda: (v for _, v in claims.items()))
+            for informer in (slices, claims):
+                informer.subscribe(dra_nodes.changed)
             self.dra = (slices, claims)
+        self.state = SchedulerState(alloc, pod_lookup=self.pods.get, dra=dra_nodes)
+        self.nodes.subscribe(self.state.on_node)
+        self.pods.subscribe(self.state.on_pod)
+        self.quotas.subscribe(self.state.on_quota)
 
     @property
     def all(self) -> tuple[Informer[Any], ...]:

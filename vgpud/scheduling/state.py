@@ -64,40 +64,23 @@ class Refused:
 
 class DraNodes:
     """The DRA nodes' GPUs and the pods their claims are reserved for, as the API shows
-    them: fed by a ResourceSlice and a ResourceClaim informer (projected by
-    :func:`~vgpud.core.dra_report.slice_projection` and
-    :func:`~vgpud.core.dra_report.claim_projection`), laid into rows when asked and
-    only again after a change."""
+    them: read from a ResourceSlice and a ResourceClaim informer's own caches (``slices``
+    and ``claims``, projected by :func:`~vgpud.core.dra_report.slice_projection` and
+    :func:`~vgpud.core.dra_report.claim_projection`, so nothing is held twice), laid into
+    rows when asked and only again after a change (:meth:`changed`, their events)."""
 
-    def __init__(self) -> None:
-        self.slices: dict[str, Mapping[str, Any]] = {}
-        self.claims: dict[str, Mapping[str, Any]] = {}
-        self._rows: DraRows | None = DraRows()
+    def __init__(self, slices: Callable[[], Iterable[Mapping[str, Any]]] = tuple,
+                 claims: Callable[[], Iterable[Mapping[str, Any]]] = tuple) -> None:
+        self.slices = slices
+        self.claims = claims
+        self._rows: DraRows | None = None
 
-    @staticmethod
-    def _apply(held: dict[str, Mapping[str, Any]],
-               event: Event[Mapping[str, Any]]) -> bool:
-        if isinstance(event, Synced):
-            return False
-        if isinstance(event, Deleted):
-            return held.pop(event.key, None) is not None
-        obj = event.obj if isinstance(event, Added) else event.new
-        if obj:
-            held[event.key] = obj
-            return True
-        return held.pop(event.key, None) is not None
-
-    def on_slice(self, event: Event[Mapping[str, Any]]) -> None:
-        if self._apply(self.slices, event):
-            self._rows = None
-
-    def on_claim(self, event: Event[Mapping[str, Any]]) -> None:
-        if self._apply(self.claims, event):
-            self._rows = None
+    def changed(self, event: Event[Mapping[str, Any]]) -> None:
+        self._rows = None  # a resync too: the cache it replaced may differ
 
     def rows(self) -> DraRows:
         if self._rows is None:
-            self._rows = dra_rows(list(self.slices.values()), list(self.claims.values()))
+            self._rows = dra_rows(list(self.slices()), list(self.claims()))
         return self._rows
 
 
@@ -107,7 +90,8 @@ class SchedulerState:
 
     def __init__(self, alloc: Allocator, *, request_cache: int = 20_000,
                  pod_lookup: Callable[[str], PodInfo | None] = lambda key: None,
-                 clock: Clock = SYSTEM_CLOCK, warn: Warn | None = None) -> None:
+                 clock: Clock = SYSTEM_CLOCK, warn: Warn | None = None,
+                 dra: DraNodes | None = None) -> None:
         """``pod_lookup`` finds a pod's projection by ``namespace/name``: the pod
         informer's own cache (``Informer.get``), so pods are not indexed twice;
         ``clock`` dates the pods that carry no creation time; ``warn`` is told of each
@@ -120,7 +104,7 @@ class SchedulerState:
         self.bad_nodes: dict[str, str] = {}
         # nodes whose GPUs DRA manages (vgpud.io/node-mode=dra): never placed on here
         self.dra_nodes: set[str] = set()
-        self.dra = DraNodes()  # their GPUs and claims (fed only when DRA is on)
+        self.dra = dra or DraNodes()  # their GPUs and claims (none unless DRA is on)
         self._requests: OrderedDict[str, PodRequest] = OrderedDict()
         self._request_cache = request_cache
         # pods filter found no node for, until they bind or go (bounded like requests)
